@@ -1,0 +1,114 @@
+"""Loaders that feed the training loop: `device` for in-memory datasets, `torch` for folders.
+
+Every loader offers the same small interface: `len(loader)` batches per epoch on this rank,
+and `loader.batches(epoch, start=0)` yielding (images, labels) already on the training
+device, images normalised float tensors. `start` skips batches exactly, for resuming.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+
+from workload.data.augment import Normalizer, augment
+from workload.data.datasets import ArrayDataset
+from workload.data.sharding import batch_seed, epoch_order, eval_shard
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def num_batches(num_samples: int, batch_size: int, train: bool) -> int:
+    # Training drops the last partial batch (as the reference does); evaluation keeps it.
+    return num_samples // batch_size if train else -(-num_samples // batch_size)
+
+
+class DeviceLoader:
+    """The whole uint8 dataset on the training device; batches cut, augmented and
+    normalised there with batched tensor operations (no per-sample Python work)."""
+
+    def __init__(self, data: ArrayDataset, batch_size: int, device: torch.device,
+                 normalizer: Normalizer, *, train: bool, seed: int = 0,
+                 rank: int = 0, world_size: int = 1):
+        self.images = data.images.to(device)
+        self.labels = data.labels.to(device)
+        self.batch_size = batch_size
+        self.device = device
+        self.normalize = normalizer
+        self.train = train
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+
+    def _indices(self, epoch: int) -> torch.Tensor:
+        if self.train:
+            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
+        return eval_shard(len(self.labels), self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        return num_batches(len(self._indices(0)), self.batch_size, self.train)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        indices = self._indices(epoch).to(self.device)
+        generator = torch.Generator(device=self.device)
+        for b in range(start, len(self)):
+            idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
+            images = self.images[idx]
+            if self.train:
+                generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
+                images = augment(images, generator)
+            yield self.normalize(images), self.labels[idx]
+
+
+def default_workers(local_world_size: int = 1) -> int:
+    """DataLoader workers per process: the CPUs SLURM (or the affinity mask) gives this
+    process, one left for the training loop, at most 8."""
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or (
+        len(os.sched_getaffinity(0)) // max(1, local_world_size))
+    return max(0, min(8, cpus - 1))
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """The shared sharding rule as a DataLoader sampler; set `epoch` and `start` before use."""
+
+    def __init__(self, num_samples: int, seed: int, rank: int, world_size: int, train: bool):
+        self.num_samples, self.seed = num_samples, seed
+        self.rank, self.world_size, self.train = rank, world_size, train
+        self.epoch, self.start = 0, 0
+
+    def _indices(self) -> torch.Tensor:
+        if self.train:
+            return epoch_order(self.num_samples, self.seed, self.epoch, self.rank,
+                               self.world_size)
+        return eval_shard(self.num_samples, self.rank, self.world_size)
+
+    def __iter__(self):
+        return iter(self._indices()[self.start:].tolist())
+
+    def __len__(self) -> int:
+        return len(self._indices()) - self.start
+
+
+class TorchLoader:
+    """A classic DataLoader over decoded images (the fallback for image folders)."""
+
+    def __init__(self, dataset, batch_size: int, device: torch.device, normalizer: Normalizer,
+                 *, train: bool, seed: int, rank: int, world_size: int, workers: int):
+        self.sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
+        self.batch_size, self.train = batch_size, train
+        self.device, self.normalize = device, normalizer
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
+            drop_last=train, pin_memory=device.type == "cuda",
+            persistent_workers=workers > 0,
+        )
+
+    def __len__(self) -> int:
+        return num_batches(len(self.sampler._indices()), self.batch_size, self.train)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
+        for images, labels in self.loader:
+            images = images.to(self.device, non_blocking=True)
+            yield self.normalize(images), labels.to(self.device, non_blocking=True)

@@ -1,0 +1,36 @@
+"""One logger with a short prefix; only rank 0 speaks unless something is wrong."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger("workload")
+
+
+def setup_logging(rank: int = 0) -> logging.Logger:
+    """Rank 0 logs at INFO; other ranks only warnings and errors, prefixed with their rank."""
+    prefix = "train" if rank == 0 else f"train[rank {rank}]"
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.propagate = False
+    return logger
+
+
+class Progress:
+    """A one-line progress indicator, drawn only when stdout is a terminal (never in batch
+    logs). It shows steps, not the loss, so it never forces a device synchronisation."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label = total, label
+        self.enabled = enabled and sys.stdout.isatty()
+
+    def update(self, step: int) -> None:
+        if self.enabled and (step % 10 == 0 or step == self.total):
+            print(f"\r{self.label} {step}/{self.total}", end="", flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print("\r\033[K", end="", flush=True)

@@ -1,0 +1,43 @@
+"""Numeric precision: TF32 switches, autocast and the fp16 gradient scaler."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """`auto`: bf16 on GPUs that support it (Ampere and newer), fp32 elsewhere."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def configure_tf32(precision: str) -> None:
+    """Set PyTorch's TF32 switches explicitly, both ways.
+
+    Their defaults changed between releases (matmuls off since 1.12, convolutions on), so a
+    run that says fp32 must switch TF32 off, and one that says tf32 must switch it on.
+    """
+    enabled = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device):
+    """The forward-pass context: autocast for bf16/fp16, nothing for fp32/tf32."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

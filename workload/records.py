@@ -1,0 +1,86 @@
+"""What a run leaves behind: config.json, metrics.jsonl, summary.json in the output directory."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from workload.errors import UsageError
+
+
+def prepare_output_dir(path: str) -> Path:
+    """Create the output directory and prove it is writable, or fail before any training."""
+    out = Path(path).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise UsageError(f"--output-dir {path} is not a writable directory ({error.strerror}); "
+                         "pass a folder you can write to, e.g. --output-dir $SCRATCH/runs/x"
+                         ) from None
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write through a temporary file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def model_sha256(model: nn.Module) -> str:
+    """sha256 over every parameter and buffer, by name in state-dict order.
+
+    Two runs that end with bit-identical weights have the same digest, whatever wrapper
+    (DDP, torch.compile) the model ran under.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in unwrap(model).state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    """Versions of what the numbers depend on; DALI read from metadata without importing it."""
+    import torchvision
+
+    found = {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "dali": _package_version("nvidia-dali-cuda120") or _package_version("nvidia-dali-cuda130")
+        or _package_version("nvidia-dali"),
+        "workload": _package_version("hpc-train"),
+    }
+    return {k: v for k, v in found.items() if v is not None}
