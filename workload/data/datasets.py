@@ -68,7 +68,7 @@ class _CifarUnpickler(pickle.Unpickler):
         for module in ("numpy.core.multiarray", "numpy._core.multiarray",
                        "numpy.core.numeric", "numpy._core.numeric", "numpy")
         for name in ("_reconstruct", "_frombuffer", "ndarray", "dtype")
-    }
+    } | {("_codecs", "encode")}  # how protocol 2 stores bytes written by Python 3
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
