@@ -1,0 +1,205 @@
+"""A private SLURM cluster on this machine: munged, slurmctld and two slurmd "nodes".
+
+Everything lives in one temporary directory (config, keys, sockets, state, logs) and
+uses ports picked free at start, so several clusters (one per helper, per CI run) can
+run side by side on one machine. Clients reach it through ``SLURM_CONF``:
+
+    with SlurmCluster.start(tmp_path) as cluster:
+        cluster.run(["srun", "-N2", "-n4", "hostname"])
+
+Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = ("nid001", "nid002")
+HOSTS_FILE = Path("/etc/hosts")
+# Generous: slurmctld needs a few seconds to register nodes on a loaded 2-core machine.
+START_TIMEOUT_S = 60.0
+
+CONF_TEMPLATE = """\
+ClusterName={cluster}
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+StateSaveLocation={root}/state
+SlurmctldPidFile={root}/ctld.pid
+SlurmctldLogFile={root}/ctld.log
+SlurmdPidFile={root}/d-%n.pid
+SlurmdLogFile={root}/d-%n.log
+SlurmdSpoolDir={root}/spool-%n
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+# Fast turnaround for tests: requeue and cancel without long waits.
+KillWait=5
+MinJobAge=60
+InactiveLimit=0
+{node_lines}
+PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel reports free right now (held open together so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def ensure_hosts_entries(names: tuple[str, ...], hosts_file: Path = HOSTS_FILE) -> None:
+    """Make the node names resolve (torch's rendezvous looks MASTER_ADDR up)."""
+    known = set()
+    for line in hosts_file.read_text().splitlines():
+        known.update(line.split("#", 1)[0].split()[1:])
+    missing = [name for name in names if name not in known]
+    if missing:
+        with hosts_file.open("a") as handle:
+            handle.write(f"127.0.0.1 {' '.join(missing)}  # hpc-train tests/slurm\n")
+
+
+@dataclass
+class SlurmCluster:
+    """A running private cluster; ``env`` is what clients need (SLURM_CONF, PATH)."""
+
+    root: Path
+    conf: Path
+    munge_socket: Path
+    nodes: tuple[str, ...] = NODES
+    _pid_files: list[Path] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        # Clients (srun, sbatch, scancel) authenticate through our private munged.
+        env.pop("SLURM_JOB_ID", None)
+        return env
+
+    def run(self, args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+        """Run a client command against this cluster, capturing text output."""
+        kwargs.setdefault("env", self.env)
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    def start(cls, root: Path) -> "SlurmCluster":
+        root.mkdir(parents=True, exist_ok=True)
+        ensure_hosts_entries(NODES)
+        cluster = cls(root=root, conf=root / "slurm.conf", munge_socket=root / "munge.sock")
+        try:
+            cluster._start_munge()
+            cluster._write_conf()
+            cluster._start_slurm()
+            cluster._wait_for_nodes()
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _start_munge(self) -> None:
+        key = self.root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        pid_file = self.root / "munged.pid"
+        self._pid_files.append(pid_file)
+        subprocess.run(
+            ["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+             f"--pid-file={pid_file}", f"--log-file={self.root / 'munged.log'}",
+             f"--seed-file={self.root / 'munged.seed'}"],
+            check=True, capture_output=True, text=True, timeout=30)
+
+    def _write_conf(self) -> None:
+        ctld_port, *node_ports = free_ports(1 + len(self.nodes))
+        host = socket.gethostname().split(".")[0]
+        node_lines = "\n".join(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs=2 RealMemory=10000 State=UNKNOWN"
+            for name, port in zip(self.nodes, node_ports))
+        self.conf.write_text(CONF_TEMPLATE.format(
+            cluster=f"hpctrain{ctld_port}", host=host, ctld_port=ctld_port,
+            munge_socket=self.munge_socket, root=self.root, node_lines=node_lines,
+            nodes=",".join(self.nodes)))
+        (self.root / "state").mkdir(exist_ok=True)
+
+    def _start_slurm(self) -> None:
+        self._pid_files.append(self.root / "ctld.pid")
+        self._daemon(["slurmctld", "-f", str(self.conf)])
+        for name in self.nodes:
+            self._pid_files.append(self.root / f"d-{name}.pid")
+            self._daemon(["slurmd", "-f", str(self.conf), "-N", name])
+
+    def _daemon(self, args: list[str]) -> None:
+        """Start a daemon that forks into the background; fail loudly if it cannot."""
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SLURM_CONF": str(self.conf)})
+        if done.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed to start: {done.stderr.strip()}\n"
+                               f"logs in {self.root}")
+
+    def _wait_for_nodes(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            done = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=30)
+            states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+            if done.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"SLURM nodes not idle after {START_TIMEOUT_S:.0f}s: "
+                           f"{done.stdout.strip() or done.stderr.strip()}; logs in {self.root}")
+
+    def stop(self) -> None:
+        """Stop exactly the daemons this cluster started, by their pid files."""
+        for pid_file in reversed(self._pid_files):
+            _terminate(pid_file)
+
+    def __enter__(self) -> "SlurmCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _terminate(pid_file: Path, timeout_s: float = 15.0) -> None:
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def tools_present() -> bool:
+    return all(shutil.which(tool) for tool in ("munged", "slurmctld", "slurmd", "srun"))

@@ -1,0 +1,102 @@
+"""Print or check the launch resolution for this process.
+
+    python -m workload.launch env            # KEY=VALUE lines a shell can source
+    python -m workload.launch env --command torchrun   # for a torchrun about to start
+    python -m workload.launch check          # explain layout mistakes and their fixes
+
+Inside a job step, for example:
+    srun -N2 --ntasks-per-node=4 python -m workload.launch check
+    srun -N2 --ntasks-per-node=1 apptainer exec --nv image.sif python -m workload.launch env
+
+Exit status: 0 fine, 1 layout problems found (check), 2 a bad value (nothing started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from workload.launch.check import notes, problems
+from workload.launch.errors import LaunchError
+from workload.launch.resolve import Resolution, resolve, resolve_for_torchrun
+
+TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
+
+
+def visible_gpu_count(env: Mapping[str, str], dev: Path = Path("/dev")) -> int:
+    """GPUs this process may use, without importing torch (the entrypoint runs this)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([item for item in visible.split(",") if item.strip() not in ("", "-1")])
+    return len([p for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+
+
+def is_torchrun(command: str | None) -> bool:
+    return bool(command) and Path(command).name in TORCHRUN_COMMANDS
+
+
+def resolve_for(command: str | None, env: Mapping[str, str]) -> Resolution:
+    if is_torchrun(command):
+        return resolve_for_torchrun(env)
+    return resolve(env, visible_gpus=visible_gpu_count(env))
+
+
+def render_env(res: Resolution) -> str:
+    lines = [f"# layout: {res.layout}"]
+    if res.gpu_index is not None:
+        lines.append(f"# gpu: cuda:{res.gpu_index}")
+    lines += [f"{key}={value}" for key, value in res.values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    res = resolve_for(args.command, os.environ)
+    for warning in res.warnings:
+        print(f"launch: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(render_env(res))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    res = resolve_for(args.command, os.environ)
+    found = problems(res, outer_torchrun=is_torchrun(args.command))
+    values = res.values
+    print(f"layout: {res.layout}" + (
+        f", rank {values['RANK']} of {values['WORLD_SIZE']}" if "RANK" in values else "")
+        + (f", rendezvous {values['MASTER_ADDR']}:{values['MASTER_PORT']}"
+           if "MASTER_ADDR" in values else ""))
+    for line in notes(res):
+        print(line)
+    for problem in found:
+        print(f"problem: {problem}")
+    print("check: ok" if not found else f"check: {len(found)} problem(s)")
+    return 1 if found else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workload.launch",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    for name, func, text in (("env", cmd_env, "print KEY=VALUE lines to source"),
+                             ("check", cmd_check, "explain layout problems and fixes")):
+        action = sub.add_parser(name, help=text)
+        action.add_argument("--command", default=None,
+                            help="the command about to run (torchrun gets per-node values)")
+        action.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LaunchError as exc:
+        print(f"launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
