@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Container entrypoint: resolve the launch variables, export them, exec the command.
+#
+# Usage: entrypoint.sh COMMAND [ARGS...]
+#   entrypoint.sh train --dataset digits --device cpu      # one task per GPU (or CPU)
+#   entrypoint.sh torchrun --nproc-per-node=4 --no-python train ...   # one task per node
+#   entrypoint.sh echo hi                                  # any command runs unchanged
+#
+# The rules live in Python (`python -m workload.launch env`, see README "Running on a
+# cluster"); `train` applies them by itself too, so `apptainer exec image train` works
+# without this script. The command is exec'd: it keeps this PID and gets the signals
+# SLURM and container engines send. On NGC images we chain to NVIDIA's own entrypoint.
+#
+# Environment: LAUNCH_PYTHON (python with the workload package; default python3),
+# NVIDIA_ENTRYPOINT (default /opt/nvidia/nvidia_entrypoint.sh, used when executable).
+set -Eeuo pipefail
+
+err() {
+  printf 'entrypoint: %s\n' "$*" >&2
+}
+
+# Prints the resolved KEY=VALUE lines for COMMAND; exits 2 on a bad value.
+resolve_launch() {
+  local command=$1 python=${LAUNCH_PYTHON:-python3} resolved
+  if ! command -v "${python}" >/dev/null; then
+    err "no ${python} on PATH to resolve the launch variables; set LAUNCH_PYTHON"
+    exit 2
+  fi
+  if ! resolved=$("${python}" -m workload.launch env --command "${command}"); then
+    err "launch variables could not be resolved (see above); nothing started"
+    exit 2
+  fi
+  printf '%s\n' "${resolved}"
+}
+
+# Exports KEY=VALUE lines read from stdin; comment lines are skipped. No eval: values
+# are assigned verbatim (the resolver already refuses shell metacharacters).
+export_lines() {
+  local line key
+  while IFS= read -r line; do
+    [[ -z ${line} || ${line} == \#* ]] && continue
+    key=${line%%=*}
+    if [[ ! ${key} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+      err "unexpected line from the resolver: ${line}"
+      exit 2
+    fi
+    export "${key}=${line#*=}"
+  done
+}
+
+main() {
+  if (($# == 0)); then
+    err "usage: entrypoint.sh COMMAND [ARGS...] (for example: entrypoint.sh train --help)"
+    exit 2
+  fi
+  local resolved
+  resolved=$(resolve_launch "$1")
+  export_lines <<<"${resolved}"
+  local nvidia=${NVIDIA_ENTRYPOINT:-/opt/nvidia/nvidia_entrypoint.sh}
+  if [[ -x ${nvidia} ]]; then
+    exec "${nvidia}" "$@"
+  fi
+  exec "$@"
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+  main "$@"
+fi
