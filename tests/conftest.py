@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, see tests/slurm)
 from workload.train import main as train_main
 
 # A model small enough that a few steps take well under a second on a 2-core CPU.

@@ -1,59 +1,162 @@
-"""Process-group setup and the few collectives the trainer needs.
+"""Process group, device and model wrapping for one or many processes.
 
-Single-process for now: `init_distributed` picks the device and returns rank 0 of 1.
-(The launch layer adds SLURM/torchrun resolution, DDP and FSDP on top of this API.)
+``init_distributed`` applies the launch resolution (workload.launch) to this process,
+so ``train`` works the same under ``srun``, ``torchrun``, ``apptainer exec`` and
+``docker run``: it exports the resolved variables, picks the GPU (device 0 when the task
+sees one GPU, else LOCAL_RANK), sets the thread count, and starts a process group when
+WORLD_SIZE > 1 (NCCL on GPUs, gloo on the CPU) with an explicit timeout.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
-import torch.nn as nn
+import torch.distributed as dist
+from torch import nn
 
 from workload.errors import UsageError
+from workload.launch import SINGLE, LaunchError, Resolution, resolve
 
 
 @dataclass(frozen=True)
 class DistInfo:
+    """Where this process sits in the job."""
+
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
     device: torch.device
-    backend: str | None  # None when no process group was initialised (one process)
+    backend: str | None   # None when not initialised (single process)
+    layout: str = SINGLE  # single, per-task or torchrun-per-node
+    num_nodes: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
+def apply_launch_env(env=os.environ) -> Resolution:
+    """Resolve and export the launch variables (values already set are kept)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    res = resolve(env, visible_gpus=gpus)
+    for warning in res.warnings:
+        print(f"launch: warning: {warning}", file=sys.stderr)
+    for key, value in res.values.items():
+        env[key] = value
+    if res.threads is not None:
+        torch.set_num_threads(res.threads)
+    return res
+
+
 def resolve_device(flag: str, local_rank: int = 0) -> torch.device:
-    """The training device for `--device auto|cpu|cuda`."""
+    """The training device for `--device auto|cpu|cuda`; `local_rank` picks the GPU."""
     if flag == "cpu" or (flag == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UsageError("--device cuda, but no GPU is visible to PyTorch "
                          "(torch.cuda.is_available() is False); run on a GPU node "
                          "(apptainer exec --nv / docker run --gpus all) or pass --device cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UsageError(f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but this task sees "
+                         f"{count}; start one task per GPU (srun --ntasks-per-node={count}) "
+                         f"or give each task one GPU (srun --gpus-per-task=1)")
     return torch.device("cuda", local_rank)
 
 
+def pick_device(requested: str, res: Resolution) -> torch.device:
+    """auto: the rank's GPU when CUDA is usable (device 0 if the task sees one), else CPU."""
+    chosen = resolve_device(requested, res.gpu_index or 0)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)  # GPU-only line
+    return chosen
+
+
 def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
-    return DistInfo(0, 0, 1, 1, resolve_device(device), None)
+    """Resolve the launch, choose the device, and join the process group if needed.
+
+    A bad launch variable is a UsageError (exit status 2) raised before any work starts.
+    """
+    try:
+        res = apply_launch_env()
+    except LaunchError as error:
+        raise UsageError(str(error)) from None
+    values = {key: int(res.values[key]) for key in
+              ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+    chosen = pick_device(device, res)
+    backend = None
+    if values["WORLD_SIZE"] > 1:
+        backend = "nccl" if chosen.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                rank=values["RANK"], world_size=values["WORLD_SIZE"])
+    nodes = max(1, values["WORLD_SIZE"] // max(1, values["LOCAL_WORLD_SIZE"]))
+    return DistInfo(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
+                    values["LOCAL_WORLD_SIZE"], chosen, backend, res.layout, nodes)
 
 
 def teardown() -> None:
-    pass
+    """Leave the process group; safe to call on success, on error, and twice."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    return t
+    """The sum over all ranks (a copy; the input is left alone)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return t
+    total = t.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    if not (dist.is_available() and dist.is_initialized()):
+        return t
+    top = t.detach().clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return top
 
 
 def barrier() -> None:
-    pass
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
-def wrap_model(model: nn.Module, info: DistInfo, strategy: str = "ddp") -> nn.Module:
+def wrap_model(model: nn.Module, info: DistInfo, strategy: str) -> nn.Module:
+    """DDP or FSDP2 (``fully_shard``) across the ranks; the model itself when alone."""
+    if info.world_size == 1 or info.backend is None:
+        return model
+    if strategy == "ddp":
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if strategy == "fsdp":
+        return _fully_shard(model, info)
+    raise ValueError(f"--strategy {strategy!r} is not known; expected ddp or fsdp")
+
+
+def _fully_shard(model: nn.Module, info: DistInfo) -> nn.Module:
+    """FSDP2: shard every top-level block that holds parameters, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under a DDP wrapper (FSDP2 shards in place, no wrapper)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A whole parameter or buffer: gathers FSDP2's DTensor shards (a collective)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

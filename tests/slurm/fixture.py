@@ -1,0 +1,28 @@
+"""The session-scoped ``slurm_cluster`` fixture: one private cluster per test session.
+
+Use it from any test module (tests/conftest.py imports it):
+
+    @pytest.mark.slurm
+    def test_something(slurm_cluster):
+        done = slurm_cluster.run(["srun", "-N2", "-n4", "hostname"])
+        # or: subprocess.run([...], env=slurm_cluster.env)  (carries SLURM_CONF)
+
+``slurm_cluster.root`` holds the config and daemon logs (shown when a test fails);
+sbatch/scancel/requeue work the same way through ``slurm_cluster.env``. The daemons
+this fixture started are stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.slurm.cluster import SlurmCluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory) -> SlurmCluster:
+    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
