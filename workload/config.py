@@ -15,6 +15,8 @@ from workload.models import MODELS
 
 DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
 DEVICES = ("auto", "cpu", "cuda")
+STRATEGIES = ("ddp", "fsdp")
+LR_SCALINGS = ("none", "linear")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 
 
@@ -69,6 +71,14 @@ class TrainConfig:
     target_accuracy: float = 0.95
     # Stop early when `patience` consecutive epochs reach this test accuracy (the reference's).
     patience: int = 2
+    strategy: str = "ddp"
+    # How several processes share the model: ddp (a full replica each) or fsdp (FSDP2
+    # fully_shard: parameters, gradients and optimizer state sharded across ranks).
+    lr_scaling: str = "none"
+    # "linear" multiplies base_lr by the number of processes, for a global batch that grows
+    # with them; "none" keeps base_lr as given (the reference job scripts' behaviour).
+    dist_timeout_s: float = 600.0
+    # Process-group timeout: a rank waiting longer than this in a collective fails.
     seed: int = 0
     # Seeds model init, data order and augmentation: same seed, same result on the CPU.
     workers: int = -1
@@ -96,9 +106,10 @@ def _require(condition: bool, message: str) -> None:
 
 def _check_choices(cfg: TrainConfig) -> None:
     for name, allowed in (("model", MODELS), ("dataset", DATASETS),
-                          ("device", DEVICES), ("precision", PRECISIONS)):
+                          ("device", DEVICES), ("precision", PRECISIONS),
+                          ("strategy", STRATEGIES), ("lr_scaling", LR_SCALINGS)):
         value = getattr(cfg, name)
-        _require(value in allowed, f"--{name} {value!r} is not known; choose one of "
+        _require(value in allowed, f"--{name.replace('_', '-')} {value!r} is not known; choose one of "
                                    f"{', '.join(allowed)}")
 
 
@@ -134,6 +145,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
              f"--image-size {cfg.image_size} is too small for the models' pooling; use 8 or more")
     _require(cfg.workers >= -1, f"--workers must be -1 (automatic) or more, got {cfg.workers!r}")
     _require(bool(cfg.output_dir), "--output-dir must not be empty")
+    _require(cfg.dist_timeout_s > 0, f"--dist-timeout must be more than 0 seconds, got "
+                                     f"{cfg.dist_timeout_s!r}; pass e.g. --dist-timeout 600")
 
 
 _CHECKS = (_check_choices, _check_positive_ints, _check_ranges)

@@ -152,6 +152,25 @@ def _fully_shard(model: nn.Module, info: DistInfo) -> nn.Module:
     return model
 
 
+def lr_scale(mode: str, world_size: int) -> float:
+    """Learning-rate factor for the global batch (batch size x processes).
+
+    Data parallelism multiplies the images per optimizer step by the number of processes;
+    to train like a single process on the same global batch, scale the learning rate with
+    it ("linear"), or keep it ("none") and accept the different dynamics.
+    """
+    return float(world_size) if mode == "linear" else 1.0
+
+
+def describe(info: DistInfo, strategy: str, lr_scaling: str, lr: float,
+             batch_size: int) -> dict:
+    """The summary.json fields that say how the run was spread over processes."""
+    return dict(layout=info.layout, num_nodes=info.num_nodes, backend=info.backend,
+                strategy=strategy if info.world_size > 1 else None, lr_scaling=lr_scaling,
+                effective_base_lr=lr, global_batch_size=batch_size * info.world_size,
+                local_world_size=info.local_world_size)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module under a DDP wrapper (FSDP2 shards in place, no wrapper)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model

@@ -49,6 +49,8 @@ def model_sha256(model: nn.Module) -> str:
     """
     digest = hashlib.sha256()
     for name, tensor in unwrap(model).state_dict().items():
+        if hasattr(tensor, "full_tensor"):  # FSDP2 shard: gather the whole tensor
+            tensor = tensor.full_tensor()
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

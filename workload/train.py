@@ -22,7 +22,8 @@ import time
 import torch
 
 from workload import distributed
-from workload.config import DATASETS, DEVICES, PRECISIONS, TrainConfig, build_config
+from workload.config import (DATASETS, DEVICES, LR_SCALINGS, PRECISIONS, STRATEGIES,
+                             TrainConfig, build_config)
 from workload.data import build_data
 from workload.distributed import resolve_device
 from workload.errors import UsageError, exit_with_usage_error
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--channels-last", action="store_true", default=None,
                     help="NHWC memory format")
     hw.add_argument("--compile", action="store_true", default=None, help="torch.compile")
+    par = p.add_argument_group("several processes (see README: Running on a cluster)")
+    par.add_argument("--strategy", choices=STRATEGIES,
+                     help="ddp: a replica per process (default); fsdp: FSDP2 sharding")
+    par.add_argument("--lr-scaling", choices=LR_SCALINGS,
+                     help="linear: base lr x number of processes; none: as given (default)")
+    par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
+                     help="seconds a rank may wait in a collective (600)")
     add("--output-dir", help="run folder (default: runs/<timestamp>)")
     return p
 
@@ -92,7 +100,7 @@ def log_start(cfg: TrainConfig, info, data, model, precision: str) -> None:
     logger.info(f"{cfg.model} ({count_parameters(model) / 1e6:.2f} M parameters) on "
                 f"{cfg.dataset} ({data.num_train_samples} training images, "
                 f"{data.num_classes} classes), device {info.device}, precision {precision}, "
-                f"world size {info.world_size}")
+                f"world size {info.world_size} ({info.layout})")
     logger.info(f"data backend {data.backend}: {data.reason}")
     logger.info("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
 
@@ -147,7 +155,7 @@ def seed_everything(seed: int) -> None:
 
 def run(cfg: TrainConfig) -> dict:
     started = time.perf_counter()
-    info = distributed.init_distributed(cfg.device)
+    info = distributed.init_distributed(cfg.device, cfg.dist_timeout_s)
     setup_logging(info.rank)
     precision = resolve_precision(cfg.precision, info.device)
     configure_tf32(precision)
@@ -161,8 +169,11 @@ def run(cfg: TrainConfig) -> dict:
     log_start(cfg, info, data, model, precision)
     if info.is_main:
         write_json(out / "config.json", cfg.to_dict())
-    model = distributed.wrap_model(model, info)
+    model = distributed.wrap_model(model, info, cfg.strategy)
     optimizer = build_optimizer(model, cfg, info.device)
+    lr_multiplier = distributed.lr_scale(cfg.lr_scaling, info.world_size)
+    for group in optimizer.param_groups:  # before the schedule records its base lr
+        group["lr"] *= lr_multiplier
     state = TrainState(model, optimizer, build_schedule(optimizer, cfg, len(data.train)),
                        grad_scaler(precision, info.device))
     if cfg.compile:
@@ -171,7 +182,9 @@ def run(cfg: TrainConfig) -> dict:
     summary.update(total_time_s=time.perf_counter() - started, world_size=info.world_size,
                    device=str(info.device), precision=precision, model=cfg.model,
                    dataset=cfg.dataset, parameters=count_parameters(model),
-                   model_sha256=model_sha256(model), versions=versions())
+                   model_sha256=model_sha256(model), versions=versions(),
+                   **distributed.describe(info, cfg.strategy, cfg.lr_scaling,
+                                          cfg.base_lr * lr_multiplier, cfg.batch_size))
     if info.is_main:
         write_json(out / "summary.json", summary)
         logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
