@@ -13,6 +13,7 @@ Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,6 +29,9 @@ START_TIMEOUT_S = 60.0
 
 CONF_TEMPLATE = """\
 ClusterName={cluster}
+# Job ids start at a random point: MASTER_PORT is derived from the job id, and another
+# private cluster on this machine would otherwise hand out the same ids (and ports).
+FirstJobId={first_job_id}
 SlurmctldHost={host}
 SlurmctldPort={ctld_port}
 SlurmUser=root
@@ -139,7 +143,8 @@ class SlurmCluster:
             f"CPUs=2 RealMemory=10000 State=UNKNOWN"
             for name, port in zip(self.nodes, node_ports))
         self.conf.write_text(CONF_TEMPLATE.format(
-            cluster=f"hpctrain{ctld_port}", host=host, ctld_port=ctld_port,
+            cluster=f"hpctrain{ctld_port}", first_job_id=random.randrange(1000, 900_000),
+            host=host, ctld_port=ctld_port,
             munge_socket=self.munge_socket, root=self.root, node_lines=node_lines,
             nodes=",".join(self.nodes)))
         (self.root / "state").mkdir(exist_ok=True)

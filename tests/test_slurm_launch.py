@@ -1,0 +1,84 @@
+"""Training on the private SLURM cluster in both layouts, 2 nodes x 2 processes, gloo.
+
+Per-task layout: `srun -N2 -n4 entrypoint.sh train ...` (and `srun ... train` without the
+entrypoint, as `apptainer exec image train` runs it). Node layout:
+`srun -N2 --ntasks-per-node=1 entrypoint.sh torchrun --nproc-per-node=2 --no-python train`.
+The launch layer resolves everything from the variables SLURM really set.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+ENTRYPOINT = str(REPO / "entrypoint.sh")
+# Tiny but real training: every rank takes a few steps and the test set is evaluated.
+TINY = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
+        "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
+        "--epochs", "1", "--max-steps", "4", "--dist-timeout", "120"]
+SRUN = ["srun", "--kill-on-bad-exit=1", "--time=10"]
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def check_done(done, run_dir: Path, layout: str) -> dict:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = summary_of(run_dir)
+    assert (summary["world_size"], summary["layout"], summary["num_nodes"]) == (4, layout, 2)
+    assert summary["steps_run"] == 4 and summary["final_accuracy"] is not None
+    return summary
+
+
+def test_launch_env_resolves_real_slurm_variables(slurm_cluster):
+    done = slurm_cluster.run([*SRUN, "-N2", "-n4", "bash", "-c",
+                              "python -m workload.launch env | tr '\\n' ' '; echo"],
+                             cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    rows = [dict(item.split("=", 1) for item in line.split() if "=" in item)
+            for line in done.stdout.splitlines()]
+    assert sorted(int(row["RANK"]) for row in rows) == [0, 1, 2, 3]
+    assert {(row["WORLD_SIZE"], row["LOCAL_WORLD_SIZE"], row["MASTER_ADDR"])
+            for row in rows} == {("4", "2", "nid001")}
+    assert len({row["MASTER_PORT"] for row in rows}) == 1
+    assert {(row["RANK"], row["NODE_RANK"]) for row in rows} == \
+        {("0", "0"), ("1", "0"), ("2", "1"), ("3", "1")}
+
+
+def test_per_task_layout_through_the_entrypoint(slurm_cluster, tmp_path):
+    out = tmp_path / "per-task"
+    done = slurm_cluster.run([*SRUN, "-N2", "-n4", ENTRYPOINT, "train", *TINY,
+                              "--output-dir", str(out)], cwd=tmp_path)
+    check_done(done, out, "per-task")
+
+
+def test_per_task_layout_without_the_entrypoint(slurm_cluster, tmp_path):
+    # What `srun apptainer exec image train` does: no ENTRYPOINT, train resolves itself.
+    out = tmp_path / "bare"
+    done = slurm_cluster.run([*SRUN, "-N2", "--ntasks-per-node=2", "train", *TINY,
+                              "--output-dir", str(out)], cwd=tmp_path)
+    check_done(done, out, "per-task")
+    # Only rank 0 logs the epoch lines.
+    assert done.stdout.count("epoch 1/1") == 1
+
+
+def test_torchrun_per_node_layout(slurm_cluster, tmp_path):
+    out = tmp_path / "torchrun"
+    done = slurm_cluster.run([*SRUN, "-N2", "--ntasks-per-node=1", ENTRYPOINT, "torchrun",
+                              "--nproc-per-node=2", "--no-python", "train", *TINY,
+                              "--output-dir", str(out)], cwd=tmp_path)
+    summary = check_done(done, out, "torchrun-per-node")
+    assert summary["local_world_size"] == 2
+
+
+def test_check_catches_torchrun_once_per_task(slurm_cluster):
+    done = slurm_cluster.run([*SRUN, "-N1", "-n2", "python", "-m", "workload.launch", "check",
+                              "--command", "torchrun"], cwd=REPO)
+    assert done.returncode != 0
+    assert "torchrun is started once per task" in done.stdout
