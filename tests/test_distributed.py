@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +42,9 @@ def run_probe(out: Path, *args: str, nproc: int = 1) -> dict[int, str]:
     done = subprocess.run([*launcher, str(PROBE), *COMMON, *args, "--output-dir", str(out)],
                           capture_output=True, text=True, timeout=600, env=clean_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    digests = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("rank-digest "):
-            _, rank, digest = line.split()
-            digests[int(rank)] = digest
-    return digests
+    # The ranks share one stdout: find the digests wherever the lines interleave.
+    found = re.findall(r"rank-digest (\d+) ([0-9a-f]{64})", done.stdout)
+    return {int(rank): digest for rank, digest in found}
 
 
 def losses(out: Path) -> list[float]:

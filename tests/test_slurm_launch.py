@@ -82,3 +82,36 @@ def test_check_catches_torchrun_once_per_task(slurm_cluster):
                               "--command", "torchrun"], cwd=REPO)
     assert done.returncode != 0
     assert "torchrun is started once per task" in done.stdout
+
+
+def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str) -> Path:
+    """sbatch a jobs/ script on the test cluster with the host's Python (RUNTIME=none).
+
+    The cluster has no GPUs, so the script's GPU requests are left out; everything else
+    (common.sh, srun options, the layout logic, entrypoint.sh) runs as on a real site.
+    """
+    text = (REPO / "jobs" / script).read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#SBATCH --gpus"))
+    job = tmp_path / script
+    job.write_text(body + "\n")
+    env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+                               "GPUS_PER_NODE": "2", "LAYOUT": layout}
+    done = slurm_cluster.run(["sbatch", "--wait", "--nodes=2", "--cpus-per-task=2",
+                              "--time=10", "--output", str(tmp_path / "job.out"), str(job),
+                              *TINY], env=env, cwd=tmp_path)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert done.returncode == 0, done.stderr + log[-3000:]
+    job_id = done.stdout.split()[-1]
+    return tmp_path / "runs" / job_id
+
+
+@pytest.mark.parametrize("layout", ["torchrun", "per-task"])
+def test_multinode_job_script(slurm_cluster, tmp_path, layout):
+    run_dir = submit_job_script(slurm_cluster, tmp_path, "multinode.sbatch", layout)
+    expected = "torchrun-per-node" if layout == "torchrun" else "per-task"
+    check_done_summary(summary_of(run_dir), expected)
+
+
+def check_done_summary(summary: dict, layout: str) -> None:
+    assert (summary["world_size"], summary["layout"], summary["num_nodes"]) == (4, layout, 2)
+    assert summary["steps_run"] == 4

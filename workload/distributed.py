@@ -41,13 +41,18 @@ class DistInfo:
 
 
 def apply_launch_env(env=os.environ) -> Resolution:
-    """Resolve and export the launch variables (values already set are kept)."""
+    """Resolve the launch variables; export them when this process is one of several.
+
+    A single process leaves the environment alone (``train`` may run inside another
+    program, such as the test suite); a rank of a distributed job exports what it
+    resolved, for libraries that read LOCAL_RANK and friends.
+    """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     res = resolve(env, visible_gpus=gpus)
     for warning in res.warnings:
         print(f"launch: warning: {warning}", file=sys.stderr)
-    for key, value in res.values.items():
-        env[key] = value
+    if int(res.values["WORLD_SIZE"]) > 1:
+        env.update(res.values)
     if res.threads is not None:
         torch.set_num_threads(res.threads)
     return res

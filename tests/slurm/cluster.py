@@ -26,6 +26,9 @@ NODES = ("nid001", "nid002")
 HOSTS_FILE = Path("/etc/hosts")
 # Generous: slurmctld needs a few seconds to register nodes on a loaded 2-core machine.
 START_TIMEOUT_S = 60.0
+LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "TORCHELASTIC_", "PET_")
+LAUNCH_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
 
 CONF_TEMPLATE = """\
 ClusterName={cluster}
@@ -96,10 +99,14 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """This process's environment for the clients, minus any launch variables.
+
+        Variables like RANK or SLURM_JOB_ID in the calling process (a CI runner inside a
+        SLURM job, or an earlier test) would reach every task and override SLURM's own.
+        """
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith(LAUNCH_PREFIXES) and key not in LAUNCH_NAMES}
         env["SLURM_CONF"] = str(self.conf)
-        # Clients (srun, sbatch, scancel) authenticate through our private munged.
-        env.pop("SLURM_JOB_ID", None)
         return env
 
     def run(self, args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -159,7 +166,7 @@ class SlurmCluster:
     def _daemon(self, args: list[str]) -> None:
         """Start a daemon that forks into the background; fail loudly if it cannot."""
         done = subprocess.run(args, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "SLURM_CONF": str(self.conf)})
+                              env=self.env)
         if done.returncode != 0:
             raise RuntimeError(f"{args[0]} failed to start: {done.stderr.strip()}\n"
                                f"logs in {self.root}")
