@@ -159,9 +159,16 @@ def test_sourcing_defines_functions_without_running(stub_bin):
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "sourced"
 
 
-def test_shellcheck_clean():
+SHELL_FILES = [ENTRYPOINT, *sorted((REPO / "jobs").rglob("*.sh")),
+               *sorted((REPO / "jobs").glob("*.sbatch"))]
+
+
+@pytest.mark.parametrize("script", SHELL_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck_clean(script):
     shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:"
                               f"{os.environ.get('PATH', '')}")
     assert shellcheck, "shellcheck missing: pip install -r requirements/test.txt"
-    done = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)
+    # -x follows `source` into jobs/common.sh, as the job scripts use it.
+    done = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True,
+                          cwd=REPO)
     assert done.returncode == 0, done.stdout

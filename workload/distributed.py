@@ -2,9 +2,10 @@
 
 ``init_distributed`` applies the launch resolution (workload.launch) to this process,
 so ``train`` works the same under ``srun``, ``torchrun``, ``apptainer exec`` and
-``docker run``: it exports the resolved variables, picks the GPU (device 0 when the task
-sees one GPU, else LOCAL_RANK), sets the thread count, and starts a process group when
-WORLD_SIZE > 1 (NCCL on GPUs, gloo on the CPU) with an explicit timeout.
+``docker run``: it resolves the variables (and exports them when it is one of several
+ranks), picks the GPU (device 0 when the task sees one GPU, else LOCAL_RANK), sets the
+thread count, and starts a process group when WORLD_SIZE > 1 (NCCL on GPUs, gloo on the
+CPU) with an explicit timeout.
 """
 
 from __future__ import annotations
@@ -117,14 +118,6 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     total = t.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total
-
-
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    if not (dist.is_available() and dist.is_initialized()):
-        return t
-    top = t.detach().clone()
-    dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    return top
 
 
 def barrier() -> None:

@@ -46,9 +46,6 @@ class Resolution:
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
 
-    def int_value(self, key: str) -> int:
-        return int(self.values[key])
-
 
 # ------------------------------------------------------------------ small readers
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
@@ -104,27 +101,28 @@ def slurm_port(env: Mapping[str, str]) -> int | None:
 
 def slurm_world(env: Mapping[str, str]) -> dict[str, int | None]:
     """Rank layout from SLURM: step variables first, then the job's."""
-    step_first = in_step(env)
-    world = _first_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS",
-                       minimum=1) if step_first else None
-    node_rank = _int(env, "SLURM_NODEID") if step_first else 0
-    counts = None
+    if not in_step(env):
+        # The batch script or an salloc shell: one process, whatever the job's task count.
+        return dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, LOCAL_WORLD_SIZE=1, NODE_RANK=0,
+                    NUM_NODES=1)
+    node_rank = _int(env, "SLURM_NODEID")
+    return dict(
+        RANK=_int(env, "SLURM_PROCID"),
+        LOCAL_RANK=_int(env, "SLURM_LOCALID"),
+        WORLD_SIZE=_first_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS",
+                              minimum=1),
+        LOCAL_WORLD_SIZE=_tasks_on_node(env, node_rank or 0),
+        NODE_RANK=node_rank,
+        NUM_NODES=_first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1),
+    )
+
+
+def _tasks_on_node(env: Mapping[str, str], node_rank: int) -> int | None:
     for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        if step_first and env.get(name):
+        if env.get(name):
             counts = tasks_per_node(name, env[name])
-            break
-    local_world = _int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
-    if counts is not None and node_rank is not None and node_rank < len(counts):
-        local_world = counts[node_rank]
-    nodes = _first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
-    return {
-        "RANK": _int(env, "SLURM_PROCID") if step_first else 0,
-        "LOCAL_RANK": _int(env, "SLURM_LOCALID") if step_first else 0,
-        "WORLD_SIZE": world if step_first else 1,
-        "LOCAL_WORLD_SIZE": local_world if step_first else 1,
-        "NODE_RANK": node_rank,
-        "NUM_NODES": nodes if step_first else 1,
-    }
+            return counts[node_rank] if node_rank < len(counts) else None
+    return _int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
 
 
 # ------------------------------------------------------------------ the rules
