@@ -84,7 +84,8 @@ def test_check_catches_torchrun_once_per_task(slurm_cluster):
     assert "torchrun is started once per task" in done.stdout
 
 
-def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str) -> Path:
+def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str,
+                      **settings: str) -> Path:
     """sbatch a jobs/ script on the test cluster with the host's Python (RUNTIME=none).
 
     The cluster has no GPUs, so the script's GPU requests are left out; everything else
@@ -95,7 +96,7 @@ def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str) -
     job = tmp_path / script
     job.write_text(body + "\n")
     env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
-                               "GPUS_PER_NODE": "2", "LAYOUT": layout}
+                               "GPUS_PER_NODE": "2", "LAYOUT": layout, **settings}
     done = slurm_cluster.run(["sbatch", "--wait", "--nodes=2", "--cpus-per-task=2",
                               "--time=10", "--output", str(tmp_path / "job.out"), str(job),
                               *TINY], env=env, cwd=tmp_path)
@@ -110,6 +111,14 @@ def test_multinode_job_script(slurm_cluster, tmp_path, layout):
     run_dir = submit_job_script(slurm_cluster, tmp_path, "multinode.sbatch", layout)
     expected = "torchrun-per-node" if layout == "torchrun" else "per-task"
     check_done_summary(summary_of(run_dir), expected)
+
+
+def test_multinode_job_script_check_mode(slurm_cluster, tmp_path):
+    submit_job_script(slurm_cluster, tmp_path, "multinode.sbatch", "per-task", LAUNCH_CHECK="1")
+    log = (tmp_path / "job.out").read_text()
+    # One report per task: 2 nodes x GPUS_PER_NODE=2, all sound.
+    assert log.count("layout: per-task, rank") == 4 and log.count("check: ok") == 4, log
+    assert not (tmp_path / "runs").exists()
 
 
 def check_done_summary(summary: dict, layout: str) -> None:
