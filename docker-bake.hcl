@@ -26,7 +26,7 @@ variable "TAG" {
 
 # NGC PyTorch release the image extends (nvcr.io/nvidia/pytorch:BASE_TAG), CUDA 12.
 variable "BASE_TAG" {
-  default = "25.01-py3"
+  default = "25.03-py3"
 }
 
 # sha256 digest of that base, recorded in the image's labels (the workflow resolves it).

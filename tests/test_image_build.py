@@ -1,0 +1,182 @@
+"""The project's Dockerfile, built unchanged on a stand-in NGC base, trains inside.
+
+NGC images cannot be pulled on the CI machine, so tests/image/build_base.sh makes a
+stand-in with the NGC traits the Dockerfile relies on (cached by a hash of its recipe),
+and tests/image/build_image.sh builds the Dockerfile on it with podman. Commands then run
+inside the built image with `buildah run` (podman run is refused by this sandbox):
+
+    python -m pytest -m image tests/test_image_build.py
+
+What this proves: the Dockerfile builds on an NGC-like base without replacing its torch,
+the image trains through both start paths, as root and as another UID writing nowhere but
+the mounted output folder and /tmp. What it cannot prove: anything about CUDA, NCCL or
+the real NGC base (no GPU, no registry here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.image, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "image"
+CACHE = Path(os.environ.get("HPC_TRAIN_CACHE", Path.home() / ".cache" / "hpc-train"))
+UNPRIVILEGED = "4242:4242"
+STEPS = 3
+TRAIN = ["train", "--dataset", "digits", "--device", "cpu", "--epochs", "1",
+         "--max-steps", str(STEPS), "--output-dir", "/out/run"]
+# Paths that buildah run mounts or generates for every command: not the image's rootfs.
+RUNTIME_PATHS = ("proc", "sys", "dev", "run", "tmp", "out", "etc/hosts", "etc/resolv.conf",
+                 "etc/hostname", ".marker")
+
+
+def containers_env() -> dict[str, str]:
+    return dict(os.environ,
+                CONTAINERS_STORAGE_CONF=str(CACHE / "containers" / "storage.conf"),
+                BUILDAH_ISOLATION="chroot")
+
+
+def run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], env=containers_env(), text=True,
+                          capture_output=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+                             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@dataclass
+class Built:
+    tag: str
+    base: str
+    container: str
+    rootfs: Path
+    config: dict
+    base_config: dict
+    seconds: dict
+
+
+@pytest.fixture(scope="module")
+def image():
+    started = time.monotonic()
+    base = run([SCRIPTS / "build_base.sh"]).stdout.split()[-1]
+    base_ready = time.monotonic()
+    tag = f"localhost/hpc-train/test-image:{os.getpid()}"
+    run([SCRIPTS / "build_image.sh", base, tag])
+    built = time.monotonic()
+    container = run(["buildah", "from", "--pull-never", "--name", f"hpc-train-test-{os.getpid()}",
+                     tag]).stdout.strip()
+    try:
+        rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
+        yield Built(tag, base, container, rootfs, inspect(tag), inspect(base),
+                    {"base": base_ready - started, "build": built - base_ready,
+                     "container": time.monotonic() - built})
+    finally:
+        run(["buildah", "rm", container], check=False)
+        run(["podman", "rmi", "--force", tag], check=False)
+
+
+def inspect(ref: str) -> dict:
+    return json.loads(run(["podman", "image", "inspect", ref]).stdout)[0]
+
+
+def run_inside(image: Built, argv: list[str], out: Path, user: str | None = None):
+    """Runs argv in the image with HOME unset, out at /out and a fresh /tmp.
+
+    Returns the process and the paths of the image's own filesystem that changed.
+    """
+    tmp = out.parent / f"{out.name}-tmp"
+    for folder, mode in ((out, 0o777), (tmp, 0o1777)):
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(mode)
+    mounts = ["-v", f"{out}:/out", "-v", f"{tmp}:/tmp"]
+    run(["buildah", "run", *mounts, image.container, "--", "true"])  # mount points exist now
+    marker = image.rootfs / ".marker"
+    marker.touch()
+    time.sleep(1.1)  # mtimes have one-second resolution on some filesystems
+    user_flag = ["--user", user] if user else []
+    proc = run(["buildah", "run", *user_flag, *mounts, image.container, "--",
+                "env", "-u", "HOME", *argv], check=False)
+    return proc, changed_paths(image.rootfs, marker)
+
+
+def changed_paths(rootfs: Path, marker: Path) -> list[str]:
+    since = marker.stat().st_mtime
+    changed = []
+    for folder, dirs, files in os.walk(rootfs):
+        rel = Path(folder).relative_to(rootfs)
+        dirs[:] = [d for d in dirs if str(rel / d) not in RUNTIME_PATHS]
+        for name in files + dirs:
+            path = Path(folder) / name
+            if str(rel / name) not in RUNTIME_PATHS and path.lstat().st_mtime > since:
+                changed.append(str(rel / name))
+    return changed
+
+
+def entrypoint(image: Built) -> list[str]:
+    return image.config["Config"]["Entrypoint"]
+
+
+@pytest.mark.parametrize("user", [None, UNPRIVILEGED], ids=["root", "uid4242"])
+@pytest.mark.parametrize("path", ["entrypoint", "apptainer-exec"])
+def test_image_trains_and_writes_only_the_output_folder(image, tmp_path, path, user):
+    argv = entrypoint(image) + TRAIN if path == "entrypoint" else TRAIN
+    proc, changed = run_inside(image, argv, tmp_path / "out", user)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
+    assert summary["steps_run"] == STEPS
+    assert summary["world_size"] == 1
+    assert changed == [], f"the run wrote into the image's filesystem: {changed}"
+
+
+def test_entrypoint_chains_to_ngc_entrypoint(image, tmp_path):
+    assert entrypoint(image)[0] == "/opt/nvidia/nvidia_entrypoint.sh"
+    proc, _ = run_inside(image, entrypoint(image) + ["printenv", "NGC_STANDIN_ENTRYPOINT_RAN"],
+                         tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"
+
+
+def test_torch_and_dali_are_the_base_images(image, tmp_path):
+    probe = ("import torch, nvidia.dali as d; "
+             "print(f'torch=={torch.__version__}'); print(f'nvidia-dali-cuda120=={d.__version__}')")
+    proc, _ = run_inside(image, ["python", "-c", probe], tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    base_pins = set((image.rootfs / "etc/pip/constraint.txt").read_text().split())
+    assert set(proc.stdout.split()) <= base_pins
+
+
+def test_oci_labels_name_revision_and_base(image):
+    labels = image.config["Config"]["Labels"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True,
+                          capture_output=True, check=True).stdout.strip()
+    assert labels["org.opencontainers.image.revision"] == head
+    assert labels["org.opencontainers.image.base.name"] == image.base
+    assert labels["org.opencontainers.image.base.digest"] == image.base_config["Digest"]
+    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+
+
+def test_build_mounts_leave_nothing_in_the_image(image):
+    assert not (image.rootfs / "etc/xdg/pip/pip.conf").exists()
+    assert not (image.rootfs / "etc/xdg/pip/ca.crt").exists()
+    assert list((image.rootfs / "root/.cache/pip").glob("*")) == []
+
+
+def test_project_layers_are_small_beside_the_base(image, capsys):
+    """Reports the size the project adds; a replaced torch would add gigabytes."""
+    added = image.config["Size"] - image.base_config["Size"]
+    with capsys.disabled():
+        print(f"\nimage: project layers {added / 1e6:.0f} MB over the base "
+              f"({image.base_config['Size'] / 1e9:.2f} GB); times: "
+              + ", ".join(f"{k} {v:.0f}s" for k, v in image.seconds.items()))
+    assert 0 < added < 500e6

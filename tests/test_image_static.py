@@ -1,0 +1,218 @@
+"""Static checks of the image definitions: linters, and the files agreeing with each other.
+
+    python -m pytest tests/test_image_static.py
+
+hadolint (Dockerfile), shellcheck (every shell script), actionlint (workflows), spython
+(Apptainer definitions against the Dockerfile) and python-hcl2 (bake targets). The tools
+come from requirements/test.txt; a missing tool fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hcl2
+import pytest
+from spython.main.parse.parsers import DockerParser, SingularityParser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+DEFS = sorted((ROOT / "apptainer").glob("*.def"))
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.y*ml"))
+VENV_BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=f"{VENV_BIN}:{shutil.os.environ.get('PATH', '')}")
+    assert found, f"{name} is not installed: pip install -r requirements/test.txt"
+    return found
+
+
+def lint(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile():
+    lint([tool("hadolint"), "--config", ".hadolint.yaml", "Dockerfile"])
+
+
+def shell_scripts() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    scripts = []
+    for name in listed:
+        path = ROOT / name
+        if not path.is_file() or ".venv" in path.parts:
+            continue
+        first = path.read_bytes()[:64].split(b"\n")[0]
+        if name.endswith(".sh") or (name.startswith("jobs/") and re.search(rb"\b(ba)?sh\b", first)):
+            scripts.append(name)
+    return scripts
+
+
+def test_shellcheck_finds_nothing_in_any_shell_script():
+    scripts = shell_scripts()
+    assert "container/install-workload.sh" in scripts
+    lint([tool("shellcheck"), "--external-sources", *scripts])
+
+
+def test_actionlint_finds_nothing_in_the_workflows():
+    assert WORKFLOWS, "no workflow under .github/workflows"
+    env_path = f"{VENV_BIN}:{shutil.os.environ.get('PATH', '')}"  # shellcheck for run: steps
+    proc = subprocess.run([tool("actionlint"), *map(str, WORKFLOWS)], cwd=ROOT,
+                          capture_output=True, text=True, env={**shutil.os.environ, "PATH": env_path})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path):
+    """The linter really checks: an undefined context property is an error."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n"
+                   "    steps:\n      - run: echo ${{ github.no_such_thing }}\n")
+    proc = subprocess.run([tool("actionlint"), str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "no_such_thing" in proc.stdout
+
+
+# --- the Dockerfile ---------------------------------------------------------------------
+
+def dockerfile_recipe():
+    return DockerParser(str(DOCKERFILE)).recipe["spython-base"]
+
+
+def dockerfile_labels() -> dict[str, str]:
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", DOCKERFILE.read_text(), re.M))
+    labels = {}
+    for (line,) in dockerfile_recipe().labels:
+        key, _, value = line.rstrip(" \\").partition("=")
+        value = value.strip('"')
+        labels[key] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), value)
+    return labels
+
+
+def test_every_dockerfile_arg_has_a_comment_above_it():
+    lines = DOCKERFILE.read_text().splitlines()
+    bare = [line for i, line in enumerate(lines)
+            if line.startswith("ARG ") and "=" in line and not lines[i - 1].startswith("#")]
+    assert bare == []
+
+
+def test_dockerfile_extends_a_pinned_cuda12_ngc_pytorch_tag():
+    base = dockerfile_recipe().fromHeader
+    assert re.fullmatch(r"nvcr\.io/nvidia/pytorch:2[5-9]\.\d\d-py3", base), base
+    assert "digest" in DOCKERFILE.read_text().lower()
+
+
+def test_dockerfile_labels_carry_source_revision_version_created_and_base():
+    labels = dockerfile_labels()
+    for key in ("source", "revision", "version", "created", "base.name", "base.digest"):
+        assert f"org.opencontainers.image.{key}" in labels
+
+
+# --- Apptainer definitions --------------------------------------------------------------
+
+def def_recipe(path: Path):
+    return SingularityParser(str(path)).recipe["spython-base"]
+
+
+def def_labels(path: Path) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in def_recipe(path).labels)
+
+
+def test_there_is_a_definition_from_the_image_and_one_from_ngc():
+    bases = {p.name: def_recipe(p).fromHeader for p in DEFS}
+    assert dockerfile_recipe().fromHeader in bases.values()
+    image = bake_variable("REGISTRY") + "/" + bake_variable("IMAGE")
+    assert any(b.startswith(image + ":") for b in bases.values()), bases
+
+
+@pytest.mark.parametrize("path", DEFS, ids=[p.name for p in DEFS])
+def test_definition_runs_the_dockerfile_entrypoint(path):
+    runscript = def_recipe(path).cmd.strip()
+    assert runscript == "exec " + " ".join(dockerfile_recipe().entrypoint) + ' "$@"'
+
+
+@pytest.mark.parametrize("path", DEFS, ids=[p.name for p in DEFS])
+def test_definition_labels_agree_with_the_dockerfile(path):
+    labels, docker = def_labels(path), dockerfile_labels()
+    assert labels, "no %labels"
+    for key, value in labels.items():
+        expected = dockerfile_recipe().fromHeader if key.endswith("base.name") else docker[key]
+        assert value == expected, key
+
+
+@pytest.mark.parametrize("path", DEFS, ids=[p.name for p in DEFS])
+def test_definition_help_shows_srun_and_test_is_cpu_only(path):
+    text = path.read_text()
+    help_text = text.split("\n%help", 1)[1].split("\n%", 1)[0]
+    assert "srun" in help_text and "apptainer exec --nv" in help_text
+    test_text = text.split("\n%test", 1)[1].split("\n%", 1)[0]
+    assert "--device cpu" in test_text
+
+
+def test_ngc_definition_sets_the_dockerfile_cache_environment():
+    ngc = next(p for p in DEFS if def_recipe(p).fromHeader == dockerfile_recipe().fromHeader)
+    assert set(def_recipe(ngc).environ) == set(dockerfile_recipe().environ) - {
+        e for e in dockerfile_recipe().environ if e.startswith("TORCH_CUDA_ARCH_LIST=")}
+
+
+# --- docker-bake.hcl --------------------------------------------------------------------
+
+def unquote(value):
+    if isinstance(value, str):
+        return value.strip('"')
+    if isinstance(value, list):
+        return [unquote(v) for v in value]
+    if isinstance(value, dict):
+        return {unquote(k): unquote(v) for k, v in value.items() if k != "__is_block__"}
+    return value
+
+
+def bake() -> dict:
+    with open(ROOT / "docker-bake.hcl") as f:
+        return unquote(hcl2.load(f))
+
+
+def bake_variable(name: str) -> str:
+    return next(v[name]["default"] for v in bake()["variable"] if name in v)
+
+
+def expand(text: str) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: bake_variable(m.group(1)), text)
+
+
+def target(name: str) -> dict:
+    """A bake target with its inherited settings merged in (maps merge, the rest override)."""
+    targets = {k: v for block in bake()["target"] for k, v in block.items()}
+    merged: dict = {}
+    for parent in targets[name].get("inherits", []):
+        for key, value in target(parent).items():
+            merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    for key, value in targets[name].items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
+
+
+@pytest.mark.parametrize("name, platform, arch", [("gh200", "linux/arm64", "9.0"),
+                                                  ("a100", "linux/amd64", "8.0")])
+def test_bake_site_targets(name, platform, arch):
+    t = target(name)
+    assert t["platforms"] == [platform]
+    assert t["args"]["CUDA_ARCH"] == arch
+    assert expand(t["args"]["BASE_IMAGE"]) == dockerfile_recipe().fromHeader
+    assert {"type=provenance,mode=max", "type=sbom"} <= set(t["attest"])
+    assert t["cache-from"] and t["cache-to"]
+
+
+def test_bake_default_group_yields_one_multiarch_tag():
+    default = next(g["default"] for g in bake()["group"] if "default" in g)
+    targets = [target(n) for n in default["targets"]]
+    platforms = {p for t in targets for p in t["platforms"]}
+    tags = {expand(tag) for t in targets for tag in t["tags"]}
+    assert platforms == {"linux/arm64", "linux/amd64"}
+    assert len(tags) == 1
+    assert all({"type=provenance,mode=max", "type=sbom"} <= set(t["attest"]) for t in targets)
