@@ -5,7 +5,7 @@
 #
 # The tag is a hash of this script and standin-base/, so a changed recipe builds a new
 # image and an unchanged one is reused from the private store (containers.sh). A fresh
-# machine builds it from scratch: debootstrap (about 1.5 min) and pip (about 5 min).
+# machine builds it from scratch: debootstrap (about 1 min) and pip (about 5 min).
 set -Eeuo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tests/image/containers.sh
@@ -64,6 +64,7 @@ main() {
   exec 9>"${CONTAINERS_DIR}/build_base.lock"
   flock 9
   if ! image_exists "${image}"; then
+    echo "build_base: building ${image} (${STORAGE_DRIVER} storage)" >&2
     image_exists "${rootfs}" || import_rootfs "${rootfs}"
     build_standin "${image}" "${rootfs}"
     podman rmi "${rootfs}" >/dev/null
