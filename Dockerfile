@@ -54,8 +54,8 @@ COPY README.md ./
 COPY workload ./workload
 RUN /opt/hpc-train/install-workload.sh package .
 
-# The entrypoint resolves SLURM/torchrun variables, then execs the command. NGC's own
-# entrypoint runs first (CUDA environment, banner) and ends in exec "$@".
+# The entrypoint resolves SLURM/torchrun variables, then execs NGC's own entrypoint
+# (CUDA environment, banner), which ends in exec "$@": NGC's setup is chained, not replaced.
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 # Caches at writable places, so the image runs as any UID with a read-only root and no
@@ -85,5 +85,5 @@ LABEL org.opencontainers.image.title="hpc-train" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.base.digest="${BASE_DIGEST}"
 
-ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/usr/local/bin/entrypoint.sh"]
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD ["train", "--help"]

@@ -165,7 +165,7 @@ def test_the_write_check_sees_a_write_into_the_image(image, tmp_path):
 
 
 def test_entrypoint_chains_to_ngc_entrypoint(image, tmp_path):
-    assert entrypoint(image)[0] == "/opt/nvidia/nvidia_entrypoint.sh"
+    assert entrypoint(image) == ["/usr/local/bin/entrypoint.sh"]
     proc, _ = run_inside(image, entrypoint(image) + ["printenv", "NGC_STANDIN_ENTRYPOINT_RAN"],
                          tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
