@@ -10,6 +10,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from workload.checkpoint import check_checkpoint_flags
 from workload.errors import UsageError
 from workload.models import MODELS
 
@@ -85,7 +86,21 @@ class TrainConfig:
     # DataLoader worker processes for imagefolder; -1 = derived from the CPUs available.
 
     output_dir: str = field(default_factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"))
-    # Receives config.json, metrics.jsonl and summary.json.
+    # Receives config.json, metrics.jsonl, summary.json and checkpoints/.
+
+    resume: str = "auto"
+    # "auto": continue from the newest complete, verified checkpoint in the output directory;
+    # "never": start afresh (refused if the directory holds checkpoints, unless --overwrite);
+    # or the path of one checkpoint directory to load.
+    overwrite: bool = False
+    # With --resume never: replace the checkpoints and records already in the output directory.
+    checkpoint_every: str = "30m"
+    # Also checkpoint every N optimizer steps ("500") or every so often ("10m", "90s", "1h");
+    # "0" = only at epoch ends (every epoch end always saves one).
+    keep_checkpoints: int = 3
+    # Complete checkpoints kept; older ones are pruned only after a new one is complete.
+    preempt_signal: str = "USR2"
+    # The signal that asks for a checkpoint and a requeue (SIGTERM always does too).
     recipe: str = ""
     # Name of the tuned recipe that filled the flags the user left out, if any.
 
@@ -149,7 +164,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
                                      f"{cfg.dist_timeout_s!r}; pass e.g. --dist-timeout 600")
 
 
-_CHECKS = (_check_choices, _check_positive_ints, _check_ranges)
+# The checkpoint flags' rules live with the feature (workload/checkpoint.py).
+_CHECKS = (_check_choices, _check_positive_ints, _check_ranges, check_checkpoint_flags)
 
 
 # Recipes: tuned settings for a (dataset, device) pair, applied only to the flags the user

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from workload import distributed
+from workload import distributed, resume
 from workload.config import (DATASETS, DEVICES, LR_SCALINGS, PRECISIONS, STRATEGIES,
                              TrainConfig, build_config)
 from workload.data import build_data
@@ -29,9 +29,12 @@ from workload.distributed import resolve_device
 from workload.errors import UsageError, exit_with_usage_error
 from workload.logs import logger, setup_logging
 from workload.models import MODELS, build_model, count_parameters
+from workload.preemption import (PREEMPT_SIGNALS, REQUEUE_EXIT_STATUS, Preempted,
+                                 PreemptionFlag)
 from workload.precision import configure_tf32, grad_scaler, resolve_precision
 from workload.records import (append_jsonl, model_sha256, prepare_output_dir, versions,
                               write_json)
+from workload.resume import Checkpointer
 from workload.trainer import (EpochStats, Trainer, TrainState, build_optimizer,
                               build_schedule)
 
@@ -83,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
                      help="seconds a rank may wait in a collective (600)")
     add("--output-dir", help="run folder (default: runs/<timestamp>)")
+    ckpt = p.add_argument_group("checkpoints, resume and preemption")
+    ckpt.add_argument("--resume", metavar="auto|never|PATH",
+                      help="auto (default): continue from the newest good checkpoint in the "
+                           "output dir; never: start afresh; or a checkpoint folder")
+    ckpt.add_argument("--overwrite", action="store_true", default=None,
+                      help="with --resume never: replace the output dir's checkpoints")
+    ckpt.add_argument("--checkpoint-every", metavar="N|DURATION",
+                      help="also save every N steps or every 10m / 90s / 1h (default 30m); "
+                           "0 = epoch ends only")
+    ckpt.add_argument("--keep-checkpoints", type=int, help="complete checkpoints kept (3)")
+    ckpt.add_argument("--preempt-signal", choices=PREEMPT_SIGNALS,
+                      help="signal that asks for a checkpoint and the requeue exit status "
+                           f"{REQUEUE_EXIT_STATUS} (default USR2; SIGTERM always does)")
     return p
 
 
@@ -118,23 +134,25 @@ def log_epoch(cfg: TrainConfig, record: dict) -> None:
                 f"time {record['epoch_time_s']:.2f}s, {record['images_per_second']:.1f} img/s")
 
 
-def fit(trainer: Trainer, out) -> dict:
+def fit(trainer: Trainer, out, checkpointer: Checkpointer | None = None) -> dict:
     """Train epoch by epoch until the epochs, the step limit or the early-stop rule ends it."""
     cfg, state, info = trainer.cfg, trainer.state, trainer.info
     timed_images, timed_seconds, first_step_s, stopped_early = 0, 0.0, None, False
     while state.epoch < cfg.epochs and not trainer.done_stepping():
-        stats = trainer.train_epoch(state.epoch)
+        stats = trainer.train_epoch(state.epoch, state.batch)
         accuracy, test_loss = trainer.evaluate()
         state.accuracies.append(accuracy)
         record = epoch_record(state.epoch, stats, accuracy, test_loss,
                               state.schedule.get_last_lr()[0])
-        state.epoch += 1
+        state.epoch, state.batch = state.epoch + 1, 0
         timed_images += stats.timed_images
         timed_seconds += stats.timed_seconds
         first_step_s = first_step_s or stats.first_step_s
         if info.is_main:
             log_epoch(cfg, record)
             append_jsonl(out / "metrics.jsonl", record)
+        if checkpointer:
+            checkpointer.after_epoch()
         if trainer.reached_target():
             logger.info(f"target accuracy {cfg.target_accuracy} reached for "
                         f"{cfg.patience} epochs: stopping after epoch {state.epoch}")
@@ -153,7 +171,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(cfg: TrainConfig) -> dict:
+def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
+    """Train as configured; `flag` is set by the preemption signal handlers (see main)."""
     started = time.perf_counter()
     info = distributed.init_distributed(cfg.device, cfg.dist_timeout_s)
     setup_logging(info.rank)
@@ -162,6 +181,7 @@ def run(cfg: TrainConfig) -> dict:
     seed_everything(cfg.seed)
     data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size)
     out = prepare_output_dir(cfg.output_dir)
+    resume.prepare(cfg, out, info.is_main)
     model = build_model(cfg.model, data.num_classes, cfg.width, cfg.blocks_per_stage,
                         cfg.dropout).to(info.device)
     if cfg.channels_last:
@@ -178,7 +198,11 @@ def run(cfg: TrainConfig) -> dict:
                        grad_scaler(precision, info.device))
     if cfg.compile:
         state.model = torch.compile(model)
-    summary = fit(Trainer(cfg, info, state, data, precision), out)
+    resume.resume(cfg, info, state, out)
+    trainer = Trainer(cfg, info, state, data, precision)
+    checkpointer = Checkpointer(cfg, info, state, out, len(data.train), flag or PreemptionFlag())
+    trainer.after_step = checkpointer.after_step
+    summary = fit(trainer, out, checkpointer)
     summary.update(total_time_s=time.perf_counter() - started, world_size=info.world_size,
                    device=str(info.device), precision=precision, model=cfg.model,
                    dataset=cfg.dataset, parameters=count_parameters(model),
@@ -196,9 +220,18 @@ def run(cfg: TrainConfig) -> dict:
 def main(argv: list[str] | None = None) -> None:
     try:
         cfg = parse_config(argv)
-        run(cfg)
+        # Installed first, so a preemption signal during start-up is not fatal either.
+        flag = PreemptionFlag().install(("TERM", cfg.preempt_signal))
+        try:
+            run(cfg, flag)
+        finally:
+            flag.uninstall()
     except UsageError as error:
         exit_with_usage_error("train", error)
+    except Preempted as stop:
+        logger.warning(f"{stop}: checkpoint written; exiting with status "
+                       f"{REQUEUE_EXIT_STATUS} so the job script requeues the job")
+        sys.exit(REQUEUE_EXIT_STATUS)
     finally:
         distributed.teardown()
 

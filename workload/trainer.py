@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -62,6 +63,7 @@ class TrainState:
     scaler: torch.amp.GradScaler
     epoch: int = 0
     step: int = 0
+    batch: int = 0  # batches done in the current epoch: where a resumed run continues
     accuracies: list[float] = field(default_factory=list)
 
 
@@ -85,6 +87,8 @@ class Trainer:
         self.precision = precision
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
         self.total_steps = planned_steps(cfg, len(data.train))
+        # Called after every optimizer step (checkpoints, preemption; see workload/resume.py).
+        self.after_step: Callable[[], None] | None = None
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state = self.state
@@ -111,6 +115,9 @@ class Trainer:
                 break
             loss_sum += self.train_step(images, labels)
             steps += 1
+            state.batch = batch
+            if self.after_step:
+                self.after_step()
             if state.step == 1:  # the run's first step: warm-up (and compilation) time
                 sync(device)
                 t_window = time.perf_counter()

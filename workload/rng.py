@@ -1,0 +1,58 @@
+"""The global random states a checkpoint carries, as plain tensors, lists and numbers.
+
+Dropout draws from torch's global generator, so an exact resume needs it back; numpy and
+python `random` are saved too for user code. Everything is converted to types that
+torch.load(weights_only=True) accepts (no numpy arrays, no arbitrary objects).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def local_states() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    states = dict(
+        torch=torch.get_rng_state(),
+        numpy=dict(kind=kind, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos),
+                   has_gauss=int(has_gauss), cached=float(cached)),
+        python=dict(version=version, internal=list(internal), gauss_next=gauss_next),
+    )
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"].cpu())
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+    if "cuda" in states and torch.cuda.is_available():
+        cuda = [s.cpu() for s in states["cuda"]]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def gather_states(world_size: int) -> list[dict]:
+    """Every rank's states, in rank order (a collective: all ranks must call it)."""
+    mine = local_states()
+    if world_size == 1 or not dist.is_initialized():
+        return [mine]
+    gathered: list[dict | None] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    return [_to_cpu(s) for s in gathered]
+
+
+def _to_cpu(states: dict) -> dict:
+    states["torch"] = states["torch"].cpu()
+    if "cuda" in states:
+        states["cuda"] = [s.cpu() for s in states["cuda"]]
+    return states
