@@ -1,0 +1,163 @@
+"""Checkpoints on disk: layout, manifest, pruning, and bad files rejected without harm."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, run_train
+from workload.checkpoint import MANIFEST, sha256_file
+from workload.train import main as train_main
+
+# 2 epochs of 8 steps; a checkpoint every 2 steps.
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "5",
+        "--checkpoint-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """One finished run with a checkpoint after every step, all kept."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    return out, run_train([*ARGS, "--checkpoint-every", "1", "--keep-checkpoints", "100"], out)
+
+
+def copy_run(reference: tuple[Path, dict], to: Path) -> Path:
+    shutil.copytree(reference[0], to)
+    return to
+
+
+def steps_in(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
+
+
+def test_layout_manifest_and_latest_pointer(reference):
+    root = reference[0] / "checkpoints"
+    assert steps_in(root) == [f"step-{s:09d}" for s in range(1, 17)]
+    assert (root / "latest").read_text().strip() == "step-000000016"
+    assert not list(root.glob(".tmp-*")), "no temporary folder is left after a save"
+    newest = root / "step-000000016"
+    manifest = json.loads((newest / MANIFEST).read_text())
+    files = {p.name for p in newest.iterdir()} - {MANIFEST}
+    assert set(manifest["files"]) == files == {"model.pt", "optimizer.pt", "trainer.pt",
+                                                "rng.pt", "config.json"}
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_file(newest / name)
+        assert entry["bytes"] == (newest / name).stat().st_size
+    trainer = torch.load(newest / "trainer.pt", weights_only=True)
+    assert (trainer["epoch"], trainer["batch"], trainer["step"]) == (2, 0, 16)
+    assert len(trainer["accuracies"]) == 2 and trainer["scaler"] is not None
+    assert json.loads((newest / "config.json").read_text())["seed"] == 5
+    assert {"torch", "numpy", "python"} <= torch.load(newest / "rng.pt", weights_only=True)[0].keys()
+
+
+def test_keeps_the_last_n_checkpoints(tmp_path):
+    run_train([*ARGS, "--keep-checkpoints", "3"], tmp_path / "run")
+    assert steps_in(tmp_path / "run" / "checkpoints") == [
+        "step-000000012", "step-000000014", "step-000000016"]
+
+
+def test_a_finished_run_started_again_changes_nothing(reference, tmp_path):
+    out = copy_run(reference, tmp_path / "again")
+    summary = run_train(ARGS, out)
+    assert summary["model_sha256"] == reference[1]["model_sha256"]
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("step", [3, 8, 13])
+def test_resume_from_a_given_checkpoint_is_exact(step, reference, tmp_path):
+    # Mid-epoch (3, 13) and an epoch end (8): continuing gives the same weights, bit for bit.
+    path = reference[0] / "checkpoints" / f"step-{step:09d}"
+    resumed = run_train([*ARGS, "--resume", str(path)], tmp_path / "resumed")
+    assert resumed["model_sha256"] == reference[1]["model_sha256"]
+    assert resumed["steps_run"] == 16 and resumed["epochs_run"] == 2
+
+
+# --- bad files: each rejected with a clear message, the previous checkpoint used ----------
+
+def truncate(folder: Path, payload: Path) -> str:
+    model = folder / "model.pt"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    return "model.pt has"
+
+
+def drop_manifest(folder: Path, payload: Path) -> str:
+    (folder / MANIFEST).unlink()
+    return f"no {MANIFEST}"
+
+
+def flip_a_byte(folder: Path, payload: Path) -> str:
+    optimizer = folder / "optimizer.pt"
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    optimizer.write_bytes(bytes(data))
+    return "optimizer.pt does not match its sha256"
+
+
+class CreatesAFile:
+    """Unpickling this calls open(path, "w"): it would create the file."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def plant_malicious_pickle(folder: Path, payload: Path) -> str:
+    # An attacker who can write the file can rewrite the manifest too: the hashes match,
+    # and only weights_only=True stands between the file and the payload.
+    trainer = folder / "trainer.pt"
+    torch.save({"step": 16, "innocent": CreatesAFile(payload)}, trainer)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"]["trainer.pt"] = dict(bytes=trainer.stat().st_size,
+                                           sha256=sha256_file(trainer))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return "trainer.pt cannot be loaded safely"
+
+
+@pytest.mark.parametrize("damage", [truncate, drop_manifest, flip_a_byte,
+                                    plant_malicious_pickle], ids=lambda f: f.__name__)
+def test_a_bad_newest_checkpoint_is_moved_aside_and_the_previous_used(
+        damage, reference, tmp_path, capsys):
+    out = copy_run(reference, tmp_path / "run")
+    newest = out / "checkpoints" / "step-000000016"
+    payload = tmp_path / "payload-ran"
+    words = damage(newest, payload)
+    files_before = sorted(p.name for p in newest.iterdir())
+    summary = run_train(ARGS, out)
+    log = capsys.readouterr().out
+    assert not payload.exists(), "the pickle's payload must never run"
+    warning = next(line for line in log.splitlines() if "skipping a bad checkpoint" in line)
+    assert words in warning and "step-000000016" in warning
+    assert "resumed from" in log and "step-000000015" in log
+    moved = list((out / "checkpoints").glob("step-000000016.corrupt-*"))
+    assert len(moved) == 1 and sorted(p.name for p in moved[0].iterdir()) == files_before
+    # Step 16 ran again from step 15: the same weights as the reference.
+    assert summary["model_sha256"] == reference[1]["model_sha256"]
+    assert (out / "checkpoints" / "step-000000016" / MANIFEST).is_file()
+
+
+def test_an_explicit_bad_checkpoint_exits_2_and_is_left_in_place(reference, tmp_path, capsys):
+    out = copy_run(reference, tmp_path / "run")
+    bad = out / "checkpoints" / "step-000000010"
+    payload = tmp_path / "payload-ran"
+    plant_malicious_pickle(bad, payload)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main([*ARGS, "--resume", str(bad), "--output-dir", str(tmp_path / "new")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "trainer.pt cannot be loaded safely" in err
+    assert not payload.exists() and bad.is_dir()
+
+
+def test_the_planted_payload_is_real(tmp_path):
+    # The malicious file above is honest: loaded the unsafe way, it does create the file.
+    payload = tmp_path / "payload-ran"
+    torch.save({"innocent": CreatesAFile(payload)}, tmp_path / "evil.pt")
+    torch.load(tmp_path / "evil.pt", weights_only=False)
+    assert payload.exists()
