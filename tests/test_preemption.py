@@ -1,0 +1,77 @@
+"""Preemption in one process: the signal gives one checkpoint, the requeue status, and a
+resumed run that ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import TINY
+from workload.preemption import REQUEUE_EXIT_STATUS
+
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "3",
+        "--checkpoint-every", "0"]  # epoch ends only: the preemption save is the one mid-epoch
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train(out, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workload.train", *ARGS, *extra,
+                             "--output-dir", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV)
+
+
+def signal_when_training(proc: subprocess.Popen, signum: int, delay: float) -> str:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "data backend" in line:
+            time.sleep(delay)
+            proc.send_signal(signum)
+            break
+    lines.extend(proc.stdout)
+    proc.wait(timeout=300)
+    return "".join(lines)
+
+
+def finish(out) -> dict:
+    proc = train(out)
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, log
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    return finish(tmp_path_factory.mktemp("reference") / "run")
+
+
+@pytest.mark.parametrize("signame, extra", [("SIGUSR2", []), ("SIGTERM", []),
+                                             ("SIGUSR1", ["--preempt-signal", "USR1"])])
+def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
+        signame, extra, reference, tmp_path):
+    out = tmp_path / "run"
+    # Sent as training starts (a later moment could miss a fast machine's whole run): the
+    # flag is read at the first step boundary. Random moments: tests/test_resume_kill.py.
+    log = signal_when_training(train(out, *extra), getattr(signal, signame), delay=0)
+    assert f"status {REQUEUE_EXIT_STATUS}" in log, log
+    stopped = [line for line in log.splitlines() if f"preempted by {signame}" in line]
+    assert stopped, log
+    step = int(stopped[0].split("at step ")[1].split(":")[0])
+    saves = [line for line in log.splitlines() if "checkpoint (preemption)" in line]
+    assert len(saves) == 1 and f"step-{step:09d}" in saves[0]
+    assert (out / "checkpoints" / "latest").read_text().strip() == f"step-{step:09d}"
+    assert not (out / "summary.json").exists()
+    assert finish(out)["model_sha256"] == reference["model_sha256"]
+
+
+def test_requeue_status_is_the_documented_constant(tmp_path):
+    proc = train(tmp_path / "run")
+    signal_when_training(proc, signal.SIGUSR2, delay=0)
+    assert proc.returncode == REQUEUE_EXIT_STATUS == 75
