@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -161,3 +162,14 @@ def test_the_planted_payload_is_real(tmp_path):
     torch.save({"innocent": CreatesAFile(payload)}, tmp_path / "evil.pt")
     torch.load(tmp_path / "evil.pt", weights_only=False)
     assert payload.exists()
+
+
+def test_fsdp_shard_metadata_is_read_without_running_code(tmp_path):
+    # DCP itself reads .metadata with pickle.load; ours refuses anything but DCP's classes.
+    from workload.checkpoint_sharded import UnsafeMetadata, read_metadata_safely
+
+    payload = tmp_path / "payload-ran"
+    (tmp_path / ".metadata").write_bytes(pickle.dumps({"x": CreatesAFile(payload)}))
+    with pytest.raises(UnsafeMetadata, match="io.open|builtins.open"):
+        read_metadata_safely(tmp_path)
+    assert not payload.exists()

@@ -16,9 +16,11 @@ import pytest
 
 REQUEUE_SH = Path(__file__).resolve().parent.parent / "jobs" / "lib" / "requeue.sh"
 
-# The step: waits for USR2 (or TERM), then exits with the status it was given.
+# The step: waits for USR2 (or TERM), then exits with the status it was given; "killed"
+# writes the requeue file as a preempted rank does, then exits as srun reports a rank
+# killed by --kill-on-bad-exit (143).
 STEP = """
-import signal, sys, time
+import os, signal, sys, time
 got = []
 for name in ("SIGUSR2", "SIGTERM"):
     signal.signal(getattr(signal, name), lambda n, f: got.append(signal.Signals(n).name))
@@ -27,17 +29,21 @@ deadline = time.time() + 60
 while not got and time.time() < deadline:
     time.sleep(0.01)
 print("step got", got, flush=True)
+if sys.argv[1] == "killed":
+    open(os.environ["TRAIN_REQUEUE_FILE"], "w").write("preempted by SIGUSR2 at step 7")
+    sys.exit(143)
 sys.exit(int(sys.argv[1]))
 """
 
 
-def batch_shell(tmp_path: Path, status: int, restart_count: int | None) -> subprocess.Popen:
+def batch_shell(tmp_path: Path, status: int | str, restart_count: int | None) -> subprocess.Popen:
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.calls\n')
     (stubs / "scontrol").chmod(0o755)
     (tmp_path / "step.py").write_text(STEP)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "MAX_REQUEUES": "2"}
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "MAX_REQUEUES": "2",
+           "TRAIN_REQUEUE_FILE": str(tmp_path / "requeue-request")}
     if restart_count is not None:
         env["SLURM_RESTART_COUNT"] = str(restart_count)
     script = (f'set -Eeuo pipefail; source "{REQUEUE_SH}"; '
@@ -87,3 +93,11 @@ def test_other_statuses_pass_through_without_requeue(tmp_path, status):
     _, err = signal_batch_shell(proc)
     assert proc.returncode == status, err
     assert calls(tmp_path) == []
+
+
+def test_the_requeue_file_counts_when_srun_reports_another_status(tmp_path):
+    proc = batch_shell(tmp_path, "killed", 0)
+    _, err = signal_batch_shell(proc)
+    assert calls(tmp_path) == ["requeue 4242"] and proc.returncode == 0
+    assert "status 143: preempted by SIGUSR2 at step 7" in err
+    assert not (tmp_path / "requeue-request").exists()

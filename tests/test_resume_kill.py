@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -90,11 +89,15 @@ def test_kill_minus_9_at_random_moments_then_resume_ends_bit_identical(tmp_path)
                                 range(CHAINS)))
     trials = sum(len(r["moments"]) for r in results)
     assert trials >= 20
-    for r in results:
+    for i, r in enumerate(results):
         assert r["summary"]["model_sha256"] == reference["model_sha256"], r["log"]
         assert r["summary"]["steps_run"] == reference["steps_run"]
+        metrics = (tmp_path / f"chain{i}" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in metrics] == [1, 2]  # none twice
     # Some kills did land inside a save: those half-written checkpoints were skipped with a
     # warning and kept aside, never loaded and never deleted.
     half_written = sum(r["half_written"] for r in results)
+    print(f"{trials} kill -9 trials in {CHAINS} chains; {half_written} left a half-written "
+          "checkpoint; moments:", [r["moments"] for r in results])
     assert half_written >= 1, [r["moments"] for r in results]
     assert sum(len(r["moved"]) for r in results) == half_written

@@ -12,7 +12,8 @@ Layout of `<output-dir>/checkpoints/`:
     latest                 the name of the newest complete checkpoint (replaced atomically)
     step-000000100.corrupt-20261122-161500/   a bad one, moved aside and never deleted
 
-A save writes into `.tmp-step-...` beside the others (same filesystem, so the rename is
+With FSDP, `sharded/` holds DCP's files (every rank writes its shard) in place of model.pt
+and optimizer.pt. A save writes into `.tmp-step-...` beside the others (same filesystem, so the rename is
 atomic), fsyncs every file, writes the manifest, renames the directory into place, fsyncs
 the parent, replaces `latest`, and only then prunes the oldest beyond --keep-checkpoints.
 A crash at any moment leaves either the previous checkpoints or the new one complete.
@@ -33,13 +34,17 @@ from pathlib import Path
 
 import torch
 
-from workload import rng
+from workload import distributed, rng
+from workload.checkpoint_sharded import (METADATA, SHARDED_DIR, load_sharded,
+                                         read_metadata_safely, save_sharded)
 from workload.errors import UsageError
 from workload.logs import logger
 from workload.records import unwrap
 
 MANIFEST = "MANIFEST.json"
 REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.json")
+# FSDP: model and optimizer as DCP shards instead of model.pt and optimizer.pt.
+SHARDED_REQUIRED_FILES = (f"{SHARDED_DIR}/{METADATA}", "trainer.pt", "rng.pt", "config.json")
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -156,49 +161,75 @@ def move_aside(path: Path, why: str) -> Path:
     return target
 
 
-# --- saving --------------------------------------------------------------------------------
+# --- saving ---------------------------------------------------------------------------------
 
 @dataclass
 class Snapshot:
-    """What a checkpoint holds, gathered on rank 0 (RNG states come from every rank)."""
-    model: dict
-    optimizer: dict
+    """What a checkpoint holds, gathered on rank 0 (RNG states come from every rank).
+    `model` and `optimizer` are None when FSDP shards are written through DCP instead."""
+    model: dict | None
+    optimizer: dict | None
     trainer: dict
     rng: list[dict]
     config: dict
 
 
-def take_snapshot(state, cfg, world_size: int) -> Snapshot:
+def take_snapshot(state, cfg, world_size: int, sharded: bool) -> Snapshot:
+    """A collective (the RNG states of every rank are gathered): all ranks call it."""
     trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
                    scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
                    step=state.step, accuracies=list(state.accuracies), world_size=world_size)
+    if sharded:
+        # FSDP keeps buffers (BatchNorm statistics) per rank and DCP saves one copy of
+        # them: every rank's own are kept here so that each gets its own back.
+        buffers = {name: b for name, b in state.model.named_buffers()}
+        trainer["rank_buffers"] = rng.gather(buffers, world_size)
+        return Snapshot(None, None, trainer, rng.gather_states(world_size), cfg.to_dict())
     return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
                     rng.gather_states(world_size), cfg.to_dict())
 
 
-def write_checkpoint(root: Path, snapshot: Snapshot, keep: int) -> Path:
-    """Write one complete checkpoint atomically; prune the oldest only once it is complete."""
-    step = snapshot.trainer["step"]
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
-    tmp.mkdir()
-    files = {}
-    for name, obj in (("model.pt", snapshot.model), ("optimizer.pt", snapshot.optimizer),
-                      ("trainer.pt", snapshot.trainer), ("rng.pt", snapshot.rng)):
-        files[name] = _write_durably(tmp / name, lambda f, obj=obj: torch.save(obj, f))
-    files["config.json"] = _write_durably(tmp / "config.json",
-                                          lambda f: f.write(_json_bytes(snapshot.config)))
-    manifest = dict(format=FORMAT_VERSION, step=step, epoch=snapshot.trainer["epoch"],
-                    batch=snapshot.trainer["batch"], created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    files=files)
+def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
+                    sharded_state=None) -> Path:
+    """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
+    rank writes into the same temporary folder first."""
+    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a run killed while saving this very step
+            move_aside(tmp, "incomplete")
+        tmp.mkdir()
+    if sharded_state is not None:
+        distributed.barrier()  # the folder exists before anyone writes into it
+        save_sharded(sharded_state.model, sharded_state.optimizer, tmp / SHARDED_DIR)
+    final = root / step_name(snapshot.trainer["step"])
+    if is_main:
+        finish_checkpoint(tmp, final, snapshot, keep)
+    distributed.barrier()  # the others wait until the checkpoint is complete
+    return final
+
+
+def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> None:
+    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning."""
+    root = final.parent
+    parts = [("trainer.pt", snapshot.trainer), ("rng.pt", snapshot.rng)]
+    if snapshot.model is not None:
+        parts = [("model.pt", snapshot.model), ("optimizer.pt", snapshot.optimizer), *parts]
+    for name, obj in parts:
+        _write_durably(tmp / name, lambda f, obj=obj: torch.save(obj, f))
+    _write_durably(tmp / "config.json", lambda f: f.write(_json_bytes(snapshot.config)))
+    files = {str(p.relative_to(tmp)): dict(bytes=p.stat().st_size, sha256=sha256_file(p))
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = dict(format=FORMAT_VERSION, step=snapshot.trainer["step"],
+                    epoch=snapshot.trainer["epoch"], batch=snapshot.trainer["batch"],
+                    sharded=snapshot.model is None,
+                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=files)
     _write_durably(tmp / MANIFEST, lambda f: f.write(_json_bytes(manifest)))
     _fsync_dir(tmp)
-    final = root / step_name(step)
     _rename_into_place(tmp, final)
     _fsync_dir(root)
     _replace_latest(root, final.name)
-    prune(root, keep, newest=step)
-    return final
+    prune(root, keep, newest=snapshot.trainer["step"])
 
 
 def _rename_into_place(tmp: Path, final: Path) -> None:
@@ -232,7 +263,8 @@ def verify(path: Path) -> dict:
         files = manifest["files"]
     except (ValueError, KeyError, TypeError):
         raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest") from None
-    for name in REQUIRED_FILES:
+    sharded = bool(manifest.get("sharded"))
+    for name in REQUIRED_FILES if not sharded else SHARDED_REQUIRED_FILES:
         if name not in files:
             raise CorruptCheckpoint(f"{path.name}/{MANIFEST} does not list {name}")
     for name, entry in files.items():
@@ -265,20 +297,38 @@ def safe_load(file: Path, device) -> object:
 
 
 def read_checkpoint(path: Path, device) -> Snapshot:
-    """Verify and load every file of one checkpoint (tensors onto `device`)."""
-    verify(path)
+    """Verify and load every file of one checkpoint (tensors onto `device`); FSDP shards
+    are only checked here and read by every rank in `restore`."""
+    manifest = verify(path)
+    names = ["trainer.pt", "rng.pt"]
+    if manifest.get("sharded"):
+        try:
+            read_metadata_safely(path / SHARDED_DIR)
+        except Exception as error:  # UnsafeMetadata, UnpicklingError, EOFError, ...
+            raise CorruptCheckpoint(f"{path.name}/{SHARDED_DIR}/{METADATA} cannot be read "
+                                    f"safely: {error}") from None
+    else:
+        names = ["model.pt", "optimizer.pt", *names]
     loaded = {name: safe_load(path / name, "cpu" if name == "rng.pt" else device)
-              for name in REQUIRED_FILES if name.endswith(".pt")}
+              for name in names}
     config = json.loads((path / "config.json").read_text())
-    return Snapshot(loaded["model.pt"], loaded["optimizer.pt"], loaded["trainer.pt"],
+    return Snapshot(loaded.get("model.pt"), loaded.get("optimizer.pt"), loaded["trainer.pt"],
                     loaded["rng.pt"], config)
 
 
-def restore(snapshot: Snapshot, state, rank: int, world_size: int) -> None:
-    """Put a loaded checkpoint into the live training state of this rank."""
+def restore(snapshot: Snapshot, state, rank: int, world_size: int, path: Path) -> None:
+    """Put a loaded checkpoint into the live training state of this rank (a collective
+    for FSDP shards)."""
     trainer = snapshot.trainer
-    unwrap(state.model).load_state_dict(snapshot.model)
-    state.optimizer.load_state_dict(snapshot.optimizer)
+    if snapshot.model is None:
+        load_sharded(state.model, state.optimizer, path / SHARDED_DIR)
+        own = trainer["rank_buffers"][rank % len(trainer["rank_buffers"])]
+        with torch.no_grad():
+            for name, buffer in state.model.named_buffers():
+                buffer.copy_(own[name])
+    else:
+        unwrap(state.model).load_state_dict(snapshot.model)
+        state.optimizer.load_state_dict(snapshot.optimizer)
     state.schedule.load_state_dict(trainer["schedule"])
     state.scaler.load_state_dict(trainer["scaler"])
     state.epoch, state.batch, state.step = trainer["epoch"], trainer["batch"], trainer["step"]

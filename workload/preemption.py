@@ -10,7 +10,9 @@ with REQUEUE_EXIT_STATUS; the batch script sees it and runs `scontrol requeue` o
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import torch
 
@@ -21,6 +23,11 @@ from workload import distributed
 # a death by signal N, torchrun and srun pass a task's status through, and SLURM reports
 # statuses as they are: none of them gives 75 another meaning.
 REQUEUE_EXIT_STATUS = 75
+
+# Set by jobs/lib/requeue.sh: a file every preempted rank writes after the checkpoint. The
+# batch shell cannot always see status 75: `srun --kill-on-bad-exit=1` kills the ranks that
+# exit a moment later than the first, and torchrun reports any failed worker as 1.
+REQUEUE_FILE_ENV = "TRAIN_REQUEUE_FILE"
 
 # Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
@@ -61,6 +68,17 @@ class PreemptionFlag:
 
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
     """Each flag is true if any rank set it: an all-reduce MAX, written as a sum over 0/1
-    values (the same for booleans, and a sum is the one reduction every backend offers)."""
+    values (the same for booleans; distributed.py offers the sum)."""
     values = torch.tensor([float(f) for f in flags], device=device)
     return [v > 0 for v in distributed.all_reduce_sum(values).tolist()]
+
+
+def request_requeue(step: int, signal_name: str) -> None:
+    """Tell the batch shell (jobs/lib/requeue.sh) that this job wants a requeue."""
+    path = os.environ.get(REQUEUE_FILE_ENV)
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    tmp.write_text(f"preempted by {signal_name} at step {step}\n")
+    os.replace(tmp, target)  # atomic: several ranks may write it

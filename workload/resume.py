@@ -16,18 +16,19 @@ import torch
 
 from workload import distributed
 from workload.checkpoint import (CorruptCheckpoint, Snapshot, checkpoints_dir, complete_steps,
-                                 move_aside, parse_every, read_checkpoint, restore, step_name,
-                                 take_snapshot, write_checkpoint)
+                                 move_aside, parse_every, read_checkpoint, restore,
+                                 save_checkpoint, step_name, take_snapshot)
+from workload.checkpoint_sharded import is_sharded
 from workload.errors import UsageError
 from workload.logs import logger
-from workload.preemption import Preempted, PreemptionFlag, agree
+from workload.preemption import Preempted, PreemptionFlag, agree, request_requeue
 
 # Settings a resumed run may change: where things are, how long to train, how to checkpoint.
 # Any other difference from the checkpoint's config means another run's checkpoints.
 MAY_CHANGE_ON_RESUME = {
     "epochs", "max_steps", "target_accuracy", "patience", "output_dir", "data_dir",
     "download", "workers", "compile", "device", "recipe", "resume", "overwrite",
-    "checkpoint_every", "keep_checkpoints", "preempt_signal",
+    "checkpoint_every", "keep_checkpoints", "preempt_signal", "dist_timeout_s",
 }
 
 
@@ -64,7 +65,7 @@ def resume(cfg, info, state, out: Path) -> None:
     if snapshot is None:
         snapshot = _read(path, explicit, info.device)
     check_same_run(snapshot.config, cfg.to_dict(), path, strict=not explicit)
-    restore(snapshot, state, info.rank, info.world_size)
+    restore(snapshot, state, info.rank, info.world_size, path)
     if info.is_main:
         trim_metrics(out / "metrics.jsonl", state.epoch)
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
@@ -150,7 +151,9 @@ class Checkpointer:
             preempt, due_time = agree([preempt, due_time], self.info.device)
         if preempt:
             self.save("preemption")
-            raise Preempted(state.step, self.flag.signal_name or "a signal to another rank")
+            why = self.flag.signal_name or "a signal to another rank"
+            request_requeue(state.step, why)  # every rank, before any of them exits
+            raise Preempted(state.step, why)
         # The epoch's last batch is followed by the epoch-end save: no need for two.
         if (due_steps or due_time) and state.batch < self.batches_per_epoch:
             self.save("periodic")
@@ -160,10 +163,10 @@ class Checkpointer:
 
     def save(self, why: str) -> None:
         started = time.perf_counter()
-        snapshot = take_snapshot(self.state, self.cfg, self.info.world_size)  # all ranks
-        if self.info.is_main:
-            path = write_checkpoint(self.root, snapshot, self.cfg.keep_checkpoints)
-            logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} "
-                        f"in {time.perf_counter() - started:.2f}s")
-        distributed.barrier()  # the others wait until the checkpoint is complete
+        sharded = is_sharded(self.state.model)
+        snapshot = take_snapshot(self.state, self.cfg, self.info.world_size, sharded)
+        path = save_checkpoint(self.root, snapshot, self.cfg.keep_checkpoints,
+                               self.info.is_main, self.state if sharded else None)
+        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} "
+                    f"in {time.perf_counter() - started:.2f}s")
         self.last_save = time.monotonic()

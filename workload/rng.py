@@ -43,16 +43,24 @@ def set_states(states: dict) -> None:
 
 def gather_states(world_size: int) -> list[dict]:
     """Every rank's states, in rank order (a collective: all ranks must call it)."""
-    mine = local_states()
+    return gather(local_states(), world_size)
+
+
+def gather(mine: dict, world_size: int) -> list[dict]:
+    """Every rank's `mine` (tensors moved to the CPU first), in rank order; a collective."""
+    mine = _to_cpu(mine)
     if world_size == 1 or not dist.is_initialized():
         return [mine]
     gathered: list[dict | None] = [None] * world_size
     dist.all_gather_object(gathered, mine)
-    return [_to_cpu(s) for s in gathered]
+    return gathered
 
 
-def _to_cpu(states: dict) -> dict:
-    states["torch"] = states["torch"].cpu()
-    if "cuda" in states:
-        states["cuda"] = [s.cpu() for s in states["cuda"]]
-    return states
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value

@@ -18,6 +18,10 @@
 # train's "requeue me" status: REQUEUE_EXIT_STATUS in workload/preemption.py.
 REQUEUE_EXIT_STATUS=75
 MAX_REQUEUES=${MAX_REQUEUES:-3}
+# The preempted ranks also write this file (REQUEUE_FILE_ENV in workload/preemption.py):
+# srun --kill-on-bad-exit=1 and torchrun do not always pass status 75 on. It lives in the
+# working directory, which apptainer binds and the docker form of jobs/common.sh mounts.
+export TRAIN_REQUEUE_FILE=${TRAIN_REQUEUE_FILE:-${PWD}/.train-requeue-${SLURM_JOB_ID:-local}}
 
 requeue_log() {
   printf 'requeue: %s\n' "$*" >&2
@@ -44,6 +48,11 @@ wait_for_step() {
 # Requeue (up to MAX_REQUEUES) when the step asked for it; otherwise pass its status on.
 requeue_or_exit() {
   local status=$1 count=${SLURM_RESTART_COUNT:-0}
+  if [[ -f ${TRAIN_REQUEUE_FILE} ]]; then
+    requeue_log "step ended with status ${status}: $(<"${TRAIN_REQUEUE_FILE}")"
+    rm -f "${TRAIN_REQUEUE_FILE}"
+    status=${REQUEUE_EXIT_STATUS}
+  fi
   if (( status != REQUEUE_EXIT_STATUS )); then
     return "${status}"
   fi
@@ -59,6 +68,7 @@ requeue_or_exit() {
 
 run_requeueable() {
   local pid
+  rm -f "${TRAIN_REQUEUE_FILE}"
   "$@" &
   pid=$!
   # shellcheck disable=SC2064  # the pid is fixed now, on purpose

@@ -1,0 +1,138 @@
+"""Two gloo ranks on the CPU: preemption agreed through a collective, exact resume under
+DDP, and an elastic restart under torchrun --max-restarts=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY
+from tests.slurm.cluster import free_ports
+from tests.test_distributed import clean_env
+from workload.preemption import REQUEUE_EXIT_STATUS
+
+pytestmark = pytest.mark.slow
+
+DIE_ONCE = Path(__file__).resolve().parent / "helpers" / "die_once.py"
+# 2 epochs of 4 steps per rank (128 images, 16 per rank and step).
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "9",
+        "--precision", "fp32"]
+
+
+def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
+    """Two ranks started by hand with the torch.distributed variables (as a user would)."""
+    port = free_ports(1)[0]
+    procs = []
+    for rank in (0, 1):
+        env = {**clean_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "workload.train", *ARGS, *extra, "--output-dir", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    return logs
+
+
+def run_two_ranks(out: Path, *extra: str) -> dict:
+    procs = start_ranks(out, *extra)
+    logs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict:
+    """Uninterrupted two-rank runs, made when first asked for."""
+    made = {}
+
+    def reference(strategy: str) -> dict:
+        if strategy not in made:
+            out = tmp_path_factory.mktemp(f"reference-{strategy}") / "run"
+            made[strategy] = run_two_ranks(out, "--strategy", strategy)
+        return made[strategy]
+    return reference
+
+
+def preempted_at(log: str) -> list[int]:
+    return [int(line.split("at step ")[1].split(":")[0]) for line in log.splitlines()
+            if "preempted by" in line]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_signal_to_one_rank_stops_both_at_the_same_step(strategy, references, tmp_path):
+    out = tmp_path / "run"
+    procs = start_ranks(out, "--checkpoint-every", "0", "--strategy", strategy)
+    for line in procs[0].stdout:  # rank 0 speaks; wait until training starts
+        if "data backend" in line:
+            break
+    procs[1].send_signal(signal.SIGUSR2)  # rank 1 only
+    logs = finish(procs)
+    assert [p.returncode for p in procs] == [REQUEUE_EXIT_STATUS] * 2, "\n".join(logs)
+    step0, step1 = preempted_at(logs[0]), preempted_at(logs[1])
+    assert step0 == step1 and len(step0) == 1, logs
+    assert "preempted by SIGUSR2" in logs[1] and "a signal to another rank" in logs[0]
+    root = out / "checkpoints"
+    assert [p.name for p in root.glob("step-*")] == [f"step-{step0[0]:09d}"]
+    assert (root / "latest").read_text().strip() == f"step-{step0[0]:09d}"
+    # The requeued job: both ranks resume from that step and end like the uninterrupted run.
+    if strategy == "fsdp":  # every rank wrote its shard through DCP
+        assert len(list((root / f"step-{step0[0]:09d}" / "sharded").glob("*.distcp"))) == 2
+    resumed = run_two_ranks(out, "--strategy", strategy)
+    assert resumed["model_sha256"] == references(strategy)["model_sha256"]
+
+
+def test_torchrun_max_restarts_brings_a_killed_rank_back_from_the_checkpoint(
+        references, tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "died"
+    env = {**clean_env(), "DIE_ONCE_MARKER": str(marker), "DIE_AT_STEP": "3",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--max-restarts=1", str(DIE_ONCE), *ARGS, "--checkpoint-every", "2",
+         "--output-dir", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert marker.exists(), "rank 1 never killed itself: the test proved nothing"
+    assert "resumed from" in log and "step-000000002" in log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_run"] == 8
+    assert summary["model_sha256"] == references("ddp")["model_sha256"]
+
+
+def test_torchrun_passes_the_preemption_signal_on_when_told_to(tmp_path):
+    # The node layout: USR2 reaches torchrun, which by default dies of it. With
+    # --signals-to-handle including SIGUSR2 it sends the signal on to its workers, which
+    # checkpoint and write the requeue file that jobs/lib/requeue.sh reads (torchrun itself
+    # reports a failed worker as status 1, not 75).
+    out, request = tmp_path / "run", tmp_path / "requeue-request"
+    env = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "TRAIN_REQUEUE_FILE": str(request)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "-m", "workload.train",
+         *ARGS, "--checkpoint-every", "0", "--output-dir", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "data backend" in line:
+            proc.send_signal(signal.SIGUSR2)  # the agent only
+            break
+    log = "".join(lines) + proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, log
+    steps = preempted_at(log)
+    assert len(steps) == 2 and steps[0] == steps[1], log
+    assert request.read_text().startswith("preempted by SIGUSR2 at step")
+    assert (out / "checkpoints" / "latest").read_text().strip() == f"step-{steps[0]:09d}"

@@ -1,0 +1,114 @@
+"""Preemption on the real private SLURM cluster (tests/slurm): a 2-node job signalled the
+way `--signal=B:USR2@<seconds>` does it checkpoints, exits 75, is requeued by
+jobs/lib/requeue.sh, resumes from that step, stops requeueing at MAX_REQUEUES, and a
+resubmission completes with the weights of an uninterrupted job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "4",
+        "--precision", "fp32", "--checkpoint-every", "0", "--dist-timeout", "120"]
+
+JOB = """#!/usr/bin/env bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=10
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR2@60
+set -Eeuo pipefail
+source {repo}/jobs/lib/requeue.sh
+echo "job start: restart count ${{SLURM_RESTART_COUNT:-0}}"
+run_requeueable srun --kill-on-bad-exit=1 train {args} --output-dir {out}
+"""
+
+
+def submit(cluster, folder: Path, out: Path, max_requeues: int) -> tuple[int, Path]:
+    script, log = folder / "job.sbatch", folder / "job.log"
+    script.write_text(JOB.format(repo=REPO, args=" ".join(ARGS), out=out))
+    env = {**cluster.env, "MAX_REQUEUES": str(max_requeues), "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = cluster.run(["sbatch", "--parsable", f"--output={log}", str(script)], env=env,
+                       cwd=folder)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().split(";")[0]), log
+
+
+def job_field(cluster, job: int, name: str) -> str:
+    done = cluster.run(["scontrol", "show", "job", str(job)])
+    match = re.search(rf"\b{name}=(\S+)", done.stdout)
+    return match.group(1) if match else ""
+
+
+def wait_for(predicate, what: str, log: Path, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    text = log.read_text() if log.exists() else "(no log)"
+    raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
+
+
+def log_count(log: Path, words: str) -> int:
+    return log.read_text().count(words) if log.exists() else 0
+
+
+def preempt_run_number(cluster, job: int, log: Path, n: int) -> None:
+    """Wait until the n-th run of the job trains, then signal its batch shell only."""
+    wait_for(lambda: log_count(log, "data backend") >= n, f"run {n} to train", log)
+    done = cluster.run(["scancel", "--batch", "--signal=USR2", str(job)])
+    assert done.returncode == 0, done.stderr
+
+
+def test_usr2_checkpoints_requeues_resumes_and_stops_at_the_cap(slurm_cluster, tmp_path):
+    out = tmp_path / "run"
+    job, log = submit(slurm_cluster, tmp_path, out, max_requeues=1)
+    preempt_run_number(slurm_cluster, job, log, 1)
+    wait_for(lambda: log_count(log, "requeueing job") == 1, "the requeue", log)
+    first_step = int(re.search(r"preempted by SIGUSR2 at step (\d+)", log.read_text()).group(1))
+    assert (out / "checkpoints" / "latest").read_text().strip() == f"step-{first_step:09d}"
+
+    # The requeued job (same id, restart count 1) resumes from that checkpoint ...
+    preempt_run_number(slurm_cluster, job, log, 2)
+    wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ("FAILED", "COMPLETED"),
+             "the job to end at the cap", log)
+    text = log.read_text()
+    assert "job start: restart count 1" in text
+    assert f"resumed from {out / 'checkpoints' / f'step-{first_step:09d}'}" in text
+    # ... and, preempted again with MAX_REQUEUES=1 used up, is not requeued: status 75.
+    assert "not requeued" in text and log_count(log, "requeueing job") == 1
+    assert job_field(slurm_cluster, job, "ExitCode") == "75:0"
+    assert job_field(slurm_cluster, job, "Restarts") == "1"
+    assert not (out / "summary.json").exists()
+
+    # Submitting the same script again continues from the last checkpoint and completes,
+    # with the same weights as a job that was never interrupted.
+    again, again_log = submit(slurm_cluster, tmp_path / "again", out, max_requeues=1) \
+        if (tmp_path / "again").mkdir() is None else (None, None)
+    wait_for(lambda: job_field(slurm_cluster, again, "JobState") == "COMPLETED",
+             "the resubmitted job", again_log)
+    (tmp_path / "reference").mkdir()
+    ref, ref_log = submit(slurm_cluster, tmp_path / "reference", tmp_path / "reference" / "run",
+                          max_requeues=1)
+    wait_for(lambda: job_field(slurm_cluster, ref, "JobState") == "COMPLETED",
+             "the uninterrupted job", ref_log)
+    resumed = json.loads((out / "summary.json").read_text())
+    reference = json.loads((tmp_path / "reference" / "run" / "summary.json").read_text())
+    assert resumed["world_size"] == reference["world_size"] == 2
+    assert resumed["model_sha256"] == reference["model_sha256"]
