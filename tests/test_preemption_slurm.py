@@ -99,8 +99,8 @@ def test_usr2_checkpoints_requeues_resumes_and_stops_at_the_cap(slurm_cluster, t
 
     # Submitting the same script again continues from the last checkpoint and completes,
     # with the same weights as a job that was never interrupted.
-    again, again_log = submit(slurm_cluster, tmp_path / "again", out, max_requeues=1) \
-        if (tmp_path / "again").mkdir() is None else (None, None)
+    (tmp_path / "again").mkdir()
+    again, again_log = submit(slurm_cluster, tmp_path / "again", out, max_requeues=1)
     wait_for(lambda: job_field(slurm_cluster, again, "JobState") == "COMPLETED",
              "the resubmitted job", again_log)
     (tmp_path / "reference").mkdir()
