@@ -4,7 +4,6 @@ DDP, and an elastic restart under torchrun --max-restarts=1."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
