@@ -22,14 +22,15 @@ import time
 import torch
 
 from workload import distributed
-from workload.config import (DATASETS, DEVICES, LR_SCALINGS, PRECISIONS, STRATEGIES,
-                             TrainConfig, build_config)
+from workload.config import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS, PRECISIONS,
+                             STRATEGIES, TrainConfig, build_config)
 from workload.data import build_data
 from workload.distributed import resolve_device
 from workload.errors import UsageError, exit_with_usage_error
 from workload.logs import logger, setup_logging
 from workload.models import MODELS, build_model, count_parameters
-from workload.precision import configure_tf32, grad_scaler, resolve_precision
+from workload.precision import (configure_cudnn, configure_tf32, grad_scaler,
+                                resolve_precision)
 from workload.records import (append_jsonl, model_sha256, prepare_output_dir, versions,
                               write_json)
 from workload.trainer import (EpochStats, Trainer, TrainState, build_optimizer,
@@ -55,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--image-size", type=int, help="image side; 0 = the dataset's own")
     data.add_argument("--synthetic-size", type=int, help="synthetic: training images (10000)")
     data.add_argument("--num-classes", type=int, help="synthetic: classes (100)")
-    data.add_argument("--workers", type=int, help="imagefolder: loader processes; -1 = auto")
+    data.add_argument("--workers", type=int,
+                      help="DataLoader processes / DALI threads; -1 = from SLURM_CPUS_PER_TASK")
+    data.add_argument("--data-backend", choices=DATA_BACKENDS,
+                      help="auto (default: device for in-memory sets, dali for image folders "
+                           "on a GPU, else torch), device, dali or torch")
     run = p.add_argument_group("training (the first five as in the reference train.py)")
     run.add_argument("--batch-size", type=int, help="images per step per process (256)")
     run.add_argument("--epochs", type=int, help="passes over the training set (100)")
@@ -72,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--device", choices=DEVICES, help="default: auto (CUDA when visible)")
     hw.add_argument("--precision", choices=PRECISIONS,
                     help="default: auto = bf16 on GPUs that support it, else fp32")
-    hw.add_argument("--channels-last", action="store_true", default=None,
-                    help="NHWC memory format")
+    hw.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                    help="NHWC memory format (default: on with CUDA, off on the CPU)")
     hw.add_argument("--compile", action="store_true", default=None, help="torch.compile")
     par = p.add_argument_group("several processes (see README: Running on a cluster)")
     par.add_argument("--strategy", choices=STRATEGIES,
@@ -159,6 +164,7 @@ def run(cfg: TrainConfig) -> dict:
     setup_logging(info.rank)
     precision = resolve_precision(cfg.precision, info.device)
     configure_tf32(precision)
+    configure_cudnn(info.device)
     seed_everything(cfg.seed)
     data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size)
     out = prepare_output_dir(cfg.output_dir)

@@ -12,12 +12,21 @@ import torch
 import torch.nn.functional as F
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-pad by `padding` and cut a random window of the original size from each image."""
+def draw_flips_and_offsets(n: int, padding: int, generator: torch.Generator,
+                           device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Per image: flip (bool, probability 1/2), then crop offsets dy, dx uniform in
+    0..2*padding. One draw order for every backend that takes its randomness from here."""
+    flip = torch.rand(n, device=device, generator=generator) < 0.5
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    return flip, dy, dx
+
+
+def crop_at(images: torch.Tensor, padding: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Zero-pad by `padding` and cut, from each image, the window of the original size at
+    (dy[i], dx[i])."""
     n, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)
     rows = (dy[:, None] + torch.arange(h, device=images.device))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w, device=images.device))[:, None, None, :]
     batch = torch.arange(n, device=images.device)[:, None, None, None]
@@ -25,9 +34,8 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
     return padded[batch, channel, rows, cols]
 
 
-def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each image left-right with probability 1/2."""
-    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+def flip_where(images: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Mirror left-right the images whose `flip` is true."""
     return torch.where(flip[:, None, None, None], images.flip(3), images)
 
 
@@ -46,4 +54,5 @@ class Normalizer:
 
 def augment(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
     """The reference's training augmentation (flip, then padded crop) on a uint8 batch."""
-    return random_crop(random_flip(images, generator), padding, generator)
+    flip, dy, dx = draw_flips_and_offsets(len(images), padding, generator, images.device)
+    return crop_at(flip_where(images, flip), padding, dy, dx)
