@@ -42,12 +42,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="train", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[2:]))
-    add = p.add_argument
+    add_model_arguments(p)
+    add_data_arguments(p)
+    run = p.add_argument_group("training (the first five as in the reference train.py)")
+    run.add_argument("--batch-size", type=int, help="images per step per process (256)")
+    run.add_argument("--epochs", type=int, help="passes over the training set (100)")
+    run.add_argument("--base-lr", type=float, help="peak learning rate (0.01)")
+    run.add_argument("--target-accuracy", type=float, help="early-stop accuracy (0.95)")
+    run.add_argument("--patience", type=int, help="epochs at the target before stopping (2)")
+    run.add_argument("--max-steps", type=int, help="stop after N steps; 0 = no limit")
+    run.add_argument("--momentum", type=float, help="SGD momentum (0.9)")
+    run.add_argument("--weight-decay", type=float, help="SGD weight decay (5e-4)")
+    run.add_argument("--warmup-epochs", type=float, help="linear LR warm-up (1 epoch)")
+    run.add_argument("--label-smoothing", type=float, help="0 = off (default)")
+    run.add_argument("--seed", type=int, help="same seed, same result on the CPU (0)")
+    add_hardware_arguments(p)
+    par = p.add_argument_group("several processes (see README: Running on a cluster)")
+    par.add_argument("--strategy", choices=STRATEGIES,
+                     help="ddp: a replica per process (default); fsdp: FSDP2 sharding")
+    par.add_argument("--lr-scaling", choices=LR_SCALINGS,
+                     help="linear: base lr x number of processes; none: as given (default)")
+    par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
+                     help="seconds a rank may wait in a collective (600)")
+    p.add_argument("--output-dir", help="run folder (default: runs/<timestamp>)")
+    return p
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model flags, shared with `bench`."""
     model = p.add_argument_group("model")
     model.add_argument("--model", choices=MODELS, help="network (default: wrn, the reference)")
     model.add_argument("--width", type=int, help="wrn: width of the first stage (default 160)")
     model.add_argument("--blocks-per-stage", type=int, help="wrn: residual blocks per stage (2)")
     model.add_argument("--dropout", type=float, help="wrn: dropout inside blocks (0.01)")
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The dataset flags, shared with `bench`."""
     data = p.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, help="default: cifar100")
     data.add_argument("--data-dir", help="dataset folder (default: ./data)")
@@ -61,18 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-backend", choices=DATA_BACKENDS,
                       help="auto (default: device for in-memory sets, dali for image folders "
                            "on a GPU, else torch), device, dali or torch")
-    run = p.add_argument_group("training (the first five as in the reference train.py)")
-    run.add_argument("--batch-size", type=int, help="images per step per process (256)")
-    run.add_argument("--epochs", type=int, help="passes over the training set (100)")
-    run.add_argument("--base-lr", type=float, help="peak learning rate (0.01)")
-    run.add_argument("--target-accuracy", type=float, help="early-stop accuracy (0.95)")
-    run.add_argument("--patience", type=int, help="epochs at the target before stopping (2)")
-    run.add_argument("--max-steps", type=int, help="stop after N steps; 0 = no limit")
-    run.add_argument("--momentum", type=float, help="SGD momentum (0.9)")
-    run.add_argument("--weight-decay", type=float, help="SGD weight decay (5e-4)")
-    run.add_argument("--warmup-epochs", type=float, help="linear LR warm-up (1 epoch)")
-    run.add_argument("--label-smoothing", type=float, help="0 = off (default)")
-    run.add_argument("--seed", type=int, help="same seed, same result on the CPU (0)")
+
+
+def add_hardware_arguments(p: argparse.ArgumentParser) -> None:
+    """The device and numerics flags, shared with `bench`."""
     hw = p.add_argument_group("hardware")
     hw.add_argument("--device", choices=DEVICES, help="default: auto (CUDA when visible)")
     hw.add_argument("--precision", choices=PRECISIONS,
@@ -80,15 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                     help="NHWC memory format (default: on with CUDA, off on the CPU)")
     hw.add_argument("--compile", action="store_true", default=None, help="torch.compile")
-    par = p.add_argument_group("several processes (see README: Running on a cluster)")
-    par.add_argument("--strategy", choices=STRATEGIES,
-                     help="ddp: a replica per process (default); fsdp: FSDP2 sharding")
-    par.add_argument("--lr-scaling", choices=LR_SCALINGS,
-                     help="linear: base lr x number of processes; none: as given (default)")
-    par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
-                     help="seconds a rank may wait in a collective (600)")
-    add("--output-dir", help="run folder (default: runs/<timestamp>)")
-    return p
 
 
 def parse_config(argv: list[str] | None) -> TrainConfig:

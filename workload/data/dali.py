@@ -23,7 +23,7 @@ import torch
 from nvidia.dali import pipeline_def
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
-from workload.data.augment import Normalizer, draw_flips_and_offsets
+from workload.data.augment import Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
 from workload.data.sharding import batch_seed, epoch_order, eval_shard
 
@@ -184,7 +184,9 @@ class DaliLoader:
                 if b + 1 < count:
                     self._schedule(epoch, b + 1, indices)
                 idx = torch.from_numpy(indices[b * self.batch_size:(b + 1) * self.batch_size])
-                yield self.normalize(images), self.labels[idx.to(self.device)]
+                with batch_work_threads(self.device):
+                    images = self.normalize(images)
+                yield images, self.labels[idx.to(self.device)]
         finally:
             while self.pending:  # a loop that stopped early must not leave stale batches
                 self._collect()

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from workload.data.augment import Normalizer, augment
+from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
 from workload.data.sharding import batch_seed, epoch_order, eval_shard
 
@@ -53,12 +53,14 @@ class DeviceLoader:
         indices = self._indices(epoch).to(self.device)
         generator = torch.Generator(device=self.device)
         for b in range(start, len(self)):
-            idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
-            images = self.images[idx]
-            if self.train:
-                generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
-                images = augment(images, generator)
-            yield self.normalize(images), self.labels[idx]
+            with batch_work_threads(self.device):
+                idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
+                images = self.images[idx]
+                if self.train:
+                    generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
+                    images = augment(images, generator)
+                batch = self.normalize(images), self.labels[idx]
+            yield batch
 
 
 def default_workers(local_world_size: int = 1) -> int:
@@ -110,5 +112,6 @@ class TorchLoader:
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
         for images, labels in self.loader:
-            images = images.to(self.device, non_blocking=True)
-            yield self.normalize(images), labels.to(self.device, non_blocking=True)
+            with batch_work_threads(self.device):
+                images = self.normalize(images.to(self.device, non_blocking=True))
+            yield images, labels.to(self.device, non_blocking=True)
