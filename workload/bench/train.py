@@ -140,7 +140,8 @@ class Runner:
                 self.step(images, labels)
                 images_seen += len(labels)
 
-        return images_seen, timed(self.device, work)
+        seconds = timed(self.device, work)
+        return images_seen, seconds
 
 
 def specs_for(args: dict, cfg, device: torch.device) -> list[Spec]:
