@@ -212,9 +212,13 @@ def run(args: dict) -> dict:
     runners = [Runner(spec, cfg, info) for spec in specs]
     warm = {r.spec.name: r.steps(args["warmup"]) for r in runners}
     runs: dict[str, list] = {r.spec.name: [] for r in runners}
-    for _ in range(args["rounds"]):
+    for round_index in range(args["rounds"]):
         for runner in runners:  # alternating, so load on a shared machine hits all alike
-            runs[runner.spec.name].append(runner.steps(args["steps"]))
+            images, seconds = runner.steps(args["steps"])
+            runs[runner.spec.name].append((images, seconds))
+            if info.is_main:  # progress: a long CPU run should show it is alive
+                print(f"bench: round {round_index + 1}/{args['rounds']} {runner.spec.name}: "
+                      f"{images / seconds:,.1f} images/s", flush=True)
     image_size = cfg.image_size or NATURAL_IMAGE_SIZE[cfg.dataset]
     flops = {m: flops_per_image(dataclasses.replace(cfg, model=m), runners[0].num_classes,
                                 image_size) for m in {s.model for s in specs}}

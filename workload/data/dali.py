@@ -25,6 +25,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from workload.data.augment import Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
+from workload.data.loaders import num_batches
 from workload.data.sharding import batch_seed, epoch_order, eval_shard
 
 PADDING = 4
@@ -155,8 +156,7 @@ class DaliLoader:
         return eval_shard(len(self.labels), self.rank, self.world_size)
 
     def __len__(self) -> int:
-        n = len(self._indices(0))
-        return n // self.batch_size if self.train else -(-n // self.batch_size)
+        return num_batches(len(self._indices(0)), self.batch_size, self.train)
 
     def _schedule(self, epoch: int, b: int, indices: np.ndarray) -> None:
         idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
