@@ -103,7 +103,7 @@ class Runner:
                             self.cfg.blocks_per_stage, self.cfg.dropout).to(self.device)
         if self.cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        return distributed.wrap_model(model, self.info)
+        return distributed.wrap_model(model, self.info, self.cfg.strategy)
 
     def _build_reference(self, cfg) -> None:
         split = read_in_memory(DataRequest(cfg, self.device))
