@@ -25,8 +25,8 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from workload.data.augment import Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
-from workload.data.loaders import num_batches
-from workload.data.sharding import batch_seed, epoch_order, eval_shard
+from workload.data.loaders import ShardedBatches
+from workload.data.sharding import batch_seed
 
 PADDING = 4
 # RandomResizedCrop's defaults, as the torch backend uses for image folders.
@@ -127,7 +127,7 @@ def _to_torch(tensor_list, device: torch.device) -> torch.Tensor:
     return out
 
 
-class DaliLoader:
+class DaliLoader(ShardedBatches):
     """`len(loader)` and `loader.batches(epoch, start)`, like every loader, through DALI.
 
     One batch is scheduled ahead: DALI prepares batch b + 1 in its threads (or on the GPU)
@@ -149,14 +149,6 @@ class DaliLoader:
             seed=batch_seed(seed, 0, rank, 0) % 2**31)
         self.pipe.build()
         self.pending = 0  # batches scheduled but not collected
-
-    def _indices(self, epoch: int) -> torch.Tensor:
-        if self.train:
-            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
-        return eval_shard(len(self.labels), self.rank, self.world_size)
-
-    def __len__(self) -> int:
-        return num_batches(len(self._indices(0)), self.batch_size, self.train)
 
     def _schedule(self, epoch: int, b: int, indices: np.ndarray) -> None:
         idx = indices[b * self.batch_size:(b + 1) * self.batch_size]

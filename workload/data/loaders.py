@@ -24,7 +24,20 @@ def num_batches(num_samples: int, batch_size: int, train: bool) -> int:
     return num_samples // batch_size if train else -(-num_samples // batch_size)
 
 
-class DeviceLoader:
+class ShardedBatches:
+    """This rank's samples and batch count, by the shared rule, for loaders that hold
+    `labels`, `batch_size`, `train`, `seed`, `rank` and `world_size`."""
+
+    def _indices(self, epoch: int) -> torch.Tensor:
+        if self.train:
+            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
+        return eval_shard(len(self.labels), self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        return num_batches(len(self._indices(0)), self.batch_size, self.train)
+
+
+class DeviceLoader(ShardedBatches):
     """The whole uint8 dataset on the training device; batches cut, augmented and
     normalised there with batched tensor operations (no per-sample Python work)."""
 
@@ -40,14 +53,6 @@ class DeviceLoader:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-
-    def _indices(self, epoch: int) -> torch.Tensor:
-        if self.train:
-            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
-        return eval_shard(len(self.labels), self.rank, self.world_size)
-
-    def __len__(self) -> int:
-        return num_batches(len(self._indices(0)), self.batch_size, self.train)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         indices = self._indices(epoch).to(self.device)
