@@ -22,8 +22,8 @@ import time
 import torch
 
 from workload import distributed, resume
-from workload.config import (DATASETS, DEVICES, LR_SCALINGS, PRECISIONS, STRATEGIES,
-                             TrainConfig, build_config)
+from workload.config import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS, PRECISIONS,
+                             STRATEGIES, TrainConfig, build_config)
 from workload.data import build_data
 from workload.distributed import resolve_device
 from workload.errors import UsageError, exit_with_usage_error
@@ -31,7 +31,8 @@ from workload.logs import logger, setup_logging
 from workload.models import MODELS, build_model, count_parameters
 from workload.preemption import (PREEMPT_SIGNALS, REQUEUE_EXIT_STATUS, Preempted,
                                  PreemptionFlag)
-from workload.precision import configure_tf32, grad_scaler, resolve_precision
+from workload.precision import (configure_cudnn, configure_tf32, grad_scaler,
+                                resolve_precision)
 from workload.records import (append_jsonl, model_sha256, prepare_output_dir, versions,
                               write_json)
 from workload.resume import Checkpointer
@@ -44,21 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="train", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[2:]))
-    add = p.add_argument
-    model = p.add_argument_group("model")
-    model.add_argument("--model", choices=MODELS, help="network (default: wrn, the reference)")
-    model.add_argument("--width", type=int, help="wrn: width of the first stage (default 160)")
-    model.add_argument("--blocks-per-stage", type=int, help="wrn: residual blocks per stage (2)")
-    model.add_argument("--dropout", type=float, help="wrn: dropout inside blocks (0.01)")
-    data = p.add_argument_group("data")
-    data.add_argument("--dataset", choices=DATASETS, help="default: cifar100")
-    data.add_argument("--data-dir", help="dataset folder (default: ./data)")
-    data.add_argument("--download", action="store_true", default=None,
-                      help="fetch CIFAR-100 first (needs internet)")
-    data.add_argument("--image-size", type=int, help="image side; 0 = the dataset's own")
-    data.add_argument("--synthetic-size", type=int, help="synthetic: training images (10000)")
-    data.add_argument("--num-classes", type=int, help="synthetic: classes (100)")
-    data.add_argument("--workers", type=int, help="imagefolder: loader processes; -1 = auto")
+    add_model_arguments(p)
+    add_data_arguments(p)
     run = p.add_argument_group("training (the first five as in the reference train.py)")
     run.add_argument("--batch-size", type=int, help="images per step per process (256)")
     run.add_argument("--epochs", type=int, help="passes over the training set (100)")
@@ -71,13 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmup-epochs", type=float, help="linear LR warm-up (1 epoch)")
     run.add_argument("--label-smoothing", type=float, help="0 = off (default)")
     run.add_argument("--seed", type=int, help="same seed, same result on the CPU (0)")
-    hw = p.add_argument_group("hardware")
-    hw.add_argument("--device", choices=DEVICES, help="default: auto (CUDA when visible)")
-    hw.add_argument("--precision", choices=PRECISIONS,
-                    help="default: auto = bf16 on GPUs that support it, else fp32")
-    hw.add_argument("--channels-last", action="store_true", default=None,
-                    help="NHWC memory format")
-    hw.add_argument("--compile", action="store_true", default=None, help="torch.compile")
+    add_hardware_arguments(p)
     par = p.add_argument_group("several processes (see README: Running on a cluster)")
     par.add_argument("--strategy", choices=STRATEGIES,
                      help="ddp: a replica per process (default); fsdp: FSDP2 sharding")
@@ -85,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="linear: base lr x number of processes; none: as given (default)")
     par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
                      help="seconds a rank may wait in a collective (600)")
-    add("--output-dir", help="run folder (default: runs/<timestamp>)")
+    p.add_argument("--output-dir", help="run folder (default: runs/<timestamp>)")
     ckpt = p.add_argument_group("checkpoints, resume and preemption")
     ckpt.add_argument("--resume", metavar="auto|never|PATH",
                       help="auto (default): continue from the newest good checkpoint in the "
@@ -100,6 +82,43 @@ def build_parser() -> argparse.ArgumentParser:
                       help="signal that asks for a checkpoint and the requeue exit status "
                            f"{REQUEUE_EXIT_STATUS} (default USR2; SIGTERM always does)")
     return p
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model flags, shared with `bench`."""
+    model = p.add_argument_group("model")
+    model.add_argument("--model", choices=MODELS, help="network (default: wrn, the reference)")
+    model.add_argument("--width", type=int, help="wrn: width of the first stage (default 160)")
+    model.add_argument("--blocks-per-stage", type=int, help="wrn: residual blocks per stage (2)")
+    model.add_argument("--dropout", type=float, help="wrn: dropout inside blocks (0.01)")
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The dataset flags, shared with `bench`."""
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", choices=DATASETS, help="default: cifar100")
+    data.add_argument("--data-dir", help="dataset folder (default: ./data)")
+    data.add_argument("--download", action="store_true", default=None,
+                      help="fetch CIFAR-100 first (needs internet)")
+    data.add_argument("--image-size", type=int, help="image side; 0 = the dataset's own")
+    data.add_argument("--synthetic-size", type=int, help="synthetic: training images (10000)")
+    data.add_argument("--num-classes", type=int, help="synthetic: classes (100)")
+    data.add_argument("--workers", type=int,
+                      help="DataLoader processes / DALI threads; -1 = from SLURM_CPUS_PER_TASK")
+    data.add_argument("--data-backend", choices=DATA_BACKENDS,
+                      help="auto (default: device for in-memory sets, dali for image folders "
+                           "on a GPU, else torch), device, dali or torch")
+
+
+def add_hardware_arguments(p: argparse.ArgumentParser) -> None:
+    """The device and numerics flags, shared with `bench`."""
+    hw = p.add_argument_group("hardware")
+    hw.add_argument("--device", choices=DEVICES, help="default: auto (CUDA when visible)")
+    hw.add_argument("--precision", choices=PRECISIONS,
+                    help="default: auto = bf16 on GPUs that support it, else fp32")
+    hw.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                    help="NHWC memory format (default: on with CUDA, off on the CPU)")
+    hw.add_argument("--compile", action="store_true", default=None, help="torch.compile")
 
 
 def parse_config(argv: list[str] | None) -> TrainConfig:
@@ -178,6 +197,7 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     setup_logging(info.rank)
     precision = resolve_precision(cfg.precision, info.device)
     configure_tf32(precision)
+    configure_cudnn(info.device)
     seed_everything(cfg.seed)
     data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size)
     out = prepare_output_dir(cfg.output_dir)

@@ -8,27 +8,57 @@ independent crop offset uniform in [0, 2*padding] per axis and a flip with proba
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-pad by `padding` and cut a random window of the original size from each image."""
+def draw_flips_and_offsets(n: int, padding: int, generator: torch.Generator,
+                           device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Per image: flip (bool, probability 1/2), then crop offsets dy, dx uniform in
+    0..2*padding. One draw order for every backend that takes its randomness from here."""
+    flip = torch.rand(n, device=device, generator=generator) < 0.5
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    return flip, dy, dx
+
+
+def flip_and_crop(images: torch.Tensor, padding: int, flip: torch.Tensor, dy: torch.Tensor,
+                  dx: torch.Tensor) -> torch.Tensor:
+    """Mirror the images whose `flip` is true, zero-pad by `padding` and cut from each the
+    window of the original size at (dy, dx).
+
+    One gather over a strided view of every possible window (of the padded batch and of its
+    mirror image) instead of per-pixel index arithmetic: about four times faster on a CPU,
+    and the same pixels.
+    """
     n, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)
-    rows = (dy[:, None] + torch.arange(h, device=images.device))[:, None, :, None]
-    cols = (dx[:, None] + torch.arange(w, device=images.device))[:, None, None, :]
-    batch = torch.arange(n, device=images.device)[:, None, None, None]
-    channel = torch.arange(c, device=images.device)[None, :, None, None]
-    return padded[batch, channel, rows, cols]
+    both = torch.stack([padded, padded.flip(3)], 1)                     # n, 2, c, H, W
+    windows = both.unfold(3, h, 1).unfold(4, w, 1).permute(0, 1, 3, 4, 2, 5, 6)
+    batch = torch.arange(n, device=images.device)                       # n, 2, dy, dx, c, h, w
+    return windows[batch, flip.long(), dy, dx]
 
 
-def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each image left-right with probability 1/2."""
-    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], images.flip(3), images)
+@contextlib.contextmanager
+def batch_work_threads(device: torch.device):
+    """One CPU thread for preparing a batch on the CPU, the previous count restored after.
+
+    A batch is a few hundred microseconds of memory traffic: splitting each small operation
+    over threads gains nothing, and on a busy node every parallel region waits for its
+    slowest thread (measured on a shared 2-core machine: 70 ms a batch with 2 threads,
+    11 ms with 1; see README, Performance). The model keeps every thread.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class Normalizer:
@@ -40,10 +70,11 @@ class Normalizer:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        out = images.float() * self.scale - self.shift
+        out = images.float().mul_(self.scale).sub_(self.shift)  # in place: one buffer
         return out.contiguous(memory_format=self.memory_format)
 
 
 def augment(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
     """The reference's training augmentation (flip, then padded crop) on a uint8 batch."""
-    return random_crop(random_flip(images, generator), padding, generator)
+    flip, dy, dx = draw_flips_and_offsets(len(images), padding, generator, images.device)
+    return flip_and_crop(images, padding, flip, dy, dx)

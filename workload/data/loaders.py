@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from workload.data.augment import Normalizer, augment
+from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
 from workload.data.sharding import batch_seed, epoch_order, eval_shard
 
@@ -24,7 +24,20 @@ def num_batches(num_samples: int, batch_size: int, train: bool) -> int:
     return num_samples // batch_size if train else -(-num_samples // batch_size)
 
 
-class DeviceLoader:
+class ShardedBatches:
+    """This rank's samples and batch count, by the shared rule, for loaders that hold
+    `labels`, `batch_size`, `train`, `seed`, `rank` and `world_size`."""
+
+    def _indices(self, epoch: int) -> torch.Tensor:
+        if self.train:
+            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
+        return eval_shard(len(self.labels), self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        return num_batches(len(self._indices(0)), self.batch_size, self.train)
+
+
+class DeviceLoader(ShardedBatches):
     """The whole uint8 dataset on the training device; batches cut, augmented and
     normalised there with batched tensor operations (no per-sample Python work)."""
 
@@ -41,24 +54,18 @@ class DeviceLoader:
         self.rank = rank
         self.world_size = world_size
 
-    def _indices(self, epoch: int) -> torch.Tensor:
-        if self.train:
-            return epoch_order(len(self.labels), self.seed, epoch, self.rank, self.world_size)
-        return eval_shard(len(self.labels), self.rank, self.world_size)
-
-    def __len__(self) -> int:
-        return num_batches(len(self._indices(0)), self.batch_size, self.train)
-
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         indices = self._indices(epoch).to(self.device)
         generator = torch.Generator(device=self.device)
         for b in range(start, len(self)):
-            idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
-            images = self.images[idx]
-            if self.train:
-                generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
-                images = augment(images, generator)
-            yield self.normalize(images), self.labels[idx]
+            with batch_work_threads(self.device):
+                idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
+                images = self.images[idx]
+                if self.train:
+                    generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
+                    images = augment(images, generator)
+                batch = self.normalize(images), self.labels[idx]
+            yield batch
 
 
 def default_workers(local_world_size: int = 1) -> int:
@@ -110,5 +117,6 @@ class TorchLoader:
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
         for images, labels in self.loader:
-            images = images.to(self.device, non_blocking=True)
-            yield self.normalize(images), labels.to(self.device, non_blocking=True)
+            with batch_work_threads(self.device):
+                images = self.normalize(images.to(self.device, non_blocking=True))
+            yield images, labels.to(self.device, non_blocking=True)

@@ -1,0 +1,99 @@
+"""`bench input` and `bench train` run on the CPU and write the documented JSON.
+
+Speed is never asserted here: only that each figure is there, positive, and labelled.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from workload.bench.cli import main as bench_main
+
+TINY_DATA = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes", "4",
+             "--device", "cpu"]
+TINY_MODEL = ["--model", "wrn", "--width", "8", "--blocks-per-stage", "1"]
+FINGERPRINT_KEYS = {"date", "host", "slurm_job_id", "devices", "driver", "cuda", "cudnn",
+                    "nccl", "versions", "switches", "threads"}
+
+
+def check_report(report: dict, command: str, names: set[str]) -> dict:
+    assert report["command"] == command
+    assert FINGERPRINT_KEYS <= report["fingerprint"].keys()
+    assert {"torch", "dali"} <= report["fingerprint"]["versions"].keys()
+    assert {"tf32_matmul", "tf32_cudnn", "cudnn_benchmark"} <= report["fingerprint"]["switches"].keys()
+    assert report["fingerprint"]["threads"]["torch_threads"] >= 1
+    results = report["results"]
+    assert set(results) == names
+    for result in results.values():
+        assert result["images_per_second"] > 0
+        assert len(result["runs_images_per_second"]) >= 1
+    return results
+
+
+def test_bench_input_measures_every_backend_against_the_reference(tmp_path):
+    # The installed console script, in its own process, as a user runs it.
+    out = tmp_path / "input.json"
+    done = subprocess.run(["bench", "input", *TINY_DATA, "--batch-size", "32", "--batches",
+                           "2", "--rounds", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = check_report(json.loads(out.read_text()), "input",
+                           {"device", "dali", "torch", "reference"})
+    assert results["reference"]["vs_reference"] == 1
+    assert all(len(r["runs_images_per_second"]) == 2 for r in results.values())
+    for name in results:  # the printed table names every backend
+        assert name in done.stdout
+
+
+def test_bench_train_sweeps_batch_sizes_with_flops(tmp_path, capsys):
+    out = tmp_path / "train.json"
+    bench_main(["train", *TINY_DATA, *TINY_MODEL, "--batch-sizes", "4,8", "--steps", "1",
+                "--warmup", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    results = check_report(report, "train", {"wrn-bs4", "wrn-bs8"})
+    for name, result in results.items():
+        assert result["batch_size"] == int(name.split("bs")[1]) and result["world_size"] == 1
+        assert result["flops_per_image"] > 0 and result["achieved_tflops"] > 0
+        assert result["images_per_second_total"] == pytest.approx(result["images_per_second"])
+        assert result["peak"] is None  # no datasheet peak for a CPU
+    assert "GFLOP/img" in capsys.readouterr().out
+
+
+def test_bench_train_puts_the_reference_loop_beside_the_optimised_one(tmp_path):
+    out = tmp_path / "versus.json"
+    bench_main(["train", *TINY_DATA, *TINY_MODEL, "--versus-reference", "--batch-size", "8",
+                "--steps", "1", "--warmup", "1", "--json", str(out)])
+    results = check_report(json.loads(out.read_text()), "train", {"reference", "optimised"})
+    reference, optimised = results["reference"], results["optimised"]
+    assert (reference["precision"], reference["channels_last"]) == ("fp32", False)
+    assert reference["pipeline"] == "reference per-sample"
+    assert (optimised["precision"], optimised["channels_last"]) == ("bf16", True)
+    assert optimised["pipeline"] == "device" and optimised["model"] == "wrn"
+    assert optimised["vs_reference"] == pytest.approx(
+        optimised["images_per_second"] / reference["images_per_second"])
+
+
+def test_flops_per_image_of_the_reference_wide_resnet():
+    # About 14.5 GFLOP per 32x32 image, forward and backward (the figure behind the
+    # README's GPU estimates).
+    from workload.bench.train import flops_per_image
+    from workload.config import TrainConfig
+
+    flops = flops_per_image(TrainConfig(model="wrn"), num_classes=100, image_size=32)
+    assert 14.0e9 < flops < 15.0e9
+
+
+@pytest.mark.parametrize("args, named", [
+    (["train", "--batch-sizes", "0,8"], "--batch-sizes"),
+    (["train", "--steps", "0"], "--steps"),
+    (["input", "--backends", "device,nope"], "nope"),
+    (["input", "--rounds", "0"], "--rounds"),
+    (["input", "--threads", "-1"], "--threads"),
+])
+def test_bench_rejects_bad_input_before_measuring(args, named, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_main([*args, *TINY_DATA])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench: error:") and named in err and "\n" not in err

@@ -1,0 +1,1 @@
+"""`bench`: measured images/s of the input pipelines and of training, next to the reference."""

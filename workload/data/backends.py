@@ -1,0 +1,155 @@
+"""Data backends by name (`--data-backend`), and the automatic choice with its reason.
+
+`device` and `torch` are always there; `dali` registers itself the first time the registry
+is consulted, only if `nvidia.dali` imports (NVIDIA DeepLearningExamples does the same), so
+everything else works without DALI and runs that never ask pay nothing for importing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from workload.data.augment import Normalizer
+from workload.data.datasets import SplitDataset, load_cifar100, load_digits, load_synthetic
+from workload.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, load_imagefolder
+from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
+from workload.data.per_sample import ArrayImages
+from workload.errors import UsageError
+
+# The image side each dataset has when --image-size is 0.
+NATURAL_IMAGE_SIZE = {"cifar100": 32, "digits": 32, "synthetic": 32, "imagefolder": 224}
+DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (nvidia-dali-cuda130 for CUDA 13)"
+
+
+@dataclass
+class DataBundle:
+    train: object  # DeviceLoader | TorchLoader | DaliLoader: len() and batches(epoch, start)
+    test: object
+    num_classes: int
+    num_train_samples: int
+    backend: str
+    reason: str
+
+
+@dataclass
+class DataRequest:
+    """What every backend builder needs: the config and where this process sits."""
+    cfg: object
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def image_size(self) -> int:
+        return self.cfg.image_size or NATURAL_IMAGE_SIZE[self.cfg.dataset]
+
+    @property
+    def shard(self) -> dict:
+        return dict(seed=self.cfg.seed, rank=self.rank, world_size=self.world_size)
+
+    @property
+    def workers(self) -> int:
+        return self.cfg.workers if self.cfg.workers >= 0 else default_workers(self.local_world_size)
+
+
+Builder = Callable[[DataRequest], tuple[object, object, int, int]]
+BACKENDS: dict[str, Builder] = {}
+_dali_error: str | None = None  # why DALI is unavailable, once we tried
+
+
+def register(name: str):
+    def add(builder: Builder) -> Builder:
+        BACKENDS[name] = builder
+        return builder
+    return add
+
+
+def read_in_memory(req: DataRequest) -> SplitDataset:
+    cfg = req.cfg
+    if cfg.dataset == "cifar100":
+        return load_cifar100(cfg.data_dir, cfg.download)
+    if cfg.dataset == "digits":
+        return load_digits(req.image_size)
+    return load_synthetic(cfg.synthetic_size, req.image_size, cfg.num_classes)
+
+
+def _normalizer(req: DataRequest, split: SplitDataset | None) -> Normalizer:
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if split is None else (split.mean, split.std)
+    return Normalizer(mean, std, req.device, req.cfg.channels_last)
+
+
+@register("device")
+def build_device(req: DataRequest):
+    split = read_in_memory(req)
+    make = lambda data, train: DeviceLoader(data, req.cfg.batch_size, req.device,
+                                            _normalizer(req, split), train=train, **req.shard)
+    return make(split.train, True), make(split.test, False), split.train.num_classes, len(split.train)
+
+
+@register("torch")
+def build_torch(req: DataRequest):
+    if req.cfg.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data_dir, req.image_size)
+        normalizer, classes = _normalizer(req, None), len(train.classes)
+    else:
+        split = read_in_memory(req)
+        train, test = ArrayImages(split.train, train=True), ArrayImages(split.test, train=False)
+        normalizer, classes = _normalizer(req, split), split.train.num_classes
+    make = lambda data, is_train: TorchLoader(data, req.cfg.batch_size, req.device, normalizer,
+                                              train=is_train, workers=req.workers, **req.shard)
+    return make(train, True), make(test, False), classes, len(train)
+
+
+def build_dali(req: DataRequest):
+    from workload.data import dali
+
+    if req.cfg.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data_dir, req.image_size)
+        sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
+        normalizer, classes = _normalizer(req, None), len(train.classes)
+    else:
+        split = read_in_memory(req)
+        sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
+        normalizer, classes = _normalizer(req, split), split.train.num_classes
+    loaders = dali.build_loaders(*sources, req.cfg.batch_size, req.device, normalizer,
+                                 max(1, req.workers), **req.shard)
+    return (*loaders, classes, len(sources[0].labels))
+
+
+def available() -> dict[str, Builder]:
+    """The registry, with `dali` in it when nvidia.dali imports."""
+    global _dali_error
+    if "dali" not in BACKENDS and _dali_error is None:
+        try:
+            import workload.data.dali  # noqa: F401  (imports nvidia.dali)
+        except ImportError as error:
+            _dali_error = str(error)
+        else:
+            BACKENDS["dali"] = build_dali
+    return BACKENDS
+
+
+def choose(requested: str, dataset: str, device: torch.device) -> tuple[str, str]:
+    """The backend for this run and the reason, printed at the start of every run."""
+    in_memory = dataset != "imagefolder"
+    if requested == "device" and not in_memory:
+        raise UsageError("--data-backend device needs an in-memory dataset (cifar100, digits, "
+                         "synthetic); imagefolder reads files: use --data-backend auto, torch "
+                         "or dali")
+    if requested == "dali" and "dali" not in available():
+        raise UsageError(f"--data-backend dali needs NVIDIA DALI, which does not import here "
+                         f"({_dali_error}); {DALI_INSTALL_HINT}, or use --data-backend auto")
+    if requested != "auto":
+        return requested, "chosen with --data-backend"
+    if in_memory:
+        return "device", (f"the {dataset} dataset fits in memory: it is augmented in "
+                          f"batches on {device.type}")
+    if device.type == "cuda" and "dali" in available():
+        return "dali", "image files are decoded on the GPU by NVIDIA DALI"
+    if device.type == "cuda":
+        return "torch", f"DALI is not installed ({DALI_INSTALL_HINT} decodes on the GPU)"
+    return "torch", "no GPU: image files are decoded by DataLoader worker processes"
