@@ -7,7 +7,7 @@
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hpc-train-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 
 .PHONY: demo test install lint clean
 

@@ -22,6 +22,7 @@ import time
 import torch
 
 from workload import distributed, resume
+from workload.caches import ensure_writable_caches
 from workload.config import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS, PRECISIONS,
                              STRATEGIES, TrainConfig, build_config)
 from workload.data import build_data
@@ -195,6 +196,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     started = time.perf_counter()
     info = distributed.init_distributed(cfg.device, cfg.dist_timeout_s)
     setup_logging(info.rank)
+    for variable, folder in ensure_writable_caches().items():
+        logger.warning(f"{variable} is not writable by this user (a shared /tmp?); using {folder}")
     precision = resolve_precision(cfg.precision, info.device)
     configure_tf32(precision)
     configure_cudnn(info.device)
