@@ -91,6 +91,8 @@ class TrainConfig:
     # One of DATA_BACKENDS: device (in-memory sets, batched on the training device), dali,
     # torch (classic DataLoader); "auto" chooses and prints why (workload.data.backends).
 
+    tensorboard: bool = False
+    # Also write the per-epoch metrics as TensorBoard event files into <output-dir>/tensorboard.
     output_dir: str = field(default_factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"))
     # Receives config.json, metrics.jsonl, summary.json and checkpoints/.
 
@@ -171,8 +173,15 @@ def _check_ranges(cfg: TrainConfig) -> None:
                                      f"{cfg.dist_timeout_s!r}; pass e.g. --dist-timeout 600")
 
 
+def _check_optional_packages(cfg: TrainConfig) -> None:
+    if cfg.tensorboard:
+        from workload.tensorboard import require_tensorboard
+        require_tensorboard()
+
+
 # The checkpoint flags' rules live with the feature (workload/checkpoint.py).
-_CHECKS = (_check_choices, _check_positive_ints, _check_ranges, check_checkpoint_flags)
+_CHECKS = (_check_choices, _check_positive_ints, _check_ranges, check_checkpoint_flags,
+           _check_optional_packages)
 
 
 # Recipes: tuned settings for a (dataset, device) pair, applied only to the flags the user

@@ -37,6 +37,7 @@ from workload.precision import (configure_cudnn, configure_tf32, grad_scaler,
 from workload.records import (append_jsonl, model_sha256, prepare_output_dir, versions,
                               write_json)
 from workload.resume import Checkpointer
+from workload.tensorboard import NoBoard, open_board
 from workload.trainer import (EpochStats, Trainer, TrainState, build_optimizer,
                               build_schedule)
 
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--dist-timeout", type=float, dest="dist_timeout_s",
                      help="seconds a rank may wait in a collective (600)")
     p.add_argument("--output-dir", help="run folder (default: runs/<timestamp>)")
+    p.add_argument("--tensorboard", action="store_true", default=None,
+                   help="also write TensorBoard event files into <output-dir>/tensorboard")
     ckpt = p.add_argument_group("checkpoints, resume and preemption")
     ckpt.add_argument("--resume", metavar="auto|never|PATH",
                       help="auto (default): continue from the newest good checkpoint in the "
@@ -154,7 +157,8 @@ def log_epoch(cfg: TrainConfig, record: dict) -> None:
                 f"time {record['epoch_time_s']:.2f}s, {record['images_per_second']:.1f} img/s")
 
 
-def fit(trainer: Trainer, out, checkpointer: Checkpointer | None = None) -> dict:
+def fit(trainer: Trainer, out, checkpointer: Checkpointer | None = None,
+        board=NoBoard()) -> dict:
     """Train epoch by epoch until the epochs, the step limit or the early-stop rule ends it."""
     cfg, state, info = trainer.cfg, trainer.state, trainer.info
     timed_images, timed_seconds, first_step_s, stopped_early = 0, 0.0, None, False
@@ -171,6 +175,7 @@ def fit(trainer: Trainer, out, checkpointer: Checkpointer | None = None) -> dict
         if info.is_main:
             log_epoch(cfg, record)
             append_jsonl(out / "metrics.jsonl", record)
+            board.log_epoch(record)
         if checkpointer:
             checkpointer.after_epoch()
         if trainer.reached_target():
@@ -225,7 +230,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     trainer = Trainer(cfg, info, state, data, precision)
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train), flag or PreemptionFlag())
     trainer.after_step = checkpointer.after_step
-    summary = fit(trainer, out, checkpointer)
+    with open_board(cfg.tensorboard and info.is_main, out) as board:
+        summary = fit(trainer, out, checkpointer, board)
     summary.update(total_time_s=time.perf_counter() - started, world_size=info.world_size,
                    device=str(info.device), precision=precision, model=cfg.model,
                    dataset=cfg.dataset, parameters=count_parameters(model),

@@ -1,0 +1,125 @@
+"""`report` draws PNG figures from a real short run and from bench-shaped JSON files;
+`train --tensorboard` writes event files that TensorBoard can read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import TINY, read_jsonl, run_train
+from workload.report import BenchPoint, read_bench
+from workload.report import main as report_main
+
+SYNTHETIC = ["--dataset", "synthetic", "--synthetic-size", "128", "--num-classes", "4",
+             "--batch-size", "32", "--image-size", "16"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """One real two-epoch run with --tensorboard, shared by the tests of this module."""
+    out = tmp_path_factory.mktemp("report") / "run"
+    run_train([*TINY, *SYNTHETIC, "--epochs", "2", "--tensorboard"], out)
+    return out
+
+
+def bench_file(path, world_size: int, rate: float):
+    """A file shaped like `bench train --json`: results by name, and a fingerprint."""
+    path.write_text(json.dumps({
+        "fingerprint": {"host": "nid001", "torch": "2.14.1", "world_size": world_size},
+        "results": {"wrn-bs64": {"images_per_second": rate / world_size,
+                                 "total_images_per_second": rate, "world_size": world_size},
+                    "resnet18-bs64": {"images_per_second": 2 * rate}},
+    }))
+    return path
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5_000, path
+
+
+def test_report_draws_training_and_throughput_into_the_run(real_run, capsys):
+    report_main([str(real_run)])
+    printed = capsys.readouterr().out
+    for name in ("training.png", "throughput.png"):
+        assert_png(real_run / name)
+        assert f"report: wrote {real_run / name}" in printed
+    assert not (real_run / "scaling.png").exists()  # no bench file given
+
+
+def test_report_with_bench_files_draws_scaling_into_out(real_run, tmp_path):
+    files = [bench_file(tmp_path / f"bench-{n}.json", n, 1000.0 * n) for n in (1, 2, 4)]
+    out = tmp_path / "figures"
+    report_main([str(real_run), *map(str, files), "--out", str(out)])
+    assert {p.name for p in out.iterdir()} == {"training.png", "throughput.png", "scaling.png"}
+    for png in out.iterdir():
+        assert_png(png)
+
+
+def test_bench_results_are_found_by_name_with_their_world_size(tmp_path):
+    points = read_bench(bench_file(tmp_path / "b.json", 4, 3000.0))
+    assert sorted(points, key=lambda p: p.name) == [
+        # no world size of its own: the fingerprint's
+        BenchPoint("results/resnet18-bs64", 4, 6000.0),
+        # the total over all devices is plotted, not the per-device rate
+        BenchPoint("results/wrn-bs64", 4, 3000.0),
+    ]
+
+
+def test_tensorboard_events_hold_every_epoch(real_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((real_run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    board = EventAccumulator(str(events[0]))
+    board.Reload()
+    records = read_jsonl(real_run / "metrics.jsonl")
+    for tag, key in (("loss/train", "train_loss"), ("accuracy/test", "accuracy")):
+        scalars = board.Scalars(tag)
+        assert [s.step for s in scalars] == [1, 2]
+        assert [s.value for s in scalars] == pytest.approx([r[key] for r in records])
+
+
+BAD = {
+    "not a run dir": (lambda p: [str(p / "nowhere")], ["RUN_DIR", "nowhere", "--output-dir"]),
+    "run without metrics": (lambda p: [str(p)], ["no metrics.jsonl"]),
+    "bench not json": (lambda p: [str(p / "run"), str(p / "bad.json")],
+                       ["bad.json", "not JSON", "bench --json"]),
+    "bench without results": (lambda p: [str(p / "run"), str(p / "empty.json")],
+                              ["empty.json", "images_per_second"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, real_run, tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text((real_run / "metrics.jsonl").read_text())
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty.json").write_text(json.dumps({"fingerprint": {}, "results": {}}))
+    build, words = BAD[case]
+    with pytest.raises(SystemExit) as exit_info:
+        report_main(build(tmp_path))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("report: error:")
+    for word in words:
+        assert word in err
+    assert not list(tmp_path.rglob("*.png"))
+
+
+@pytest.mark.parametrize("command, blocked", [
+    ("from workload.report import main; main(['.'])", "matplotlib"),
+    ("from workload.train import main; main(['--tensorboard', '--dataset', 'digits'])",
+     "tensorboard"),
+])
+def test_missing_report_extra_names_the_install_command(command, blocked, tmp_path):
+    # A None entry in sys.modules makes the import fail as if the package were absent.
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.modules[{blocked!r}] = None; "
+                           + command], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'hpc-train[report]'" in done.stderr and blocked in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written

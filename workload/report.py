@@ -1,0 +1,234 @@
+"""`report`: PNG figures from a training run and from `bench` JSON files (headless).
+
+After a run (any machine, no display needed):
+    report runs/digits                       # figures into runs/digits/
+    report runs/digits --out docs/img        # figures elsewhere
+
+With a scaling chart from `bench train --json` files of several world sizes:
+    report runs/wrn bench-1gpu.json bench-4gpu.json bench-8gpu.json
+
+On a cluster, after the job (the login node is fine; it reads files only):
+    apptainer exec image.sif report $SCRATCH/runs/wrn --out $HOME/figures
+
+Figures:
+    training.png    train and test loss, and test accuracy, per epoch (metrics.jsonl)
+    throughput.png  images/s per epoch, with the run's overall rate (summary.json)
+    scaling.png     images/s against the number of devices, one line per configuration,
+                    with the ideal linear line from the smallest world size (bench JSON)
+
+Expected bench JSON shape (read defensively; unknown fields are ignored). Every dict
+anywhere in the file that has a numeric `images_per_second` is one result, named by its
+key. Its world size is the first of `world_size`, `num_devices`, `devices` found in the
+result, else in the file's top level or its `fingerprint`, else 1. The rate plotted is
+`total_images_per_second` when present (all devices together), else `images_per_second`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from workload.errors import UsageError, exit_with_usage_error
+
+INSTALL_HINT = "pip install 'hpc-train[report]'"
+WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
+
+
+def import_pyplot():
+    """matplotlib with the headless Agg backend, or a UsageError naming the install command."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(f"report needs matplotlib, which is not installed; {INSTALL_HINT}"
+                         ) from None
+    matplotlib.use("Agg")  # batch nodes have no display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ----------------------------------------------------------------------------- reading
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UsageError(f"RUN_DIR {run_dir} has no metrics.jsonl; pass the --output-dir of "
+                         "a train run that finished at least one epoch")
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path} is not JSON lines ({error.msg}, line {error.lineno}); "
+                         "pass the metrics.jsonl that train wrote") from None
+    if not records:
+        raise UsageError(f"{path} is empty; the run has not finished an epoch yet")
+    return records
+
+
+def read_summary(run_dir: Path) -> dict:
+    """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    name: str
+    world_size: int
+    images_per_second: float
+
+
+def _world_size(*sources: dict) -> int:
+    for source in sources:
+        for key in WORLD_SIZE_KEYS:
+            value = source.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+                return int(value)
+    return 1
+
+
+def _results(node, name: str = ""):
+    """(name, result) for every dict that carries a numeric images_per_second."""
+    if isinstance(node, dict):
+        if isinstance(node.get("images_per_second"), (int, float)):
+            yield name, node
+        for key, value in node.items():
+            if key != "fingerprint":
+                yield from _results(value, f"{name}/{key}" if name else str(key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _results(value, f"{name}[{index}]")
+
+
+def read_bench(path: Path) -> list[BenchPoint]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise UsageError(f"bench file {path} cannot be read ({error.strerror}); pass the "
+                         "file that `bench --json PATH` wrote") from None
+    except json.JSONDecodeError as error:
+        raise UsageError(f"bench file {path} is not JSON ({error.msg}); pass the file that "
+                         "`bench --json PATH` wrote") from None
+    top = data if isinstance(data, dict) else {}
+    fingerprint = top.get("fingerprint") if isinstance(top.get("fingerprint"), dict) else {}
+    points = []
+    for name, result in _results(data):
+        rate = result.get("total_images_per_second", result["images_per_second"])
+        points.append(BenchPoint(name or path.stem, _world_size(result, top, fingerprint),
+                                 float(rate)))
+    if not points:
+        raise UsageError(f"bench file {path} holds no result with an images_per_second "
+                         "field; pass a file written by `bench input|train --json PATH`")
+    return points
+
+
+# ----------------------------------------------------------------------------- drawing
+def plot_training(plt, records: list[dict], path: Path) -> None:
+    epochs = [r["epoch"] for r in records]
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_ax.plot(epochs, [r["train_loss"] for r in records], "o-", label="train")
+    if all("test_loss" in r for r in records):
+        loss_ax.plot(epochs, [r["test_loss"] for r in records], "s-", label="test")
+    loss_ax.set(xlabel="epoch", ylabel="loss", title="Loss per epoch")
+    loss_ax.legend()
+    acc_ax.plot(epochs, [r["accuracy"] for r in records], "o-", color="tab:green")
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy", title="Test accuracy per epoch",
+               ylim=(0, 1))
+    _save(plt, fig, path)
+
+
+def plot_throughput(plt, records: list[dict], summary: dict, path: Path) -> None:
+    epochs = [r["epoch"] for r in records]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(epochs, [r["images_per_second"] for r in records], color="tab:blue",
+           label="per epoch")
+    overall = summary.get("images_per_second")
+    if overall:
+        ax.axhline(overall, color="tab:red", linestyle="--",
+                   label=f"run: {overall:,.0f} img/s (first step left out)")
+    where = ", ".join(str(summary[k]) for k in ("device", "precision") if k in summary)
+    world = summary.get("world_size", 1)
+    ax.set(xlabel="epoch", ylabel="images/s (all ranks)",
+           title=f"Throughput per epoch ({where}, world size {world})" if where
+           else "Throughput per epoch")
+    ax.legend(loc="lower right")
+    _save(plt, fig, path)
+
+
+def plot_scaling(plt, points: list[BenchPoint], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in sorted({p.name for p in points}):
+        mine = sorted((p for p in points if p.name == name), key=lambda p: p.world_size)
+        sizes = [p.world_size for p in mine]
+        line, = ax.plot(sizes, [p.images_per_second for p in mine], "o-", label=name)
+        base = mine[0]
+        if len(mine) > 1:  # perfect scaling from the smallest measured world size
+            ax.plot(sizes, [base.images_per_second * s / base.world_size for s in sizes],
+                    ":", color=line.get_color(), alpha=0.6)
+    ax.set(xlabel="devices (world size)", ylabel="images/s", title="Scaling (dotted: linear)")
+    ax.legend(fontsize="small")
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+    for ax in fig.axes:  # epochs and device counts are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- command
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="report", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.split("\n")[2:]))
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a train --output-dir")
+    p.add_argument("bench", metavar="BENCH_JSON", nargs="*", help="bench --json files")
+    p.add_argument("--out", metavar="DIR", help="where the PNGs go (default: RUN_DIR)")
+    return p
+
+
+def output_dir(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out {path} cannot be created ({error.strerror}); pass a folder "
+                         "you can write to") from None
+    return out
+
+
+def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) -> list[Path]:
+    """Check every input first, then draw; returns the PNGs written."""
+    plt = import_pyplot()
+    if not run_dir.is_dir():
+        raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the --output-dir "
+                         "of a train run")
+    records, summary = read_metrics(run_dir), read_summary(run_dir)
+    points = [point for path in bench_files for point in read_bench(path)]
+    out = output_dir(out_flag) if out_flag else run_dir
+    written = [out / "training.png", out / "throughput.png"]
+    plot_training(plt, records, written[0])
+    plot_throughput(plt, records, summary, written[1])
+    if points:
+        written.append(out / "scaling.png")
+        plot_scaling(plt, points, written[2])
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        for path in make_report(Path(args.run_dir), [Path(b) for b in args.bench], args.out):
+            print(f"report: wrote {path}")
+    except UsageError as error:
+        exit_with_usage_error("report", error)
+
+
+if __name__ == "__main__":
+    main()
