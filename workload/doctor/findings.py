@@ -1,0 +1,23 @@
+"""What a check reports: a status, one line of detail, and the fix when something is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+SEVERITY = {OK: 0, INFO: 0, WARN: 1, FAIL: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str        # short name: gpu, shm, dali, tf32, threads, writable, ...
+    status: str       # ok, info, warn (worth fixing) or fail (the job would not work)
+    detail: str       # what was found, with the values
+    fix: str = ""     # the flag, variable or command that fixes it (warn and fail)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def worst(findings) -> str:
+    return max((f.status for f in findings), key=SEVERITY.__getitem__, default=OK)

@@ -1,0 +1,218 @@
+"""Checks one process can make by itself: devices, /dev/shm, DALI, TF32, threads, folders."""
+
+from __future__ import annotations
+
+import getpass
+import importlib.util
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
+
+SHM_MIN_BYTES = 1 << 30  # below 1 GiB, DataLoader workers and NCCL's SHM transport fail
+MATMUL_SIZE = 512
+
+
+# ---------------------------------------------------------------- devices
+def matmul_check(device: torch.device) -> Finding:
+    """A small matmul on the device, compared with the same product in float64 on the CPU."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=gen) for _ in range(2))
+        # float32 without TF32, whatever the user's switches: an exact-enough reference.
+        with _fp32_matmul():
+            got = (a.to(device) @ b.to(device)).cpu().double()
+        error = ((got - a.double() @ b.double()).abs().max() / MATMUL_SIZE ** 0.5).item()
+    except RuntimeError as exc:  # a GPU that is visible but unusable (ECC, MIG, driver)
+        return Finding("matmul", FAIL, f"{device} ({name}): matmul failed: {exc}".splitlines()[0],
+                       "drain this node or report it to the site; check nvidia-smi on it")
+    if not error < 1e-3:
+        return Finding("matmul", FAIL, f"{device} ({name}): matmul off by {error:.2e}",
+                       "wrong results from this GPU: exclude the node (sbatch --exclude)")
+    return Finding("matmul", OK, f"{device} ({name}): {MATMUL_SIZE}x{MATMUL_SIZE} matmul "
+                                 f"correct (error {error:.1e})")
+
+
+class _fp32_matmul:
+    """Switch TF32 off for the duration, then restore the user's setting."""
+
+    def __enter__(self):
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
+def gpu_visibility(requested: str) -> Finding:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return Finding("gpu", OK, f"{len(names)} visible: {', '.join(names)}"
+                       + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""))
+    nodes = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    if nodes:
+        return Finding("gpu", FAIL if requested == "cuda" else WARN,
+                       f"GPU device files exist ({', '.join(nodes)}) but PyTorch sees no GPU",
+                       "start the container with GPUs: apptainer exec --nv, docker run "
+                       "--gpus all; check CUDA_VISIBLE_DEVICES is not empty")
+    if requested == "cuda":
+        return Finding("gpu", FAIL, "--device cuda, but no GPU is visible",
+                       "run on a GPU node (sbatch --gpus-per-node=N) or pass --device cpu")
+    return Finding("gpu", INFO, "no GPU visible: training runs on the CPU")
+
+
+def devices_to_check(device: torch.device, every_gpu: bool) -> list[torch.device]:
+    """All GPUs when one process checks the node, else just this rank's device."""
+    if device.type == "cuda" and every_gpu:
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+# ---------------------------------------------------------------- /dev/shm
+def shm_check(path: str = "/dev/shm") -> Finding:
+    try:
+        stats = os.statvfs(path)
+    except OSError as error:
+        return Finding("shm", WARN, f"{path} is missing ({error.strerror})",
+                       "DataLoader workers and NCCL need it: docker run --ipc=host "
+                       "(or --shm-size=8g); apptainer binds the host's /dev/shm by default")
+    size = stats.f_blocks * stats.f_frsize
+    detail = f"{path} is {_size(size)} ({_size(stats.f_bavail * stats.f_frsize)} free)"
+    if size < SHM_MIN_BYTES:
+        return Finding("shm", WARN, detail + ", below 1 GiB: DataLoader workers and NCCL's "
+                       "shared-memory transport fail with bus errors",
+                       "docker run --ipc=host (or --shm-size=8g); podman run --shm-size=8g; "
+                       "Kubernetes: an emptyDir with medium: Memory on /dev/shm")
+    return Finding("shm", OK, detail)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+# ---------------------------------------------------------------- DALI
+def dali_check() -> Finding:
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        return Finding("dali", INFO, "not installed: the device and torch data backends are used")
+    try:
+        import nvidia.dali
+        import nvidia.dali.backend as backend
+    except Exception as error:  # a broken install raises more than ImportError
+        return Finding("dali", WARN, f"installed but fails to import: {error}".splitlines()[0],
+                       "reinstall the wheel for this CUDA: pip install nvidia-dali-cuda"
+                       f"{_cuda_tag()}")
+    built = getattr(backend, "__cuda_version__", 0) // 1000 or None
+    torch_major = int(torch.version.cuda.split(".")[0]) if torch.version.cuda else None
+    detail = f"{nvidia.dali.__version__}, built for CUDA {built}, torch for CUDA {torch_major}"
+    if built and torch_major and built != torch_major:
+        return Finding("dali", WARN, detail + ": CUDA majors differ",
+                       f"pip install nvidia-dali-cuda{_cuda_tag()} (the wheel for torch's CUDA "
+                       f"{torch_major}) in place of nvidia-dali-cuda{built}0")
+    return Finding("dali", OK, detail)
+
+
+def _cuda_tag() -> str:
+    return f"{torch.version.cuda.split('.')[0]}0" if torch.version.cuda else "120"
+
+
+# ---------------------------------------------------------------- TF32
+def tf32_check() -> Finding:
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    detail = (f"matmul allow_tf32={matmul}, cudnn allow_tf32={cudnn}, float32 matmul "
+              f"precision {torch.get_float32_matmul_precision()!r} (train sets both from "
+              "--precision)")
+    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return Finding("tf32", WARN, detail + "; NVIDIA_TF32_OVERRIDE=0 disables TF32 "
+                       "everywhere, so --precision tf32 runs as fp32",
+                       "unset NVIDIA_TF32_OVERRIDE unless fp32 is what you want")
+    return Finding("tf32", OK, detail)
+
+
+# ---------------------------------------------------------------- threads
+def threads_check(local_world_size: int = 1) -> Finding:
+    cpus = len(os.sched_getaffinity(0))
+    threads = torch.get_num_threads()
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK")
+    detail = (f"torch uses {threads} threads, OMP_NUM_THREADS="
+              f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {cpus} CPUs in this process's "
+              f"affinity, SLURM_CPUS_PER_TASK={per_task or 'unset'}")
+    if threads > cpus:
+        return Finding("threads", WARN, detail + f": {threads} threads on {cpus} CPUs "
+                       "oversubscribe them", f"export OMP_NUM_THREADS={cpus} or ask for more "
+                       "CPUs (srun --cpus-per-task=N)")
+    if cpus > 1 and threads == 1 and local_world_size == 1:
+        return Finding("threads", WARN, detail + ": one thread leaves CPUs idle",
+                       f"unset OMP_NUM_THREADS=1 or export OMP_NUM_THREADS={cpus}")
+    return Finding("threads", OK, detail)
+
+
+# ---------------------------------------------------------------- folders
+def cache_dirs() -> dict[str, str]:
+    """Where torch, torch.compile and Triton write caches (each as the user configured it)."""
+    user = getpass.getuser()  # torch names its inductor cache folder after the user
+    home_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return {
+        "TORCH_HOME": torch.hub.get_dir(),
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        or os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"),
+        "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR")
+        or os.path.expanduser("~/.triton/cache"),
+        "XDG_CACHE_HOME": home_cache,
+    }
+
+
+def writable(path: str) -> str | None:
+    """None when a file can be created at `path` (or in its nearest existing parent), else why.
+
+    A real file is created and removed: os.access() says yes on read-only bind mounts.
+    """
+    folder = Path(path).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-write-test-"):
+            return None
+    except OSError as error:
+        return f"{folder}: {error.strerror}"
+
+
+def output_dir_check(path: str) -> Finding:
+    problem = writable(path)
+    if problem:
+        return Finding("output-dir", FAIL, f"{path} is not writable ({problem})",
+                       "pass train --output-dir a folder you can write to, e.g. "
+                       "$SCRATCH/runs/NAME (and bind it into the container)")
+    return Finding("output-dir", OK, f"{path} is writable")
+
+
+def cache_checks() -> list[Finding]:
+    found = []
+    for variable, path in cache_dirs().items():
+        problem = writable(path)
+        if problem:
+            found.append(Finding("cache", WARN, f"{variable} {path} is not writable ({problem})",
+                                 f"export {variable}=$SCRATCH/.cache/{variable.lower()}"))
+        else:
+            found.append(Finding("cache", OK, f"{variable} {path} is writable"))
+    return found
+
+
+# ---------------------------------------------------------------- versions
+def versions() -> dict:
+    from workload.records import versions as run_versions
+    found = dict(run_versions())
+    if torch.cuda.is_available():
+        found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # GPU-only line
+    found["python"] = platform.python_version()
+    return found

@@ -1,0 +1,62 @@
+"""Rank 0's report: the rank map as one table, then the findings grouped across ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workload.doctor.findings import FAIL, SEVERITY, WARN, worst
+from workload.doctor.ranks import cpu_ranges
+from workload.records import write_json
+
+COLUMNS = (("rank", "rank"), ("node", "node"), ("local", "local_rank"), ("device", "device"),
+           ("name", "device_name"), ("cpus", "cpus"), ("threads", "threads"), ("pid", "pid"))
+
+
+def rank_table(rank_map: list[dict]) -> list[str]:
+    rows = [[title for title, _ in COLUMNS]]
+    rows += [[str(place[key]) for _, key in COLUMNS] for place in rank_map]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def grouped(findings: list[tuple[int, object]]) -> list[tuple[object, list[int]]]:
+    """Identical findings of several ranks once, with the ranks that reported them."""
+    groups: dict[object, list[int]] = {}
+    for rank, finding in findings:
+        groups.setdefault(finding, []).append(rank)
+    return list(groups.items())
+
+
+def print_report(outcome: dict, out) -> None:
+    rank_map = outcome["ranks"]
+    if rank_map:
+        nodes = len({place["node"] for place in rank_map})
+        print(f"doctor: {len(rank_map)} rank(s) on {nodes} node(s), backend "
+              f"{outcome.get('backend') or 'none (one process)'}", file=out)
+        for line in rank_table(rank_map):
+            print("  " + line, file=out)
+    if outcome.get("versions"):
+        print("versions: " + ", ".join(f"{k} {v}" for k, v in outcome["versions"][0].items()),
+              file=out)
+    many = len(rank_map) > 1
+    for finding, ranks in grouped(outcome["findings"]):
+        who = f" [rank{'s' if len(ranks) > 1 else ''} {cpu_ranges(ranks)}]" if many else ""
+        print(f"{finding.status:>5}  {finding.check}{who}: {finding.detail}", file=out)
+        if finding.fix and SEVERITY[finding.status] > 0:
+            print(f"       fix: {finding.fix}", file=out)
+    findings = [f for _, f in outcome["findings"]]
+    failed = sorted({f.check for f in findings if f.status == FAIL})
+    warned = sorted({f.check for f in findings if f.status == WARN})
+    verdict = {"fail": "NOT READY", "warn": "ready, with warnings", "ok": "ready"}
+    print(f"doctor: {verdict.get(worst(findings), 'ready')}: {len(failed)} failed "
+          f"({', '.join(failed) or '-'}), {len(warned)} warning(s) ({', '.join(warned) or '-'})",
+          file=out)
+
+
+def write_json_report(path: Path, outcome: dict) -> None:
+    findings = [dict(rank=rank, **finding.to_dict()) for rank, finding in outcome["findings"]]
+    write_json(path, dict(
+        status=worst(f for _, f in outcome["findings"]), world_size=outcome["world_size"],
+        backend=outcome.get("backend"), ranks=outcome["ranks"],
+        allreduce=outcome.get("allreduce"), versions=outcome.get("versions", []),
+        findings=findings))
