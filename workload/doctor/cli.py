@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from workload.doctor import fabric, local, ranks
 from workload.doctor.findings import FAIL, INFO, WARN, Finding, worst
 from workload.doctor.output import print_report, write_json_report
@@ -116,10 +118,12 @@ def probe(args, info) -> tuple[dict | None, Finding]:
 
 def diagnose(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return failed(local.gpu_visibility(args.device))
     nccl_log = fabric.capture_nccl_log(Path(tempfile.mkdtemp(prefix="doctor-")))
     info, failure = join(args)
     if info is None:
-        return dict(world_size=None, ranks=[], findings=[(0, failure)], allreduce=None)
+        return failed(failure)
     try:
         mine = local_findings(args, info)
         result, bandwidth = probe(args, info)
@@ -139,6 +143,11 @@ def diagnose(args) -> dict:
                 + consistency(everyone) + [(0, bandwidth), (0, transport)])
 
 
+def failed(finding: Finding) -> dict:
+    """The outcome when the job cannot even start: one fatal finding, nothing gathered."""
+    return dict(world_size=None, ranks=[], findings=[(0, finding)], allreduce=None)
+
+
 def consistency(everyone: list[dict]) -> list[tuple[int, Finding]]:
     """Checks that need every rank: one GPU per rank, the same versions everywhere."""
     found = []
@@ -147,6 +156,10 @@ def consistency(everyone: list[dict]) -> list[tuple[int, Finding]]:
         found.append((0, Finding("rank-map", FAIL, "ranks share a GPU: " + "; ".join(shared),
                                  "one task per GPU: srun --gpus-per-task=1, or "
                                  "--ntasks-per-node equal to the GPUs per node")))
+    if crowded := ranks.crowded_nodes(places):
+        found.append((0, Finding("threads", WARN, "ranks oversubscribe their CPUs: "
+                                 + "; ".join(crowded), "srun --cpus-per-task=N (train then "
+                                 "divides them among its ranks), or lower OMP_NUM_THREADS")))
     differing = {k for r in everyone for k, v in r["versions"].items()
                  if v != everyone[0]["versions"].get(k)}
     if differing:

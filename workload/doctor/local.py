@@ -140,9 +140,10 @@ def tf32_check() -> Finding:
 # ---------------------------------------------------------------- threads
 def threads_check(local_world_size: int = 1) -> Finding:
     cpus = len(os.sched_getaffinity(0))
-    threads = torch.get_num_threads()
+    # torch caps its own pool at the cores, but OpenMP in other libraries takes the variable.
+    threads = max(torch.get_num_threads(), _int_env("OMP_NUM_THREADS"))
     per_task = os.environ.get("SLURM_CPUS_PER_TASK")
-    detail = (f"torch uses {threads} threads, OMP_NUM_THREADS="
+    detail = (f"torch uses {torch.get_num_threads()} threads, OMP_NUM_THREADS="
               f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {cpus} CPUs in this process's "
               f"affinity, SLURM_CPUS_PER_TASK={per_task or 'unset'}")
     if threads > cpus:
@@ -153,6 +154,13 @@ def threads_check(local_world_size: int = 1) -> Finding:
         return Finding("threads", WARN, detail + ": one thread leaves CPUs idle",
                        f"unset OMP_NUM_THREADS=1 or export OMP_NUM_THREADS={cpus}")
     return Finding("threads", OK, detail)
+
+
+def _int_env(name: str) -> int:
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return 0
 
 
 # ---------------------------------------------------------------- folders
@@ -196,12 +204,18 @@ def output_dir_check(path: str) -> Finding:
     return Finding("output-dir", OK, f"{path} is writable")
 
 
+# torch creates its inductor cache folder when torchvision is imported: if that fails,
+# train stops at its first line. The other caches only matter for downloads or compiling.
+FATAL_CACHES = {"TORCHINDUCTOR_CACHE_DIR"}
+
+
 def cache_checks() -> list[Finding]:
     found = []
     for variable, path in cache_dirs().items():
         problem = writable(path)
         if problem:
-            found.append(Finding("cache", WARN, f"{variable} {path} is not writable ({problem})",
+            status = FAIL if variable in FATAL_CACHES else WARN
+            found.append(Finding("cache", status, f"{variable} {path} is not writable ({problem})",
                                  f"export {variable}=$SCRATCH/.cache/{variable.lower()}"))
         else:
             found.append(Finding("cache", OK, f"{variable} {path} is writable"))
@@ -211,7 +225,10 @@ def cache_checks() -> list[Finding]:
 # ---------------------------------------------------------------- versions
 def versions() -> dict:
     from workload.records import versions as run_versions
-    found = dict(run_versions())
+    try:
+        found = dict(run_versions())
+    except Exception as error:  # e.g. torchvision's import failing on an unwritable cache
+        found = dict(torch=torch.__version__, error=f"{type(error).__name__}: {error}")
     if torch.cuda.is_available():
         found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # GPU-only line
     found["python"] = platform.python_version()

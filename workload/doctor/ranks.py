@@ -39,7 +39,8 @@ def my_place(info: DistInfo) -> dict:
         rank=info.rank, local_rank=info.local_rank, node=node_name(),
         host=socket.gethostname(), pid=os.getpid(), device=str(device),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-        cpus=cpu_ranges(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
+        cpus=cpu_ranges(os.sched_getaffinity(0)), cpu_list=sorted(os.sched_getaffinity(0)),
+        threads=torch.get_num_threads(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
 
@@ -62,6 +63,16 @@ def shared_devices(rank_map: list[dict]) -> list[str]:
             owners.setdefault(key, []).append(place["rank"])
     return [f"{node} {device}: ranks {ranks}" for (node, _, device), ranks in owners.items()
             if len(ranks) > 1]
+
+
+def crowded_nodes(rank_map: list[dict]) -> list[str]:
+    """Nodes where the ranks' threads together outnumber the CPUs they are bound to."""
+    nodes: dict[str, tuple[int, set]] = {}
+    for place in rank_map:
+        threads, cpus = nodes.get(place["node"], (0, set()))
+        nodes[place["node"]] = (threads + place["threads"], cpus | set(place["cpu_list"]))
+    return [f"{node}: {threads} threads on {len(cpus)} CPUs"
+            for node, (threads, cpus) in nodes.items() if threads > len(cpus)]
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,154 @@
+"""`doctor` on one CPU process: the real command, real mounts, its JSON and exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from workload.doctor.ranks import cpu_ranges
+
+# Small probes keep the suite fast on 2 cores; the figures are not asserted, only sane.
+FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60"]
+
+
+def doctor(args, tmp_path, env=None, cmd=("-m", "workload.doctor")):
+    """Run the doctor as users do; return (exit status, stdout, stderr, JSON or None)."""
+    report = tmp_path / "doctor.json"
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "OMP_", "NVIDIA_TF32"))
+             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, *cmd, "--json", str(report), "--output-dir",
+                           str(tmp_path / "runs"), *FAST, *args], capture_output=True,
+                          text=True, env={**clean, **(env or {})}, cwd=tmp_path, timeout=300)
+    data = json.loads(report.read_text()) if report.exists() else None
+    return done.returncode, done.stdout, done.stderr, data
+
+
+def by_check(data, check):
+    return [f for f in data["findings"] if f["check"] == check]
+
+
+@contextmanager
+def tmpfs(path, *options):
+    """A real tmpfs mounted for the test (CI runs as root), unmounted afterwards."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_one_cpu_process_is_ready_and_writes_the_same_as_json(tmp_path):
+    status, out, err, data = doctor(["--device", "cpu"], tmp_path)
+    assert status == 0, out + err
+    assert data["world_size"] == 1 and data["status"] in ("ok", "warn")
+    assert [r["rank"] for r in data["ranks"]] == [0]
+    assert data["ranks"][0]["device"] == "cpu"
+    assert data["ranks"][0]["cpus"] == cpu_ranges(os.sched_getaffinity(0))
+    matmul, = by_check(data, "matmul")
+    assert matmul["status"] == "ok" and "cpu" in matmul["detail"]
+    assert {"torch", "python"} <= data["versions"][0].keys()
+    assert {f["check"] for f in data["findings"]} >= {
+        "gpu", "matmul", "shm", "dali", "tf32", "threads", "output-dir", "cache"}
+    # The printed report says the same things: the table, every check, the verdict.
+    assert "rank  node" in out and "matmul" in out and "doctor: ready" in out
+    assert not (tmp_path / "runs").exists()  # checking a folder does not create it
+
+
+def test_small_shm_warns_with_the_container_fix(tmp_path):
+    with tmpfs(tmp_path / "shm", "size=64m") as shm:  # Docker's default /dev/shm
+        status, out, err, data = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
+    assert status == 0, out + err  # a warning, not a failure
+    shm_finding, = by_check(data, "shm")
+    assert shm_finding["status"] == "warn" and "64.0 MiB" in shm_finding["detail"]
+    assert "--shm-size" in shm_finding["fix"] and "--ipc=host" in shm_finding["fix"]
+    assert "--shm-size" in out
+
+
+def test_large_shm_is_fine(tmp_path):
+    with tmpfs(tmp_path / "shm", "size=2g") as shm:
+        _, _, _, data = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
+    assert by_check(data, "shm")[0]["status"] == "ok"
+
+
+def test_read_only_output_dir_is_fatal_and_names_the_fix(tmp_path):
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as read_only:
+        status, out, err, data = doctor(["--device", "cpu", "--output-dir",
+                                         str(read_only / "runs")], tmp_path)
+    assert status == 1, out + err
+    finding, = by_check(data, "output-dir")
+    assert finding["status"] == "fail" and "Read-only file system" in finding["detail"]
+    assert "--output-dir" in finding["fix"]
+    assert "NOT READY" in out and "output-dir" in out.splitlines()[-1]
+
+
+def test_oversubscribed_threads_and_tf32_override_warn(tmp_path):
+    cpus = len(os.sched_getaffinity(0))
+    _, _, _, data = doctor(["--device", "cpu"], tmp_path,
+                           env={"OMP_NUM_THREADS": str(4 * cpus), "NVIDIA_TF32_OVERRIDE": "0"})
+    threads, = by_check(data, "threads")
+    assert threads["status"] == "warn" and f"OMP_NUM_THREADS={cpus}" in threads["fix"]
+    tf32, = by_check(data, "tf32")
+    assert tf32["status"] == "warn" and "NVIDIA_TF32_OVERRIDE" in tf32["fix"]
+
+
+def test_unwritable_caches_name_the_variable_to_set(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    # Triton's cache matters only when compiling: a warning. torch creates the inductor
+    # cache folder when torchvision is imported, so train would stop at once: a failure.
+    status, out, err, data = doctor(["--device", "cpu"], tmp_path, env={
+        "TRITON_CACHE_DIR": str(blocker / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(blocker / "inductor")})
+    assert status == 1 and "Traceback" not in err, err
+    bad = {f["status"]: f for f in by_check(data, "cache") if f["status"] != "ok"}
+    assert "export TRITON_CACHE_DIR=" in bad["warn"]["fix"]
+    assert "export TORCHINDUCTOR_CACHE_DIR=" in bad["fail"]["fix"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
+def test_device_cuda_without_a_gpu_is_fatal_with_the_fix(tmp_path):
+    status, out, _, data = doctor(["--device", "cuda"], tmp_path)
+    assert status == 1
+    gpu, = by_check(data, "gpu")
+    assert gpu["status"] == "fail" and "--device cpu" in gpu["fix"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_every_gpu_passes_the_matmul_check(tmp_path):
+    status, out, err, data = doctor(["--device", "cuda"], tmp_path)
+    assert status == 0, out + err
+    assert len(by_check(data, "matmul")) == torch.cuda.device_count()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--probe-iters", "0"], ["--probe-iters", "1 or more", "got 0"]),
+    (["--timeout", "-5"], ["--timeout", "-5.0", "--timeout 120"]),
+    (["--probe-mib", "-1"], ["--probe-mib", "got -1"]),
+])
+def test_bad_flags_exit_2_with_one_line_before_any_check(args, words, tmp_path):
+    status, out, err, data = doctor(args, tmp_path)
+    assert status == 2 and out == "" and data is None
+    assert len(err.strip().splitlines()) == 1 and err.startswith("doctor: error:")
+    for word in words:
+        assert word in err
+
+
+def test_json_into_a_folder_that_cannot_exist_exits_2(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    done = subprocess.run([sys.executable, "-m", "workload.doctor", "--json",
+                           str(tmp_path / "a-file" / "d.json")], capture_output=True, text=True)
+    assert done.returncode == 2 and "--json" in done.stderr and "a-file" in done.stderr
+
+
+def test_cpu_ranges_read_like_taskset():
+    assert cpu_ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert cpu_ranges([3]) == "3"
