@@ -24,7 +24,7 @@ FABRIC_FIX = {
            "and bind the site's plugin and libfabric into the container (jobs/ presets)",
 }
 NETWORK_LINE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
-CHANNEL_LINE = re.compile(r"NCCL INFO Channel .* via (\S+)")
+CHANNEL_LINE = re.compile(r"NCCL INFO Channel .* via (.+?)\s*$")
 OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\w+)")
 
 
@@ -34,6 +34,12 @@ def fabric_devices(sys_class: Path = SYS_CLASS) -> dict[str, list[str]]:
             for kind in FABRICS if (sys_class / kind).is_dir()}
 
 
+def transport_name(via: str) -> str:
+    """"NET/IB/0/GDRDMA" -> "NET/IB", "P2P/CUMEM/read" -> "P2P", "SHM/direct/direct" -> "SHM"."""
+    parts = via.split("/")
+    return "/".join(parts[:2]) if parts[0] == "NET" and len(parts) > 1 else parts[0]
+
+
 def parse_nccl_log(lines) -> dict:
     """The network and the per-channel transports named in NCCL INFO lines."""
     network, provider, transports = None, None, set()
@@ -41,8 +47,7 @@ def parse_nccl_log(lines) -> dict:
         if match := NETWORK_LINE.search(line):
             network = match.group(1)
         elif match := CHANNEL_LINE.search(line):
-            transports.add(match.group(1).rsplit("/", 1)[0] if match.group(1).startswith("NET/")
-                           else match.group(1))
+            transports.add(transport_name(match.group(1)))
         if match := OFI_PROVIDER.search(line):
             provider = match.group(1)
     return dict(network=network, ofi_provider=provider, transports=sorted(transports))

@@ -1,0 +1,90 @@
+"""NCCL transport detection: the INFO log NCCL writes, and the fabric devices sysfs shows.
+
+NCCL needs GPUs, so its log is taken from the lines NCCL 2.x prints (formats below); the
+decision is tested against a fake /sys/class tree, as the machine has no fabric.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workload.doctor import fabric
+
+PREFIX = "nid001:51234:51290 [0] NCCL INFO "
+SOCKET_LOG = [PREFIX + line for line in (
+    "Bootstrap : Using hsn0:10.100.0.1<0>",
+    "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.",
+    "NET/Socket : Using [0]hsn0:10.100.0.1<0> [1]hsn1:10.100.0.2<0>",
+    "Using network Socket",
+    "Channel 00/02 :    0   1   2   3   4   5   6   7",
+    "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+    "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0",
+)]
+IB_LOG = [PREFIX + line for line in (
+    "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+    "Using network IB",
+    "Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0/GDRDMA",
+    "Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct",
+)]
+OFI_LOG = [PREFIX + line for line in (
+    "NET/OFI Selected Provider is cxi (found 4 nics)",
+    "Using network AWS Libfabric",
+    "Channel 00/0 : 3[3] -> 4[0] [send] via NET/AWS Libfabric/0/GDRDMA",
+)]
+
+
+def sys_class(tmp_path, **devices):
+    for kind, names in devices.items():
+        for name in names:
+            (tmp_path / kind / name).mkdir(parents=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("log, network, transports, provider", [
+    (SOCKET_LOG, "Socket", ["NET/Socket", "P2P"], None),
+    (IB_LOG, "IB", ["NET/IB", "SHM"], None),
+    (OFI_LOG, "AWS Libfabric", ["NET/AWS Libfabric"], "cxi"),
+])
+def test_nccl_log_names_network_and_channel_transports(log, network, transports, provider):
+    assert fabric.parse_nccl_log(log) == dict(network=network, transports=transports,
+                                              ofi_provider=provider)
+
+
+@pytest.mark.parametrize("devices, fix_words", [
+    ({"infiniband": ["mlx5_0", "mlx5_1"]}, ["NCCL_IB_DISABLE", "/dev/infiniband"]),
+    ({"cxi": ["cxi0", "cxi1"]}, ["NCCL_NET='AWS Libfabric'", "FI_PROVIDER=cxi"]),
+])
+def test_sockets_next_to_a_fabric_warn_with_the_fix(tmp_path, devices, fix_words):
+    found = fabric.fabric_devices(sys_class(tmp_path, **devices))
+    finding = fabric.transport_finding("nccl", fabric.parse_nccl_log(SOCKET_LOG), found, 2)
+    assert finding.status == "warn" and "fell back to TCP sockets" in finding.detail
+    for word in fix_words:
+        assert word in finding.fix
+
+
+@pytest.mark.parametrize("log, devices, nodes", [
+    (IB_LOG, {"infiniband": ["mlx5_0"]}, 2),        # the fabric is used
+    (OFI_LOG, {"cxi": ["cxi0"]}, 2),
+    (SOCKET_LOG, {}, 2),                             # no fabric to fall back from
+    ([PREFIX + "Using network Socket", PREFIX + "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC"],
+     {"infiniband": ["mlx5_0"]}, 1),                 # one node: data moves over P2P
+])
+def test_no_warning_when_the_fabric_is_used_or_absent(tmp_path, log, devices, nodes):
+    found = fabric.fabric_devices(sys_class(tmp_path, **devices))
+    assert fabric.transport_finding("nccl", fabric.parse_nccl_log(log), found, nodes).status == "ok"
+
+
+def test_gloo_says_tcp_and_one_process_says_no_collective(tmp_path):
+    found = fabric.fabric_devices(sys_class(tmp_path, cxi=["cxi0"]))
+    gloo = fabric.transport_finding("gloo", fabric.parse_nccl_log([]), found, 2)
+    assert gloo.status == "info" and "TCP" in gloo.detail and "Slingshot (cxi0)" in gloo.detail
+    assert fabric.transport_finding(None, {}, {}, 1).status == "info"
+
+
+def test_nccl_log_goes_to_a_private_file_unless_the_user_chose(tmp_path):
+    env = {}
+    path = fabric.capture_nccl_log(tmp_path, env)
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
+    assert path.parent == tmp_path
+    mine = {"NCCL_DEBUG": "WARN"}
+    assert fabric.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
