@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from workload.doctor import fabric, local, ranks
-from workload.doctor.findings import FAIL, INFO, WARN, Finding, worst
+from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding, worst
 from workload.doctor.output import print_report, write_json_report
 from workload.errors import UsageError, exit_with_usage_error
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workload.doctor.findings import FAIL, SEVERITY, WARN, worst
+from workload.doctor.findings import FAIL, OK, SEVERITY, WARN, worst
 from workload.doctor.ranks import cpu_ranges
 from workload.records import write_json
 
@@ -31,7 +31,7 @@ def print_report(outcome: dict, out) -> None:
     rank_map = outcome["ranks"]
     if rank_map:
         nodes = len({place["node"] for place in rank_map})
-        print(f"doctor: {len(rank_map)} rank(s) on {nodes} node(s), backend "
+        print(f"doctor: {plural(len(rank_map), 'rank')} on {plural(nodes, 'node')}, backend "
               f"{outcome.get('backend') or 'none (one process)'}", file=out)
         for line in rank_table(rank_map):
             print("  " + line, file=out)
@@ -47,10 +47,13 @@ def print_report(outcome: dict, out) -> None:
     findings = [f for _, f in outcome["findings"]]
     failed = sorted({f.check for f in findings if f.status == FAIL})
     warned = sorted({f.check for f in findings if f.status == WARN})
-    verdict = {"fail": "NOT READY", "warn": "ready, with warnings", "ok": "ready"}
-    print(f"doctor: {verdict.get(worst(findings), 'ready')}: {len(failed)} failed "
-          f"({', '.join(failed) or '-'}), {len(warned)} warning(s) ({', '.join(warned) or '-'})",
-          file=out)
+    verdict = {FAIL: "NOT READY", WARN: "ready, with warnings", OK: "ready"}
+    print(f"doctor: {verdict[worst(findings)]}: {len(failed)} failed ({', '.join(failed) or '-'}), "
+          f"{plural(len(warned), 'warning')} ({', '.join(warned) or '-'})", file=out)
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def write_json_report(path: Path, outcome: dict) -> None:

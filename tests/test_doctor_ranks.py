@@ -1,0 +1,91 @@
+"""`doctor` on several ranks: two processes under torchrun (gloo on the CPU), and every
+rank of a 2-node job on the private SLURM cluster (per-task and torchrun-per-node layouts).
+
+What is asserted is what a user reads before a large job: every rank shows up once in the
+rank map with its node and CPU binding, the all-reduce probe ran across all ranks and gave
+a positive bus bandwidth computed as nccl-tests define it, and only rank 0 printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_doctor import FAST, by_check
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+SRUN = ["srun", "--kill-on-bad-exit=1", "--time=10"]
+DOCTOR = [sys.executable, "-m", "workload.doctor"]
+
+
+def clean_env() -> dict[str, str]:
+    """No launch variables from the calling shell (a CI job may run inside SLURM)."""
+    drop = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
+            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["world_size"] == ranks and data["backend"] == "gloo"
+    rank_map = data["ranks"]
+    assert [place["rank"] for place in rank_map] == list(range(ranks))
+    assert len({place["node"] for place in rank_map}) == nodes
+    assert len({(place["node"], place["pid"]) for place in rank_map}) == ranks
+    assert all(place["cpus"] and place["device"] == "cpu" for place in rank_map)
+    probe = data["allreduce"]
+    assert probe["world_size"] == ranks and probe["bytes"] == 2**20 and probe["time_s"] > 0
+    assert probe["busbw_gbps"] > 0
+    assert probe["busbw_gbps"] == pytest.approx(probe["algbw_gbps"] * 2 * (ranks - 1) / ranks)
+    assert by_check(data, "allreduce")[0]["status"] == "ok"
+    # Every rank ran the local checks; rank 0 alone printed the report.
+    assert {f["rank"] for f in by_check(data, "matmul")} == set(range(ranks))
+    assert done.stdout.count("doctor: ") == 2  # the header and the verdict, once each
+    for rank in range(ranks):
+        assert any(line.split()[:1] == [str(rank)] for line in done.stdout.splitlines()
+                   if line.startswith("  ")), f"rank {rank} missing from the printed table"
+    return data
+
+
+def test_two_processes_under_torchrun(tmp_path):
+    import subprocess
+
+    report = tmp_path / "doctor.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "workload.doctor", "--device", "cpu",
+                           *FAST, "--json", str(report), "--output-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=300, env=clean_env(),
+                          cwd=tmp_path)
+    data = check_job(done, report, ranks=2, nodes=1)
+    assert [place["local_rank"] for place in data["ranks"]] == [0, 1]
+
+
+@pytest.mark.slurm
+def test_four_ranks_on_two_slurm_nodes_per_task(slurm_cluster, tmp_path):
+    report = tmp_path / "doctor.json"
+    done = slurm_cluster.run([*SRUN, "-N2", "-n4", *DOCTOR, "--device", "cpu", *FAST,
+                              "--json", str(report), "--output-dir", str(tmp_path / "runs")],
+                             cwd=tmp_path)
+    data = check_job(done, report, ranks=4, nodes=2)
+    assert [(p["node"], p["local_rank"]) for p in data["ranks"]] == [
+        ("nid001", 0), ("nid001", 1), ("nid002", 0), ("nid002", 1)]
+
+
+@pytest.mark.slurm
+def test_four_ranks_on_two_slurm_nodes_torchrun_per_node(slurm_cluster, tmp_path):
+    report = tmp_path / "doctor.json"
+    # As the launch tests start train: the entrypoint resolves torchrun's node arguments.
+    done = slurm_cluster.run([*SRUN, "-N2", "--ntasks-per-node=1", str(REPO / "entrypoint.sh"),
+                              "torchrun", "--nproc-per-node=2", "--no-python", "doctor",
+                              "--device", "cpu",
+                              *FAST, "--json", str(report),
+                              "--output-dir", str(tmp_path / "runs")], cwd=tmp_path)
+    data = check_job(done, report, ranks=4, nodes=2)
+    assert sorted(p["node"] for p in data["ranks"]) == ["nid001"] * 2 + ["nid002"] * 2
