@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from workload import distributed
 from workload.doctor import fabric, local, ranks
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding, worst
 from workload.doctor.output import print_report, write_json_report
@@ -83,7 +84,6 @@ def local_findings(args, info) -> list[Finding]:
 
 def join(args):
     """The launch layer's process group (gloo on the CPU, NCCL on GPUs), or a fatal finding."""
-    from workload import distributed
     try:
         return distributed.init_distributed(args.device, args.timeout), None
     except UsageError:
@@ -120,7 +120,11 @@ def diagnose(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
-    nccl_log = fabric.capture_nccl_log(Path(tempfile.mkdtemp(prefix="doctor-")))
+    with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
+        return diagnose_ranks(args, fabric.capture_nccl_log(Path(folder)))
+
+
+def diagnose_ranks(args, nccl_log: Path | None) -> dict:
     info, failure = join(args)
     if info is None:
         return failed(failure)
@@ -130,7 +134,6 @@ def diagnose(args) -> dict:
         everyone = ranks.gather(dict(place=ranks.my_place(info), versions=local.versions(),
                                      findings=mine), info)
     finally:
-        from workload import distributed
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
