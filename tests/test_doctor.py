@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from tests.test_distributed import clean_env
 from workload.doctor.ranks import cpu_ranges
 
 # Small probes keep the suite fast on 2 cores; the figures are not asserted, only sane.
@@ -20,9 +21,7 @@ FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60"]
 def doctor(args, tmp_path, env=None, cmd=("-m", "workload.doctor")):
     """Run the doctor as users do; return (exit status, stdout, stderr, JSON or None)."""
     report = tmp_path / "doctor.json"
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("SLURM_", "OMP_", "NVIDIA_TF32"))
-             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    clean = {k: v for k, v in clean_env().items() if k != "NVIDIA_TF32_OVERRIDE"}
     done = subprocess.run([sys.executable, *cmd, "--json", str(report), "--output-dir",
                            str(tmp_path / "runs"), *FAST, *args], capture_output=True,
                           text=True, env={**clean, **(env or {})}, cwd=tmp_path, timeout=300)

@@ -9,12 +9,13 @@ a positive bus bandwidth computed as nccl-tests define it, and only rank 0 print
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_distributed import clean_env
 from tests.test_doctor import FAST, by_check
 
 pytestmark = pytest.mark.slow
@@ -22,13 +23,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SRUN = ["srun", "--kill-on-bad-exit=1", "--time=10"]
 DOCTOR = [sys.executable, "-m", "workload.doctor"]
-
-
-def clean_env() -> dict[str, str]:
-    """No launch variables from the calling shell (a CI job may run inside SLURM)."""
-    drop = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
-            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
 def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
@@ -55,8 +49,6 @@ def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
 
 
 def test_two_processes_under_torchrun(tmp_path):
-    import subprocess
-
     report = tmp_path / "doctor.json"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", "-m", "workload.doctor", "--device", "cpu",
