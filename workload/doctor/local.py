@@ -101,7 +101,8 @@ def _size(n: int) -> str:
 
 # ---------------------------------------------------------------- DALI
 def dali_check() -> Finding:
-    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+    # find_spec of a submodule imports its parent: ask for the namespace package first.
+    if importlib.util.find_spec("nvidia") is None or not importlib.util.find_spec("nvidia.dali"):
         return Finding("dali", INFO, "not installed: the device and torch data backends are used")
     try:
         import nvidia.dali

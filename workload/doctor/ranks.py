@@ -66,13 +66,16 @@ def shared_devices(rank_map: list[dict]) -> list[str]:
 
 
 def crowded_nodes(rank_map: list[dict]) -> list[str]:
-    """Nodes where the ranks' threads together outnumber the CPUs they are bound to."""
-    nodes: dict[str, tuple[int, set]] = {}
+    """Nodes where several ranks' threads together outnumber the CPUs they are bound to
+    (one rank alone is the local threads check's business)."""
+    nodes: dict[str, tuple[int, int, set]] = {}
     for place in rank_map:
-        threads, cpus = nodes.get(place["node"], (0, set()))
-        nodes[place["node"]] = (threads + place["threads"], cpus | set(place["cpu_list"]))
+        count, threads, cpus = nodes.get(place["node"], (0, 0, set()))
+        nodes[place["node"]] = (count + 1, threads + place["threads"],
+                                cpus | set(place["cpu_list"]))
     return [f"{node}: {threads} threads on {len(cpus)} CPUs"
-            for node, (threads, cpus) in nodes.items() if threads > len(cpus)]
+            for node, (count, threads, cpus) in nodes.items()
+            if count > 1 and threads > len(cpus)]
 
 
 def _sync(device: torch.device) -> None:
