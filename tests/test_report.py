@@ -31,7 +31,7 @@ def bench_file(path, world_size: int, rate: float):
     path.write_text(json.dumps({
         "fingerprint": {"host": "nid001", "torch": "2.14.1", "world_size": world_size},
         "results": {"wrn-bs64": {"images_per_second": rate / world_size,
-                                 "total_images_per_second": rate, "world_size": world_size},
+                                 "images_per_second_total": rate, "world_size": world_size},
                     "resnet18-bs64": {"images_per_second": 2 * rate}},
     }))
     return path

@@ -20,7 +20,8 @@ Expected bench JSON shape (read defensively; unknown fields are ignored). Every 
 anywhere in the file that has a numeric `images_per_second` is one result, named by its
 key. Its world size is the first of `world_size`, `num_devices`, `devices` found in the
 result, else in the file's top level or its `fingerprint`, else 1. The rate plotted is
-`total_images_per_second` when present (all devices together), else `images_per_second`.
+`images_per_second_total` when present (all devices together, as `bench train` writes
+it), else `images_per_second`.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def read_bench(path: Path) -> list[BenchPoint]:
     fingerprint = top.get("fingerprint") if isinstance(top.get("fingerprint"), dict) else {}
     points = []
     for name, result in _results(data):
-        rate = result.get("total_images_per_second", result["images_per_second"])
+        rate = result.get("images_per_second_total", result["images_per_second"])
         points.append(BenchPoint(name or path.stem, _world_size(result, top, fingerprint),
                                  float(rate)))
     if not points:
