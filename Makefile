@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hpc-train-installed
 PYTEST_ARGS ?= --durations=15
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install system-deps clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,7 +26,11 @@ demo: $(STAMP)
 	@echo "--- runs/demo/summary.json"
 	@cat runs/demo/summary.json
 
-test: $(STAMP)
+# The suite drives a real SLURM cluster and real image builds: their Debian packages first.
+system-deps:
+	tools/install-debian-packages.sh
+
+test: system-deps $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
