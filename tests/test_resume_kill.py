@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -21,9 +22,9 @@ import pytest
 
 from tests.conftest import TINY
 
-# 2 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
+# 8 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
-        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "11",
+        "--num-classes", "4", "--batch-size", "16", "--epochs", "8", "--seed", "11",
         "--checkpoint-every", "1", "--keep-checkpoints", "2"]
 CHAINS = 7
 KILLS_PER_CHAIN = 3  # 21 kill -9 trials in all
@@ -46,19 +47,32 @@ def wait_for_training(proc: subprocess.Popen) -> list[str]:
     raise AssertionError("train exited before training started:\n" + "".join(lines))
 
 
-def kill_at_random(proc: subprocess.Popen, out: Path, rng: random.Random, mid_save: bool) -> str:
-    """SIGKILL the run at a random moment of its training; `mid_save`: while a save is
-    under way. Returns what the moment was."""
+def kill_at_random(proc: subprocess.Popen, out: Path, rng: random.Random, mid_save: bool,
+                   run_s: float) -> str:
+    """SIGKILL the run at a random moment of its training (`run_s`: how long a whole run
+    takes here; three kills in a chain each come within its first 20 %); `mid_save`: while
+    a save is under way. Returns what the moment was."""
     wait_for_training(proc)
-    deadline = time.monotonic() + rng.uniform(0.2, 4.0)
-    root = out / "checkpoints"
-    while proc.poll() is None and time.monotonic() < deadline + (10 if mid_save else 0):
-        if time.monotonic() >= deadline and (not mid_save or any(root.glob(".tmp-step-*"))):
-            break
-        time.sleep(0.001)
+    time.sleep(rng.uniform(0.05, 0.2) * run_s)
+    if mid_save:
+        catch_mid_save(proc, out / "checkpoints", rng)
+    assert proc.poll() is None, f"the run ended before the {'mid-save' if mid_save else 'random'} kill"
     proc.kill()
     proc.wait()
     return "mid-save" if mid_save else "random"
+
+
+def catch_mid_save(proc: subprocess.Popen, root: Path, rng: random.Random) -> None:
+    """Freeze the run (SIGSTOP) at random instants until one falls inside a save, i.e. a
+    temporary checkpoint folder exists while the process cannot move: the kill that follows
+    then surely lands mid-save, however fast saves are on this machine."""
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGSTOP)
+        if any(root.glob(".tmp-step-*")):
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(rng.uniform(0, 0.005))
 
 
 def run_to_end(out: Path) -> tuple[dict, str]:
@@ -68,13 +82,23 @@ def run_to_end(out: Path) -> tuple[dict, str]:
     return json.loads((out / "summary.json").read_text()), done.stdout + done.stderr
 
 
-def chain(out: Path, seed: int) -> dict:
+def reference_run(out: Path) -> tuple[dict, float]:
+    """The uninterrupted run, and how long its training took here (start line to exit)."""
+    proc = start(out)
+    wait_for_training(proc)
+    started = time.monotonic()
+    proc.stdout.read()
+    assert proc.wait() == 0
+    return json.loads((out / "summary.json").read_text()), time.monotonic() - started
+
+
+def chain(out: Path, seed: int, run_s: float) -> dict:
     """Kill a run KILLS_PER_CHAIN times (each following run resumes), then let it finish."""
     rng = random.Random(seed)
     moments, half_written = [], 0
     for kill in range(KILLS_PER_CHAIN):
         proc = start(out)
-        moments.append(kill_at_random(proc, out, rng, mid_save=(seed + kill) % 2 == 0))
+        moments.append(kill_at_random(proc, out, rng, (seed + kill) % 2 == 0, run_s))
         half_written += len(list((out / "checkpoints").glob(".tmp-step-*")))
     summary, log = run_to_end(out)
     return dict(summary=summary, log=log, moments=moments, half_written=half_written,
@@ -83,17 +107,18 @@ def chain(out: Path, seed: int) -> dict:
 
 @pytest.mark.slow
 def test_kill_minus_9_at_random_moments_then_resume_ends_bit_identical(tmp_path):
-    reference, _ = run_to_end(tmp_path / "reference")
+    reference, train_s = reference_run(tmp_path / "reference")
     with ThreadPoolExecutor(max_workers=2) as pool:  # two chains at once on 2 cores
-        results = list(pool.map(lambda i: chain(tmp_path / f"chain{i}", seed=i),
-                                range(CHAINS)))
+        results = list(pool.map(
+            lambda i: chain(tmp_path / f"chain{i}", i, train_s),
+            range(CHAINS)))
     trials = sum(len(r["moments"]) for r in results)
     assert trials >= 20
     for i, r in enumerate(results):
         assert r["summary"]["model_sha256"] == reference["model_sha256"], r["log"]
         assert r["summary"]["steps_run"] == reference["steps_run"]
         metrics = (tmp_path / f"chain{i}" / "metrics.jsonl").read_text().splitlines()
-        assert [json.loads(line)["epoch"] for line in metrics] == [1, 2]  # none twice
+        assert [json.loads(line)["epoch"] for line in metrics] == list(range(1, 9))  # none twice
     # Some kills did land inside a save: those half-written checkpoints were skipped with a
     # warning and kept aside, never loaded and never deleted.
     half_written = sum(r["half_written"] for r in results)
