@@ -92,8 +92,14 @@ def test_signal_to_one_rank_stops_both_at_the_same_step(strategy, references, tm
     assert resumed["model_sha256"] == references(strategy)["model_sha256"]
 
 
-def test_torchrun_max_restarts_brings_a_killed_rank_back_from_the_checkpoint(
-        references, tmp_path):
+# Gloo's mesh set-up between two processes on one host sometimes fails with "Connection
+# refused" under torchrun's restart (seen 2 times in ~10 runs on a 2-core machine; the
+# same error, not this project's code). Only that error earns a second, fresh attempt.
+GLOO_MESH_RACE = "Gloo connectFullMesh failed"
+
+
+def run_with_one_self_killing_rank(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out, marker = tmp_path / "run", tmp_path / "died"
     env = {**clean_env(), "DIE_ONCE_MARKER": str(marker), "DIE_AT_STEP": "3",
            "OMP_NUM_THREADS": "1"}
@@ -101,6 +107,14 @@ def test_torchrun_max_restarts_brings_a_killed_rank_back_from_the_checkpoint(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "--max-restarts=1", str(DIE_ONCE), *ARGS, "--checkpoint-every", "2",
          "--output-dir", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    return done, out, marker
+
+
+def test_torchrun_max_restarts_brings_a_killed_rank_back_from_the_checkpoint(
+        references, tmp_path):
+    done, out, marker = run_with_one_self_killing_rank(tmp_path / "first")
+    if done.returncode != 0 and GLOO_MESH_RACE in done.stdout + done.stderr:
+        done, out, marker = run_with_one_self_killing_rank(tmp_path / "second")
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     assert marker.exists(), "rank 1 never killed itself: the test proved nothing"
