@@ -106,7 +106,9 @@ def run_with_one_self_killing_rank(tmp_path: Path) -> tuple[subprocess.Completed
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "--max-restarts=1", str(DIE_ONCE), *ARGS, "--checkpoint-every", "2",
-         "--output-dir", str(out)], capture_output=True, text=True, timeout=600, env=env)
+         # A short process-group timeout: a refused gloo mesh fails fast instead of hanging.
+         "--dist-timeout", "60", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=600, env=env)
     return done, out, marker
 
 
