@@ -12,18 +12,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from workload.files import unwritable_reason
+
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR",
                    "TORCH_HOME", "CUDA_CACHE_PATH", "NUMBA_CACHE_DIR", "MPLCONFIGDIR",
                    "PIP_CACHE_DIR")
-
-
-def writable_dir(path: str | Path) -> bool:
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            return True
-    except OSError:
-        return False
 
 
 def private_cache_dir(variable: str) -> Path:
@@ -39,7 +32,7 @@ def ensure_writable_caches(env=os.environ) -> dict[str, str]:
     moved = {}
     for variable in CACHE_VARIABLES:
         path = env.get(variable)
-        if path and not writable_dir(path):
+        if path and unwritable_reason(path, create=True):
             private = private_cache_dir(variable)
             private.mkdir(parents=True, exist_ok=True, mode=0o700)
             env[variable] = moved[variable] = str(private)

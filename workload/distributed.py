@@ -170,10 +170,30 @@ def describe(info: DistInfo, strategy: str, lr_scaling: str, lr: float,
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under a DDP wrapper (FSDP2 shards in place, no wrapper)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    """The user's module inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers
+    (FSDP2 shards in place, no wrapper)."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A whole parameter or buffer: gathers FSDP2's DTensor shards (a collective)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+def gather_objects(mine: dict, world_size: int) -> list[dict]:
+    """Every rank's `mine` (tensors moved to the CPU first), in rank order; a collective."""
+    mine = _to_cpu(mine)
+    if world_size == 1 or not dist.is_initialized():
+        return [mine]
+    gathered: list[dict | None] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value

@@ -5,6 +5,7 @@ from typing import Callable
 import torch.nn as nn
 import torchvision
 
+from workload.config import MODELS
 from workload.errors import UsageError
 
 
@@ -78,9 +79,6 @@ def small_image_resnet(builder: Callable[..., nn.Module], num_classes: int) -> n
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model
-
-
-MODELS = ("wrn", "resnet18", "resnet50")
 
 
 def build_model(name: str, num_classes: int, width: int = 160, blocks_per_stage: int = 2,

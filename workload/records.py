@@ -4,41 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from workload.distributed import unwrap
 from workload.errors import UsageError
+from workload.files import unwritable_reason
 
 
 def prepare_output_dir(path: str) -> Path:
     """Create the output directory and prove it is writable, or fail before any training."""
     out = Path(path).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-            pass
-    except OSError as error:
-        raise UsageError(f"--output-dir {path} is not a writable directory ({error.strerror}); "
-                         "pass a folder you can write to, e.g. --output-dir $SCRATCH/runs/x"
-                         ) from None
+    problem = unwritable_reason(out, create=True)
+    if problem:
+        raise UsageError(f"--output-dir {path} is not a writable directory ({problem}); "
+                         "pass a folder you can write to, e.g. --output-dir $SCRATCH/runs/x")
     return out
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write through a temporary file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def model_sha256(model: nn.Module) -> str:
@@ -54,15 +37,6 @@ def model_sha256(model: nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
 
 
 def _package_version(name: str) -> str | None:

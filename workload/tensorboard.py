@@ -7,22 +7,13 @@ Rank 0 writes them into <output-dir>/tensorboard; view them with
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from pathlib import Path
 
-from workload.errors import UsageError
 
 # metrics.jsonl field -> TensorBoard tag
 TAGS = {"train_loss": "loss/train", "test_loss": "loss/test", "accuracy": "accuracy/test",
         "images_per_second": "throughput/images_per_second", "lr": "lr",
         "epoch_time_s": "time/epoch_s"}
-
-
-def require_tensorboard() -> None:
-    """Fail before any work when --tensorboard is asked for but cannot write."""
-    if importlib.util.find_spec("tensorboard") is None:
-        raise UsageError("--tensorboard needs the tensorboard package, which is not "
-                         "installed; pip install 'hpc-train[report]' or leave out --tensorboard")
 
 
 class Board:

@@ -28,66 +28,46 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
+from workload.bench import flags
+from workload.commands import command_parser, run_command
+from workload.config import build_config
 
-from workload import distributed
-from workload.bench import input as input_bench
-from workload.bench import train as train_bench
-from workload.errors import UsageError, exit_with_usage_error
-from workload.logs import setup_logging
-from workload.train import add_data_arguments, add_hardware_arguments, add_model_arguments
-
-BENCH_DEFAULTS = dict(dataset="synthetic", synthetic_size=10_000)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    add_data_arguments(p)
-    add_hardware_arguments(p)
-    p.add_argument("--batch-size", type=int, help="images per batch (input: 256)")
-    p.add_argument("--seed", type=int, help="data order and augmentation seed (0)")
-    p.add_argument("--json", help="write the results and the fingerprint to this file")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads for every run (0 = torch's default)")
-    p.set_defaults(**BENCH_DEFAULTS)
+PROG = "bench"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[2:]))
+    p = command_parser(PROG, __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     inp = sub.add_parser("input", help="images/s of the data backends and the reference")
-    _common(inp)
-    input_bench.add_arguments(inp)
+    flags.add_common(inp)
+    flags.add_input(inp)
     trn = sub.add_parser("train", help="training images/s, FLOPs, share of peak")
-    _common(trn)
-    add_model_arguments(trn)
-    train_bench.add_arguments(trn)
+    flags.add_common(trn)
+    flags.add_train(trn)
     return p
 
 
-def set_threads(count: int) -> None:
+def bench(args: dict) -> dict:
+    flags.check(args)
+    build_config({**args, **flags.BENCH_FIXED})  # train's flags, validated before torch
+    import torch
+
+    from workload.bench import input as input_bench
+    from workload.bench import train as train_bench
+    from workload.logs import setup_logging
+
+    setup_logging(0)
     # On a shared, busy CPU, fewer threads than cores can be much faster: parallel regions
     # wait for their slowest thread. One setting for every run keeps the comparison fair.
-    if count < 0:
-        raise UsageError(f"--threads must be 0 (torch's default) or more, got {count}")
-    if count:
-        torch.set_num_threads(count)
+    if threads := args.pop("threads"):
+        torch.set_num_threads(threads)
+    command = args.pop("command")
+    return (input_bench if command == "input" else train_bench).run(args)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = vars(build_parser().parse_args(argv))
-    setup_logging(0)
-    try:
-        set_threads(args.pop("threads"))
-        if args.pop("command") == "input":
-            input_bench.run(args)
-        else:
-            train_bench.run(args)
-    except UsageError as error:
-        exit_with_usage_error("bench", error)
-    finally:
-        distributed.teardown()
+    run_command(PROG, lambda: bench(args))
 
 
 if __name__ == "__main__":

@@ -9,19 +9,17 @@ from pathlib import Path
 import torch
 
 from workload.bench.fingerprint import fingerprint
+from workload.bench.flags import BENCH_FIXED
 from workload.config import TrainConfig, build_config
 from workload.distributed import resolve_device
-from workload.records import write_json
-from workload.trainer import sync
-
-# Settings that make no sense for a benchmark: no early stop, no output folder.
-BENCH_FIXED = dict(epochs=1_000_000, output_dir="bench-unused")
+from workload.files import write_json
+from workload.training.trainer import sync
 
 
 def config_from(args: dict, **overrides) -> TrainConfig:
     """A validated TrainConfig from bench's flags (None = not given), like `train` builds it."""
     given = {**args, **BENCH_FIXED, **overrides}
-    device = resolve_device(given.get("device") or TrainConfig.device)
+    device = resolve_device(given.get("device") or TrainConfig().hardware.device)
     return build_config(given, device.type)
 
 

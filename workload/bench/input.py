@@ -3,8 +3,6 @@ per-sample pipeline, on the same data in one process, runs alternating."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import itertools
 
 import torch
@@ -17,14 +15,6 @@ from workload.distributed import resolve_device
 from workload.errors import UsageError
 
 REFERENCE = "reference"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backends", help="comma-separated backends to measure (default: every "
-                                      "available one and the reference)")
-    p.add_argument("--batches", type=int, default=20, help="timed batches per run (20)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="runs per backend, alternating between backends (3); the median counts")
 
 
 def chosen_backends(requested: str | None, dataset: str) -> list[str]:
@@ -46,8 +36,8 @@ def chosen_backends(requested: str | None, dataset: str) -> list[str]:
 def build_loader(name: str, cfg, device: torch.device):
     if name == REFERENCE:
         split = read_in_memory(DataRequest(cfg, device))
-        return ReferenceLoader(split.train, split.mean, split.std, cfg.batch_size, device)
-    return build_data(dataclasses.replace(cfg, data_backend=name), device).train
+        return ReferenceLoader(split.train, split.mean, split.std, cfg.training.batch_size, device)
+    return build_data(cfg.replace(data_backend=name), device).train
 
 
 def endless(loader, first_epoch: int):
@@ -73,12 +63,9 @@ def measure(loader, device: torch.device, batches: int, round_index: int) -> flo
 
 
 def run(args: dict) -> dict:
-    for flag in ("batches", "rounds"):
-        if args[flag] < 1:
-            raise UsageError(f"--{flag} must be 1 or more, got {args[flag]}")
     cfg = config_from(args, batch_size=args.get("batch_size") or 256)
-    device = resolve_device(cfg.device)
-    names = chosen_backends(args.get("backends"), cfg.dataset)
+    device = resolve_device(cfg.hardware.device)
+    names = chosen_backends(args.get("backends"), cfg.data.dataset)
     loaders = {name: build_loader(name, cfg, device) for name in names}
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args["rounds"]):
@@ -92,8 +79,8 @@ def run(args: dict) -> dict:
                 [[n, r["images_per_second"], r["vs_reference"],
                   " ".join(f"{x:,.0f}" for x in r["runs_images_per_second"])]
                  for n, r in results.items()])
-    settings = dict(dataset=cfg.dataset, batch_size=cfg.batch_size, device=str(device),
-                    batches=args["batches"], rounds=args["rounds"], image_size=cfg.image_size,
+    settings = dict(dataset=cfg.data.dataset, batch_size=cfg.training.batch_size, device=str(device),
+                    batches=args["batches"], rounds=args["rounds"], image_size=cfg.data.image_size,
                     torch_threads=torch.get_num_threads())
     write_report(args.get("json"), "input", settings, results)
     return results

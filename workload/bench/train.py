@@ -4,7 +4,6 @@ loop against the optimised one (and what --compile adds) side by side in one run
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 
@@ -13,6 +12,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from workload import distributed
+from workload.bench.flags import parse_sizes
 from workload.bench.common import config_from, print_table, summarise, timed, write_report
 from workload.bench.input import endless
 from workload.bench.reference import ReferenceLoader, reference_step
@@ -20,8 +20,9 @@ from workload.data import build_data
 from workload.data.backends import NATURAL_IMAGE_SIZE, DataRequest, read_in_memory
 from workload.errors import UsageError
 from workload.models import build_model
-from workload.precision import configure_cudnn, configure_tf32, grad_scaler, resolve_precision
-from workload.trainer import Trainer, TrainState, build_optimizer, build_schedule
+from workload.precision import configure_cudnn, configure_tf32, resolve_precision
+from workload.training.build import build_state, place_model
+from workload.training.trainer import Trainer
 
 # Dense (no sparsity) datasheet peaks in TFLOP/s of the SXM parts; GH200 and H200 carry the
 # H100's tensor cores. Matched by substring in this order. These are NVIDIA's numbers,
@@ -34,21 +35,6 @@ DATASHEET_PEAK_TFLOPS = (
     ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
 )
 DEFAULT_MODELS = ("resnet18", "wrn")
-DEFAULT_BATCH_SIZES = "32,64,128,256"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-sizes", default=DEFAULT_BATCH_SIZES,
-                   help=f"comma-separated per-device batch sizes ({DEFAULT_BATCH_SIZES})")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per run (10)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="steps before timing starts, compilation included (2)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="runs per configuration, alternating between them (1); median counts")
-    p.add_argument("--versus-reference", action="store_true",
-                   help="the reference loop (fp32, NCHW, per-sample pipeline) against the "
-                        "optimised one at --model/--batch-size (wrn, 64), side by side; "
-                        "with --compile also the optimised one compiled")
 
 
 @dataclasses.dataclass
@@ -75,8 +61,8 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[str, float] | Non
 
 def flops_per_image(cfg, num_classes: int, image_size: int) -> float:
     """Forward and backward FLOPs of one image, counted on the meta device (no compute)."""
-    model = build_model(cfg.model, num_classes, cfg.width, cfg.blocks_per_stage,
-                        cfg.dropout).to("meta")
+    m = cfg.model
+    model = build_model(m.name, num_classes, m.width, m.blocks_per_stage, m.dropout).to("meta")
     images = torch.empty(2, 3, image_size, image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         model(images).sum().backward()
@@ -88,30 +74,23 @@ class Runner:
 
     def __init__(self, spec: Spec, base_cfg, info: distributed.DistInfo):
         self.spec, self.info, self.device = spec, info, info.device
-        cfg = dataclasses.replace(base_cfg, model=spec.model, batch_size=spec.batch_size,
-                                  precision=spec.precision, channels_last=spec.channels_last,
-                                  compile=spec.compile)
-        self.cfg, self.precision = cfg, resolve_precision(cfg.precision, info.device)
+        cfg = base_cfg.replace(model=spec.model, batch_size=spec.batch_size,
+                               precision=spec.precision, channels_last=spec.channels_last,
+                               compile=spec.compile)
+        self.cfg, self.precision = cfg, resolve_precision(spec.precision, info.device)
         if spec.reference:
             self._build_reference(cfg)
         else:
             self._build_optimised(cfg)
         self.stream = endless(self.loader, 0)
 
-    def _model(self, num_classes: int) -> nn.Module:
-        model = build_model(self.cfg.model, num_classes, self.cfg.width,
-                            self.cfg.blocks_per_stage, self.cfg.dropout).to(self.device)
-        if self.cfg.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        return distributed.wrap_model(model, self.info, self.cfg.strategy)
-
     def _build_reference(self, cfg) -> None:
         split = read_in_memory(DataRequest(cfg, self.device))
-        self.loader = ReferenceLoader(split.train, split.mean, split.std, cfg.batch_size,
-                                      self.device)
+        self.loader = ReferenceLoader(split.train, split.mean, split.std,
+                                      cfg.training.batch_size, self.device)
         self.num_classes = split.train.num_classes
-        model = self._model(self.num_classes)
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_lr)  # the guide's
+        model = place_model(cfg, self.info, self.num_classes)
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.training.base_lr)  # the guide's
         loss_fn = nn.CrossEntropyLoss()
         self.step = lambda images, labels: reference_step(model, optimizer, loss_fn,
                                                           images, labels)
@@ -120,12 +99,7 @@ class Runner:
         data = build_data(cfg, self.device, self.info.rank, self.info.world_size,
                           self.info.local_world_size)
         self.loader, self.num_classes, self.backend = data.train, data.num_classes, data.backend
-        model = self._model(self.num_classes)
-        optimizer = build_optimizer(model, cfg, self.device)
-        state = TrainState(model, optimizer, build_schedule(optimizer, cfg, len(data.train)),
-                           grad_scaler(self.precision, self.device))
-        if cfg.compile:
-            state.model = torch.compile(model)
+        state = build_state(cfg, self.info, self.num_classes, len(data.train), self.precision)
         self.step = Trainer(cfg, self.info, state, data, self.precision).train_step
 
     def steps(self, count: int) -> tuple[int, float]:
@@ -145,7 +119,7 @@ class Runner:
 
 
 def specs_for(args: dict, cfg, device: torch.device) -> list[Spec]:
-    precision = args.get("precision") or cfg.precision
+    precision = args.get("precision") or cfg.hardware.precision
     if args.get("versus_reference"):
         model, batch = args.get("model") or "wrn", args.get("batch_size") or 64
         opt_precision = precision if args.get("precision") else "bf16"
@@ -158,25 +132,9 @@ def specs_for(args: dict, cfg, device: torch.device) -> list[Spec]:
         return specs
     models = [args["model"]] if args.get("model") else list(DEFAULT_MODELS)
     sizes = parse_sizes(args["batch_sizes"]) if not args.get("batch_size") else [args["batch_size"]]
-    return [Spec(f"{m}-bs{b}", m, b, precision, cfg.channels_last, bool(cfg.compile))
+    hw = cfg.hardware
+    return [Spec(f"{m}-bs{b}", m, b, precision, hw.channels_last, hw.compile)
             for m in models for b in sizes]
-
-
-def parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--batch-sizes {text!r} is not a list of positive integers; "
-                         "pass e.g. --batch-sizes 32,64,128,256")
-    return sizes
-
-
-def check_counts(args: dict) -> None:
-    for flag, least in (("steps", 1), ("warmup", 1), ("rounds", 1)):
-        if args[flag] < least:
-            raise UsageError(f"--{flag} must be {least} or more, got {args[flag]}")
 
 
 def result_for(runner: Runner, warm: tuple[int, float], runs: list[tuple[int, float]],
@@ -204,7 +162,6 @@ def result_for(runner: Runner, warm: tuple[int, float], runs: list[tuple[int, fl
 
 
 def run(args: dict) -> dict:
-    check_counts(args)
     info = distributed.init_distributed(args.get("device") or "auto")
     cfg = config_from(args)
     configure_cudnn(info.device)
@@ -219,8 +176,8 @@ def run(args: dict) -> dict:
             if info.is_main:  # progress: a long CPU run should show it is alive
                 print(f"bench: round {round_index + 1}/{args['rounds']} {runner.spec.name}: "
                       f"{images / seconds:,.1f} images/s", flush=True)
-    image_size = cfg.image_size or NATURAL_IMAGE_SIZE[cfg.dataset]
-    flops = {m: flops_per_image(dataclasses.replace(cfg, model=m), runners[0].num_classes,
+    image_size = cfg.data.image_size or NATURAL_IMAGE_SIZE[cfg.data.dataset]
+    flops = {m: flops_per_image(cfg.replace(model=m), runners[0].num_classes,
                                 image_size) for m in {s.model for s in specs}}
     results = {r.spec.name: result_for(r, warm[r.spec.name], runs[r.spec.name],
                                        flops[r.spec.model], info) for r in runners}
@@ -240,7 +197,7 @@ def report(results: dict, args: dict, cfg, info) -> None:
           r["images_per_second_total"], r["vs_reference"], r["flops_per_image"] / 1e9,
           r["achieved_tflops"], None if r["peak"] is None else 100 * r["peak"]["share"],
           r.get("compile_s")] for name, r in results.items()])
-    settings = dict(dataset=cfg.dataset, device=str(info.device), world_size=info.world_size,
+    settings = dict(dataset=cfg.data.dataset, device=str(info.device), world_size=info.world_size,
                     steps=args["steps"], warmup=args["warmup"], rounds=args["rounds"],
                     torch_threads=torch.get_num_threads(),
                     peak_note="share of the NVIDIA datasheet dense peak, not a measured peak")

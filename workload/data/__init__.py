@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from workload.config import DATA_BACKENDS
+from workload.config import DATA_BACKENDS, TrainConfig
 from workload.data.backends import (NATURAL_IMAGE_SIZE, DataBundle, DataRequest, available,
                                     choose)
 
 
-def build_data(cfg, device: torch.device, rank: int = 0, world_size: int = 1,
+def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,
                local_world_size: int = 1) -> DataBundle:
-    name, reason = choose(cfg.data_backend, cfg.dataset, device)
+    name, reason = choose(cfg.data.data_backend, cfg.data.dataset, device)
     req = DataRequest(cfg, device, rank, world_size, local_world_size)
     train, test, num_classes, num_train = available()[name](req)
     if name == "torch":

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from workload.config import TrainConfig
 from workload.data.augment import Normalizer
 from workload.data.datasets import SplitDataset, load_cifar100, load_digits, load_synthetic
 from workload.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, load_imagefolder
@@ -37,7 +38,7 @@ class DataBundle:
 @dataclass
 class DataRequest:
     """What every backend builder needs: the config and where this process sits."""
-    cfg: object
+    cfg: TrainConfig
     device: torch.device
     rank: int = 0
     world_size: int = 1
@@ -45,15 +46,16 @@ class DataRequest:
 
     @property
     def image_size(self) -> int:
-        return self.cfg.image_size or NATURAL_IMAGE_SIZE[self.cfg.dataset]
+        return self.cfg.data.image_size or NATURAL_IMAGE_SIZE[self.cfg.data.dataset]
 
     @property
     def shard(self) -> dict:
-        return dict(seed=self.cfg.seed, rank=self.rank, world_size=self.world_size)
+        return dict(seed=self.cfg.training.seed, rank=self.rank, world_size=self.world_size)
 
     @property
     def workers(self) -> int:
-        return self.cfg.workers if self.cfg.workers >= 0 else default_workers(self.local_world_size)
+        workers = self.cfg.data.workers
+        return workers if workers >= 0 else default_workers(self.local_world_size)
 
 
 Builder = Callable[[DataRequest], tuple[object, object, int, int]]
@@ -70,52 +72,53 @@ def register(name: str):
 
 def read_in_memory(req: DataRequest) -> SplitDataset:
     cfg = req.cfg
-    if cfg.dataset == "cifar100":
-        return load_cifar100(cfg.data_dir, cfg.download)
-    if cfg.dataset == "digits":
+    if cfg.data.dataset == "cifar100":
+        return load_cifar100(cfg.data.data_dir, cfg.data.download)
+    if cfg.data.dataset == "digits":
         return load_digits(req.image_size)
-    return load_synthetic(cfg.synthetic_size, req.image_size, cfg.num_classes)
+    return load_synthetic(cfg.data.synthetic_size, req.image_size, cfg.data.num_classes)
 
 
 def _normalizer(req: DataRequest, split: SplitDataset | None) -> Normalizer:
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if split is None else (split.mean, split.std)
-    return Normalizer(mean, std, req.device, req.cfg.channels_last)
+    return Normalizer(mean, std, req.device, req.cfg.hardware.channels_last)
 
 
 @register("device")
 def build_device(req: DataRequest):
     split = read_in_memory(req)
-    make = lambda data, train: DeviceLoader(data, req.cfg.batch_size, req.device,
+    make = lambda data, train: DeviceLoader(data, req.cfg.training.batch_size, req.device,
                                             _normalizer(req, split), train=train, **req.shard)
     return make(split.train, True), make(split.test, False), split.train.num_classes, len(split.train)
 
 
 @register("torch")
 def build_torch(req: DataRequest):
-    if req.cfg.dataset == "imagefolder":
-        train, test = load_imagefolder(req.cfg.data_dir, req.image_size)
+    if req.cfg.data.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         normalizer, classes = _normalizer(req, None), len(train.classes)
     else:
         split = read_in_memory(req)
         train, test = ArrayImages(split.train, train=True), ArrayImages(split.test, train=False)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
-    make = lambda data, is_train: TorchLoader(data, req.cfg.batch_size, req.device, normalizer,
-                                              train=is_train, workers=req.workers, **req.shard)
+    make = lambda data, is_train: TorchLoader(data, req.cfg.training.batch_size, req.device,
+                                              normalizer, train=is_train, workers=req.workers,
+                                              **req.shard)
     return make(train, True), make(test, False), classes, len(train)
 
 
 def build_dali(req: DataRequest):
     from workload.data import dali
 
-    if req.cfg.dataset == "imagefolder":
-        train, test = load_imagefolder(req.cfg.data_dir, req.image_size)
+    if req.cfg.data.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
         normalizer, classes = _normalizer(req, None), len(train.classes)
     else:
         split = read_in_memory(req)
         sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
-    loaders = dali.build_loaders(*sources, req.cfg.batch_size, req.device, normalizer,
+    loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
                                  max(1, req.workers), **req.shard)
     return (*loaders, classes, len(sources[0].labels))
 

@@ -35,6 +35,7 @@ from workload.doctor import fabric, local, ranks
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding, worst
 from workload.doctor.output import print_report, write_json_report
 from workload.errors import UsageError, exit_with_usage_error
+from workload.files import unwritable_reason
 
 EXIT_FAILED = 1
 
@@ -67,7 +68,7 @@ def check_flags(args) -> None:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be more than 0 seconds, got {args.timeout}; "
                          "pass e.g. --timeout 120")
-    if args.json and local.writable(str(Path(args.json).parent)):
+    if args.json and unwritable_reason(Path(args.json).parent):
         raise UsageError(f"--json {args.json}: cannot write into "
                          f"{Path(args.json).parent}; pass a path in a folder you can write to")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from workload.files import unwritable_reason
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 
 SHM_MIN_BYTES = 1 << 30  # below 1 GiB, DataLoader workers and NCCL's SHM transport fail
@@ -179,25 +180,8 @@ def cache_dirs() -> dict[str, str]:
     }
 
 
-def writable(path: str) -> str | None:
-    """None when a file can be created at `path` (or in its nearest existing parent), else why.
-
-    A real file is created and removed: os.access() says yes on read-only bind mounts.
-    """
-    folder = Path(path).expanduser().absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is not a folder"
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-write-test-"):
-            return None
-    except OSError as error:
-        return f"{folder}: {error.strerror}"
-
-
 def output_dir_check(path: str) -> Finding:
-    problem = writable(path)
+    problem = unwritable_reason(path)
     if problem:
         return Finding("output-dir", FAIL, f"{path} is not writable ({problem})",
                        "pass train --output-dir a folder you can write to, e.g. "
@@ -213,7 +197,7 @@ FATAL_CACHES = {"TORCHINDUCTOR_CACHE_DIR"}
 def cache_checks() -> list[Finding]:
     found = []
     for variable, path in cache_dirs().items():
-        problem = writable(path)
+        problem = unwritable_reason(path)
         if problem:
             status = FAIL if variable in FATAL_CACHES else WARN
             found.append(Finding("cache", status, f"{variable} {path} is not writable ({problem})",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from workload.doctor.findings import FAIL, OK, SEVERITY, WARN, worst
 from workload.doctor.ranks import cpu_ranges
-from workload.records import write_json
+from workload.files import write_json
 
 COLUMNS = (("rank", "rank"), ("node", "node"), ("local", "local_rank"), ("device", "device"),
            ("name", "device_name"), ("cpus", "cpus"), ("threads", "threads"), ("pid", "pid"))

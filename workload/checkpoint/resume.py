@@ -1,27 +1,24 @@
-"""Resume and periodic checkpoints: which checkpoint a run continues from, and when it saves.
+"""Resume: which checkpoint a run continues from.
 
 `prepare` runs before training (--resume never / --overwrite), `resume` loads the newest
-complete, verified checkpoint (all ranks agree on its step first), and `Checkpointer` saves
-every N steps or T seconds, at every epoch end, and once when preempted.
+complete, verified checkpoint (all ranks agree on its step first); a bad one is moved
+aside and the one before is tried.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import torch
 
 from workload import distributed
-from workload.checkpoint import (CorruptCheckpoint, Snapshot, checkpoints_dir, complete_steps,
-                                 move_aside, parse_every, read_checkpoint, restore,
-                                 save_checkpoint, step_name, take_snapshot)
-from workload.checkpoint_sharded import is_sharded
+from workload.checkpoint.snapshot import read_checkpoint, restore
+from workload.checkpoint.store import (CorruptCheckpoint, Snapshot, checkpoints_dir,
+                                       complete_steps, move_aside, step_name)
 from workload.errors import UsageError
 from workload.logs import logger
-from workload.preemption import Preempted, PreemptionFlag, agree, request_requeue
 
 # Settings a resumed run may change: where things are, how long to train, how to checkpoint.
 # Any other difference from the checkpoint's config means another run's checkpoints.
@@ -35,9 +32,9 @@ MAY_CHANGE_ON_RESUME = {
 def prepare(cfg, out: Path, is_main: bool) -> None:
     """--resume never: refuse an output directory holding checkpoints, unless --overwrite."""
     root = checkpoints_dir(out)
-    if cfg.resume != "never" or not (root.is_dir() and any(root.iterdir())):
+    if cfg.checkpoint.resume != "never" or not (root.is_dir() and any(root.iterdir())):
         return
-    if not cfg.overwrite:
+    if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
                          "never would start another run over them; pass --resume auto to "
                          "continue that run, a new --output-dir, or --overwrite to replace it")
@@ -50,10 +47,10 @@ def prepare(cfg, out: Path, is_main: bool) -> None:
 
 def resume(cfg, info, state, out: Path) -> None:
     """Load the checkpoint this run continues from, if there is one."""
-    if cfg.resume == "never":
+    if cfg.checkpoint.resume == "never":
         return
-    explicit = cfg.resume != "auto"
-    snapshot, path = None, Path(cfg.resume) if explicit else None
+    explicit = cfg.checkpoint.resume != "auto"
+    snapshot, path = None, Path(cfg.checkpoint.resume) if explicit else None
     if not explicit:
         if info.is_main:
             snapshot = newest_loadable(checkpoints_dir(out), info.device)
@@ -130,43 +127,3 @@ def trim_metrics(path: Path, epochs_done: int) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(kept))
         tmp.replace(path)
-
-
-class Checkpointer:
-    """Saves every N steps or T seconds, at each epoch end, and once on preemption."""
-
-    def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
-                 flag: PreemptionFlag):
-        self.cfg, self.info, self.state, self.flag = cfg, info, state, flag
-        self.every_steps, self.every_s = parse_every(cfg.checkpoint_every)
-        self.root, self.batches_per_epoch = checkpoints_dir(out), batches_per_epoch
-        self.last_save = time.monotonic()
-
-    def after_step(self) -> None:
-        state = self.state
-        due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
-        due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
-        preempt = self.flag.is_set()
-        if self.info.world_size > 1:  # one collective: every rank takes the same decision
-            preempt, due_time = agree([preempt, due_time], self.info.device)
-        if preempt:
-            self.save("preemption")
-            why = self.flag.signal_name or "a signal to another rank"
-            request_requeue(state.step, why)  # every rank, before any of them exits
-            raise Preempted(state.step, why)
-        # The epoch's last batch is followed by the epoch-end save: no need for two.
-        if (due_steps or due_time) and state.batch < self.batches_per_epoch:
-            self.save("periodic")
-
-    def after_epoch(self) -> None:
-        self.save("epoch end")
-
-    def save(self, why: str) -> None:
-        started = time.perf_counter()
-        sharded = is_sharded(self.state.model)
-        snapshot = take_snapshot(self.state, self.cfg, self.info.world_size, sharded)
-        path = save_checkpoint(self.root, snapshot, self.cfg.keep_checkpoints,
-                               self.info.is_main, self.state if sharded else None)
-        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} "
-                    f"in {time.perf_counter() - started:.2f}s")
-        self.last_save = time.monotonic()

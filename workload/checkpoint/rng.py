@@ -11,7 +11,8 @@ import random
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from workload.distributed import gather_objects
 
 
 def local_states() -> dict:
@@ -43,24 +44,4 @@ def set_states(states: dict) -> None:
 
 def gather_states(world_size: int) -> list[dict]:
     """Every rank's states, in rank order (a collective: all ranks must call it)."""
-    return gather(local_states(), world_size)
-
-
-def gather(mine: dict, world_size: int) -> list[dict]:
-    """Every rank's `mine` (tensors moved to the CPU first), in rank order; a collective."""
-    mine = _to_cpu(mine)
-    if world_size == 1 or not dist.is_initialized():
-        return [mine]
-    gathered: list[dict | None] = [None] * world_size
-    dist.all_gather_object(gathered, mine)
-    return gathered
-
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    return value
+    return gather_objects(local_states(), world_size)

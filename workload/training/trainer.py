@@ -1,4 +1,5 @@
-"""The training loop: optimizer, schedule, one epoch, evaluation, early stopping.
+"""The training loop: epochs of steps, evaluation, early stopping, and the hooks that
+checkpointing and logging attach to (passed in, called after every step and epoch).
 
 No host synchronisation inside a step: losses are summed on the device and read once per
 epoch; the clock is read after a device synchronisation at the timing boundaries only.
@@ -6,7 +7,6 @@ epoch; the clock is read after a device synchronisation at the timing boundaries
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,35 +18,7 @@ from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.logs import Progress, logger
-from workload.precision import autocast, grad_scaler
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
-    # One fused kernel per step on GPUs; the multi-tensor (foreach) path on the CPU.
-    fused = device.type == "cuda"
-    return torch.optim.SGD(model.parameters(), lr=cfg.base_lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, fused=fused or None,
-                           foreach=None if fused else True)
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Linear warm-up to 1, then cosine decay to 0 at `total_steps`."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
-    total = planned_steps(cfg, steps_per_epoch)
-    warmup = min(total, round(cfg.warmup_epochs * steps_per_epoch))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup, total))
-
-
-def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
-    total = cfg.epochs * steps_per_epoch
-    return min(total, cfg.max_steps) if cfg.max_steps else total
+from workload.precision import autocast
 
 
 def sync(device: torch.device) -> None:
@@ -81,14 +53,29 @@ class EpochStats:
         return self.timed_images / self.timed_seconds if self.timed_seconds > 0 else 0.0
 
 
+@dataclass
+class Hooks:
+    """What runs beside the loop: after every optimizer step (checkpoints, preemption) and
+    after every epoch, with the epoch's record (logs, metrics.jsonl, TensorBoard, the
+    epoch-end checkpoint), in list order."""
+    after_step: list[Callable[[], None]] = field(default_factory=list)
+    after_epoch: list[Callable[[dict], None]] = field(default_factory=list)
+
+
+def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: float,
+                 lr: float) -> dict:
+    """One line of metrics.jsonl."""
+    return dict(epoch=epoch + 1, train_loss=stats.train_loss, test_loss=test_loss,
+                accuracy=accuracy, epoch_time_s=stats.epoch_time_s,
+                images_per_second=stats.images_per_second, steps=stats.steps, lr=lr)
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, info: DistInfo, state: TrainState, data, precision: str):
+    def __init__(self, cfg: TrainConfig, info: DistInfo, state: TrainState, data,
+                 precision: str, hooks: Hooks | None = None):
         self.cfg, self.info, self.state, self.data = cfg, info, state, data
-        self.precision = precision
-        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-        self.total_steps = planned_steps(cfg, len(data.train))
-        # Called after every optimizer step (checkpoints, preemption; see workload/resume.py).
-        self.after_step: Callable[[], None] | None = None
+        self.precision, self.hooks = precision, hooks or Hooks()
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state = self.state
@@ -116,8 +103,8 @@ class Trainer:
             loss_sum += self.train_step(images, labels)
             steps += 1
             state.batch = batch
-            if self.after_step:
-                self.after_step()
+            for hook in self.hooks.after_step:
+                hook()
             if state.step == 1:  # the run's first step: warm-up (and compilation) time
                 sync(device)
                 t_window = time.perf_counter()
@@ -149,9 +136,41 @@ class Trainer:
         return correct / max(1, count), loss_sum / max(1, count)
 
     def done_stepping(self) -> bool:
-        return bool(self.cfg.max_steps) and self.state.step >= self.cfg.max_steps
+        limit = self.cfg.training.max_steps
+        return bool(limit) and self.state.step >= limit
 
     def reached_target(self) -> bool:
         """The reference's rule: the last `patience` epochs all at or above the target."""
-        recent = self.state.accuracies[-self.cfg.patience:]
-        return len(recent) == self.cfg.patience and min(recent) >= self.cfg.target_accuracy
+        t = self.cfg.training
+        recent = self.state.accuracies[-t.patience:]
+        return len(recent) == t.patience and min(recent) >= t.target_accuracy
+
+    def fit(self) -> dict:
+        """Train epoch by epoch until the epochs, the step limit or the early-stop rule
+        ends it; the summary of the training part of the run."""
+        cfg, state = self.cfg.training, self.state
+        timed_images, timed_seconds, first_step_s, stopped_early = 0, 0.0, None, False
+        while state.epoch < cfg.epochs and not self.done_stepping():
+            stats = self.train_epoch(state.epoch, state.batch)
+            accuracy, test_loss = self.evaluate()
+            state.accuracies.append(accuracy)
+            record = epoch_record(state.epoch, stats, accuracy, test_loss,
+                                  state.schedule.get_last_lr()[0])
+            state.epoch, state.batch = state.epoch + 1, 0
+            timed_images += stats.timed_images
+            timed_seconds += stats.timed_seconds
+            first_step_s = first_step_s or stats.first_step_s
+            for hook in self.hooks.after_epoch:
+                hook(record)
+            if self.reached_target():
+                logger.info(f"target accuracy {cfg.target_accuracy} reached for "
+                            f"{cfg.patience} epochs: stopping after epoch {state.epoch}")
+                stopped_early = True
+                break
+        return dict(
+            final_accuracy=state.accuracies[-1] if state.accuracies else None,
+            best_accuracy=max(state.accuracies, default=None),
+            epochs_run=state.epoch, steps_run=state.step, stopped_early=stopped_early,
+            images_per_second=timed_images / timed_seconds if timed_seconds else 0.0,
+            first_step_s=first_step_s,
+        )

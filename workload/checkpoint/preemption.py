@@ -29,9 +29,6 @@ REQUEUE_EXIT_STATUS = 75
 # exit a moment later than the first, and torchrun reports any failed worker as 1.
 REQUEUE_FILE_ENV = "TRAIN_REQUEUE_FILE"
 
-# Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
-PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
-
 
 class Preempted(Exception):
     """Raised at a step boundary after the preemption checkpoint was written."""

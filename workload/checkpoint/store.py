@@ -23,7 +23,6 @@ no code in a checkpoint ever runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -34,12 +33,8 @@ from pathlib import Path
 
 import torch
 
-from workload import distributed, rng
-from workload.checkpoint_sharded import (METADATA, SHARDED_DIR, load_sharded,
-                                         read_metadata_safely, save_sharded)
-from workload.errors import UsageError
-from workload.logs import logger
-from workload.records import unwrap
+from workload.checkpoint.sharded import METADATA, SHARDED_DIR
+from workload.files import sha256_file
 
 MANIFEST = "MANIFEST.json"
 REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.json")
@@ -47,49 +42,10 @@ REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.js
 SHARDED_REQUIRED_FILES = (f"{SHARDED_DIR}/{METADATA}", "trainer.pt", "rng.pt", "config.json")
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class CorruptCheckpoint(Exception):
     """A checkpoint that is incomplete, altered or unsafe; the message says which file."""
-
-
-# --- flags ---------------------------------------------------------------------------------
-
-_UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
-def parse_every(text: str) -> tuple[int, float]:
-    """`--checkpoint-every`: "500" -> (500 steps, 0 s); "10m" -> (0 steps, 600 s); "0" -> off."""
-    match = re.fullmatch(r"\s*(\d+)\s*([smh]?)\s*", str(text))
-    if not match:
-        raise UsageError(f"--checkpoint-every {text!r} is neither a step count nor a duration; "
-                         "pass e.g. --checkpoint-every 500 (steps) or 10m (also 90s, 1h)")
-    number, unit = int(match.group(1)), match.group(2)
-    return (0, float(number * _UNITS[unit])) if unit else (number, 0.0)
-
-
-def check_checkpoint_flags(cfg) -> None:
-    """The checkpoint flags' part of TrainConfig.validate."""
-    refuse_unsafe_load_env()
-    parse_every(cfg.checkpoint_every)
-    if not (isinstance(cfg.keep_checkpoints, int) and cfg.keep_checkpoints >= 1):
-        raise UsageError(f"--keep-checkpoints must be 1 or more, got {cfg.keep_checkpoints!r}; "
-                         "pass e.g. --keep-checkpoints 3")
-    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_dir():
-        raise UsageError(f"--resume {cfg.resume} is not a checkpoint directory; pass auto, "
-                         "never, or a folder such as <output-dir>/checkpoints/step-000000120")
-    if cfg.overwrite and cfg.resume != "never":
-        raise UsageError("--overwrite replaces the checkpoints in the output directory and "
-                         f"only goes with --resume never (got --resume {cfg.resume})")
-
-
-def refuse_unsafe_load_env() -> None:
-    """torch.load ignores weights_only=True when this variable is set: refuse to start."""
-    value = os.environ.get(_UNSAFE_LOAD_ENV, "")
-    if value not in ("", "0"):
-        raise UsageError(f"{_UNSAFE_LOAD_ENV}={value} makes torch.load unpickle arbitrary "
-                         "code from checkpoint files; unset it (checkpoints here never need it)")
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -128,14 +84,6 @@ def _write_durably(path: Path, write) -> dict:
     return dict(bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _json_bytes(data: dict) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
@@ -172,41 +120,6 @@ class Snapshot:
     trainer: dict
     rng: list[dict]
     config: dict
-
-
-def take_snapshot(state, cfg, world_size: int, sharded: bool) -> Snapshot:
-    """A collective (the RNG states of every rank are gathered): all ranks call it."""
-    trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
-                   scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
-                   step=state.step, accuracies=list(state.accuracies), world_size=world_size)
-    if sharded:
-        # FSDP keeps buffers (BatchNorm statistics) per rank and DCP saves one copy of
-        # them: every rank's own are kept here so that each gets its own back.
-        buffers = {name: b for name, b in state.model.named_buffers()}
-        trainer["rank_buffers"] = rng.gather(buffers, world_size)
-        return Snapshot(None, None, trainer, rng.gather_states(world_size), cfg.to_dict())
-    return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
-                    rng.gather_states(world_size), cfg.to_dict())
-
-
-def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
-                    sharded_state=None) -> Path:
-    """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
-    rank writes into the same temporary folder first."""
-    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
-    if is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a run killed while saving this very step
-            move_aside(tmp, "incomplete")
-        tmp.mkdir()
-    if sharded_state is not None:
-        distributed.barrier()  # the folder exists before anyone writes into it
-        save_sharded(sharded_state.model, sharded_state.optimizer, tmp / SHARDED_DIR)
-    final = root / step_name(snapshot.trainer["step"])
-    if is_main:
-        finish_checkpoint(tmp, final, snapshot, keep)
-    distributed.barrier()  # the others wait until the checkpoint is complete
-    return final
 
 
 def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> None:
@@ -296,45 +209,3 @@ def safe_load(file: Path, device) -> object:
                                 f"(torch.load weights_only=True refused it: {first})") from None
 
 
-def read_checkpoint(path: Path, device) -> Snapshot:
-    """Verify and load every file of one checkpoint (tensors onto `device`); FSDP shards
-    are only checked here and read by every rank in `restore`."""
-    manifest = verify(path)
-    names = ["trainer.pt", "rng.pt"]
-    if manifest.get("sharded"):
-        try:
-            read_metadata_safely(path / SHARDED_DIR)
-        except Exception as error:  # UnsafeMetadata, UnpicklingError, EOFError, ...
-            raise CorruptCheckpoint(f"{path.name}/{SHARDED_DIR}/{METADATA} cannot be read "
-                                    f"safely: {error}") from None
-    else:
-        names = ["model.pt", "optimizer.pt", *names]
-    loaded = {name: safe_load(path / name, "cpu" if name == "rng.pt" else device)
-              for name in names}
-    config = json.loads((path / "config.json").read_text())
-    return Snapshot(loaded.get("model.pt"), loaded.get("optimizer.pt"), loaded["trainer.pt"],
-                    loaded["rng.pt"], config)
-
-
-def restore(snapshot: Snapshot, state, rank: int, world_size: int, path: Path) -> None:
-    """Put a loaded checkpoint into the live training state of this rank (a collective
-    for FSDP shards)."""
-    trainer = snapshot.trainer
-    if snapshot.model is None:
-        load_sharded(state.model, state.optimizer, path / SHARDED_DIR)
-        own = trainer["rank_buffers"][rank % len(trainer["rank_buffers"])]
-        with torch.no_grad():
-            for name, buffer in state.model.named_buffers():
-                buffer.copy_(own[name])
-    else:
-        unwrap(state.model).load_state_dict(snapshot.model)
-        state.optimizer.load_state_dict(snapshot.optimizer)
-    state.schedule.load_state_dict(trainer["schedule"])
-    state.scaler.load_state_dict(trainer["scaler"])
-    state.epoch, state.batch, state.step = trainer["epoch"], trainer["batch"], trainer["step"]
-    state.accuracies[:] = trainer["accuracies"]
-    if trainer["world_size"] != world_size:
-        logger.warning(f"the checkpoint was written by {trainer['world_size']} processes, this "
-                       f"run has {world_size}: training continues, but the data order from "
-                       "here differs from an uninterrupted run")
-    rng.set_states(snapshot.rng[rank % len(snapshot.rng)])

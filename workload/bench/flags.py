@@ -1,0 +1,70 @@
+"""`bench`'s own flags and their checks (standard library only: `bench --help` and a bad
+flag answer before torch is imported). The data, hardware and model flags are train's,
+generated from the config (workload.config.flags)."""
+
+from __future__ import annotations
+
+import argparse
+
+from workload.config import add_flags
+from workload.errors import UsageError
+
+DEFAULT_BATCH_SIZES = "32,64,128,256"
+# Settings that make no sense for a benchmark: no early stop, no output folder.
+BENCH_FIXED = dict(epochs=1_000_000, output_dir="bench-unused")
+BENCH_DEFAULTS = dict(dataset="synthetic", synthetic_size=10_000)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    add_flags(p, ("data", "hardware"))
+    add_flags(p, ("training",), only={"batch_size", "seed"})
+    p.add_argument("--json", help="write the results and the fingerprint to this file")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads for every run (0 = torch's default)")
+    p.set_defaults(**BENCH_DEFAULTS)
+
+
+def add_input(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backends", help="comma-separated backends to measure (default: every "
+                                      "available one and the reference)")
+    p.add_argument("--batches", type=int, default=20, help="timed batches per run (20)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs per backend, alternating between backends (3); the median counts")
+
+
+def add_train(p: argparse.ArgumentParser) -> None:
+    add_flags(p, ("model",))
+    p.add_argument("--batch-sizes", default=DEFAULT_BATCH_SIZES,
+                   help=f"comma-separated per-device batch sizes ({DEFAULT_BATCH_SIZES})")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per run (10)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="steps before timing starts, compilation included (2)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs per configuration, alternating between them (1); median counts")
+    p.add_argument("--versus-reference", action="store_true",
+                   help="the reference loop (fp32, NCHW, per-sample pipeline) against the "
+                        "optimised one at --model/--batch-size (wrn, 64), side by side; "
+                        "with --compile also the optimised one compiled")
+
+
+def check(args: dict) -> None:
+    """Every bench flag's rule: one UsageError naming the first bad value."""
+    if args["threads"] < 0:
+        raise UsageError(f"--threads must be 0 (torch's default) or more, got {args['threads']}")
+    counts = ("batches", "rounds") if args["command"] == "input" else ("steps", "warmup", "rounds")
+    for flag in counts:
+        if args[flag] < 1:
+            raise UsageError(f"--{flag} must be 1 or more, got {args[flag]}")
+    if args["command"] == "train":
+        parse_sizes(args["batch_sizes"])
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--batch-sizes {text!r} is not a list of positive integers; "
+                         "pass e.g. --batch-sizes 32,64,128,256")
+    return sizes

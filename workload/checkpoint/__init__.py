@@ -1,0 +1,24 @@
+"""Checkpoints: atomic, verified saves of the whole training state, exact resume, and
+preemption (a signal -> one checkpoint -> exit status 75 -> the job script requeues).
+
+    store.py       the files: layout, atomic save with a manifest, verify, safe load,
+                   moving bad ones aside, pruning
+    snapshot.py    the live training state <-> a checkpoint (take, save, read, restore)
+    sharded.py     FSDP2 shards through torch.distributed.checkpoint
+    rng.py         the random states an exact resume needs
+    resume.py      which checkpoint a run continues from (--resume, --overwrite)
+    policy.py      when to save (Checkpointer: --checkpoint-every, epoch ends, preemption)
+    preemption.py  the signal flag, the agreement across ranks, the requeue request
+
+The public API is what this module exports; the training loop uses nothing else.
+"""
+
+from workload.checkpoint.policy import Checkpointer
+from workload.checkpoint.preemption import (REQUEUE_EXIT_STATUS, Preempted, PreemptionFlag,
+                                            request_requeue)
+from workload.checkpoint.resume import prepare, resume
+from workload.checkpoint.store import CorruptCheckpoint, checkpoints_dir, step_name
+
+__all__ = ["Checkpointer", "CorruptCheckpoint", "Preempted", "PreemptionFlag",
+           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "prepare", "request_requeue", "resume",
+           "step_name"]

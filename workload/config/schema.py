@@ -1,0 +1,197 @@
+"""The training configuration: one dataclass per concern, each field with its help and
+default in one place. The command-line flags are generated from these fields
+(workload.config.flags): a field `batch_size` is the flag `--batch-size` unless its
+metadata names another flag. Field names are unique across sections, so the flat
+`name -> value` mapping (config.json, recipes, resume checks) is lossless.
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from workload.config.values import Every
+
+MODELS = ("wrn", "resnet18", "resnet50")
+DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
+DATA_BACKENDS = ("auto", "device", "dali", "torch")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+STRATEGIES = ("ddp", "fsdp")
+LR_SCALINGS = ("none", "linear")
+# Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
+PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
+
+
+def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
+            metavar: str = "", negatable: bool = False, factory=None):
+    """A config field: its default, the help line of its flag, and how the flag looks.
+    `key` is its name in the flat mapping when the field's own name would be ambiguous
+    (`model.name` is `model`); the flag is `--` + the key in kebab case unless given."""
+    metadata = dict(help=help, key=key, flag=flag, choices=choices, metavar=metavar,
+                    negatable=negatable)
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class Model:
+    """model"""
+    name: str = setting("wrn", "network; wrn is the reference Wide ResNet of the Olivia guide",
+                        key="model", choices=MODELS)
+    width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x")
+    blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)")
+    dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block")
+
+
+@dataclass
+class Data:
+    """data"""
+    dataset: str = setting("cifar100", "dataset", choices=DATASETS)
+    data_dir: str = setting("data", "dataset folder (cifar100: the folder holding "
+                                    "cifar-100-python/; imagefolder: the one holding train/ "
+                                    "and val/)")
+    download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
+                                    "rarely have it)")
+    image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
+                                 "imagefolder)")
+    synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
+                                          "a fifth of that)")
+    num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)")
+    workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
+                               "SLURM_CPUS_PER_TASK or the CPUs this process may use")
+    data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
+                                        "folders on a GPU, else torch (the reason is printed)",
+                                choices=DATA_BACKENDS)
+
+
+@dataclass
+class Training:
+    """training (the first five as in the reference train.py)"""
+    batch_size: int = setting(256, "images per optimizer step on each process")
+    epochs: int = setting(100, "passes over the training set")
+    base_lr: float = setting(0.01, "peak learning rate, reached after the warm-up")
+    target_accuracy: float = setting(0.95, "stop early when `patience` consecutive epochs "
+                                           "reach this test accuracy")
+    patience: int = setting(2, "epochs at the target accuracy before stopping")
+    max_steps: int = setting(0, "stop after N optimizer steps in all; 0 = no limit")
+    momentum: float = setting(0.9, "SGD momentum")
+    weight_decay: float = setting(5e-4, "SGD weight decay")
+    warmup_epochs: float = setting(1.0, "linear warm-up from 0 to base lr over this many "
+                                        "epochs, then cosine decay to 0")
+    label_smoothing: float = setting(0.0, "cross-entropy label smoothing; 0 = off")
+    seed: int = setting(0, "seeds model init, data order and augmentation: same seed, same "
+                           "result on the CPU")
+
+
+@dataclass
+class Hardware:
+    """hardware"""
+    device: str = setting("auto", "auto takes CUDA when a GPU is visible, else the CPU",
+                          choices=DEVICES)
+    precision: str = setting("auto", "fp32, tf32, bf16 or fp16 autocast; auto = bf16 on GPUs "
+                                     "that support it, fp32 elsewhere", choices=PRECISIONS)
+    channels_last: bool = setting(False, "NHWC memory format (on by default with CUDA, off "
+                                         "on the CPU)", negatable=True)
+    compile: bool = setting(False, "torch.compile the model; compile time is reported apart")
+
+
+@dataclass
+class Distributed:
+    """several processes (see docs/cluster.md)"""
+    strategy: str = setting("ddp", "ddp: a full replica per process; fsdp: FSDP2 shards "
+                                   "parameters, gradients and optimizer state",
+                            choices=STRATEGIES)
+    lr_scaling: str = setting("none", "linear: base lr x number of processes; none: as given",
+                              choices=LR_SCALINGS)
+    dist_timeout_s: float = setting(600.0, "seconds a rank may wait in a collective",
+                                    flag="--dist-timeout")
+
+
+@dataclass
+class Checkpoint:
+    """checkpoints, resume and preemption"""
+    resume: str = setting("auto", "auto: continue from the newest good checkpoint in the "
+                                  "output dir; never: start afresh; or a checkpoint folder",
+                          metavar="auto|never|PATH")
+    overwrite: bool = setting(False, "with --resume never: replace the output dir's "
+                                     "checkpoints and records")
+    checkpoint_every: Every = setting(None, "also save every N steps or every 10m / 90s / 1h; "
+                                            "0 = epoch ends only (each one always saves)",
+                                      metavar="N|DURATION", factory=lambda: Every(0, 1800.0))
+    keep_checkpoints: int = setting(3, "complete checkpoints kept; older ones are pruned "
+                                       "only after a new one is complete")
+    preempt_signal: str = setting("USR2", "signal that asks for a checkpoint and the requeue "
+                                          "exit status 75 (SIGTERM always does)",
+                                  choices=PREEMPT_SIGNALS)
+
+
+@dataclass
+class Logging:
+    """output"""
+    output_dir: str = setting(None, "run folder: config.json, metrics.jsonl, summary.json, "
+                                    "checkpoints/ (default: runs/<timestamp>)",
+                              factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"))
+    tensorboard: bool = setting(False, "also write TensorBoard event files into "
+                                       "<output-dir>/tensorboard")
+
+
+SECTIONS = dict(model=Model, data=Data, training=Training, hardware=Hardware,
+                distributed=Distributed, checkpoint=Checkpoint, logging=Logging)
+
+
+@dataclass
+class TrainConfig:
+    """Everything a `train` run is told, by concern."""
+    model: Model = field(default_factory=Model)
+    data: Data = field(default_factory=Data)
+    training: Training = field(default_factory=Training)
+    hardware: Hardware = field(default_factory=Hardware)
+    distributed: Distributed = field(default_factory=Distributed)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    logging: Logging = field(default_factory=Logging)
+    recipe: str = ""  # the tuned recipe that filled the flags the user left out, if any
+
+    @classmethod
+    def from_flat(cls, values: dict) -> "TrainConfig":
+        """From `key -> value` (config.json's shape); an unknown key is a KeyError."""
+        return cls().replace(**values)
+
+    def to_dict(self) -> dict:
+        """Flat and JSON-ready: config.json's keys are the flags' names with underscores."""
+        flat = {key: getattr(getattr(self, section), name)
+                for key, (section, name) in KEYS.items()}
+        flat = {k: str(v) if isinstance(v, Every) else v for k, v in flat.items()}
+        return dict(flat, recipe=self.recipe)
+
+    def replace(self, **values) -> "TrainConfig":
+        """A copy with some fields changed, named by their flat keys (`batch_size=64`)."""
+        unknown = set(values) - set(KEYS) - {"recipe"}
+        if unknown:
+            raise KeyError(", ".join(sorted(unknown)))
+        changed = {}
+        for section in SECTIONS:
+            mine = {KEYS[k][1]: _coerce(k, v) for k, v in values.items()
+                    if k in KEYS and KEYS[k][0] == section}
+            changed[section] = dataclasses.replace(getattr(self, section), **mine)
+        return dataclasses.replace(self, **changed, recipe=values.get("recipe", self.recipe))
+
+
+def key_of(f: dataclasses.Field) -> str:
+    return f.metadata["key"] or f.name
+
+
+# flat key -> (section, field name), in the order of the sections and their fields.
+KEYS = {key_of(f): (section, f.name) for section, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)}
+FIELDS = {key_of(f): f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+
+
+def _coerce(key: str, value):
+    """Text from a file or a flag into the field's typed value (`"10m"` -> Every)."""
+    return Every.parse(value) if FIELDS[key].type is Every else value
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a field, for messages: `batch_size` -> `--batch-size`."""
+    return FIELDS[key].metadata["flag"] or "--" + key.replace("_", "-")

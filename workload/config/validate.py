@@ -1,0 +1,98 @@
+"""Validation of a TrainConfig: the first bad value raises UsageError naming the flag, what
+was expected and the fix. Standard library only, so every usage error is found before
+torch is imported."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from workload.config.schema import FIELDS, KEYS, TrainConfig, flag_of
+from workload.errors import UsageError
+
+# torch.load ignores weights_only=True when this variable is set.
+UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    flat = cfg.to_dict()
+    for check in (_check_choices, _check_positive_ints, _check_ranges, _check_checkpoint,
+                  _check_optional_packages):
+        check(flat)
+    _check_unsafe_load_env(os.environ)
+    return cfg
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)
+
+
+def _check_choices(c: dict) -> None:
+    for key in KEYS:
+        allowed = FIELDS[key].metadata["choices"]
+        _require(not allowed or c[key] in allowed,
+                 f"{flag_of(key)} {c[key]!r} is not known; choose one of {', '.join(allowed)}")
+
+
+# Integer settings that must be 1 or more, with an example for the message.
+_POSITIVE_INTS = dict(batch_size=256, epochs=100, patience=2, width=160, blocks_per_stage=2,
+                      synthetic_size=10_000, num_classes=100, keep_checkpoints=3)
+
+
+def _check_positive_ints(c: dict) -> None:
+    for key, example in _POSITIVE_INTS.items():
+        value, flag = c[key], flag_of(key)
+        _require(isinstance(value, int) and value >= 1,
+                 f"{flag} must be a positive integer, got {value!r}; pass e.g. {flag} {example}")
+
+
+def _check_ranges(c: dict) -> None:
+    _require(c["base_lr"] > 0, f"--base-lr must be greater than 0, got {c['base_lr']!r}; "
+                               "pass e.g. --base-lr 0.01")
+    _require(0 <= c["momentum"] < 1, f"--momentum must be in [0, 1), got {c['momentum']!r}")
+    _require(c["weight_decay"] >= 0,
+             f"--weight-decay must be 0 or more, got {c['weight_decay']!r}")
+    _require(c["warmup_epochs"] >= 0,
+             f"--warmup-epochs must be 0 or more, got {c['warmup_epochs']!r}")
+    _require(0 <= c["label_smoothing"] < 1,
+             f"--label-smoothing must be in [0, 1), got {c['label_smoothing']!r}")
+    _require(0 <= c["dropout"] < 1, f"--dropout must be in [0, 1), got {c['dropout']!r}")
+    _require(0 < c["target_accuracy"] <= 1,
+             f"--target-accuracy is a fraction in (0, 1], got {c['target_accuracy']!r}; "
+             "pass e.g. --target-accuracy 0.95 for 95 %")
+    _require(c["max_steps"] >= 0,
+             f"--max-steps must be 0 (no limit) or more, got {c['max_steps']!r}")
+    _require(c["image_size"] >= 0, f"--image-size must be 0 (the dataset's own) or more, "
+                                   f"got {c['image_size']!r}")
+    _require(c["image_size"] == 0 or c["image_size"] >= 8,
+             f"--image-size {c['image_size']} is too small for the models' pooling; use 8 "
+             "or more")
+    _require(c["workers"] >= -1, f"--workers must be -1 (automatic) or more, got {c['workers']!r}")
+    _require(bool(c["output_dir"]), "--output-dir must not be empty")
+    _require(c["dist_timeout_s"] > 0, f"--dist-timeout must be more than 0 seconds, got "
+                                      f"{c['dist_timeout_s']!r}; pass e.g. --dist-timeout 600")
+
+
+def _check_checkpoint(c: dict) -> None:
+    resume = c["resume"]
+    _require(resume in ("auto", "never") or Path(resume).is_dir(),
+             f"--resume {resume} is not a checkpoint directory; pass auto, never, or a "
+             "folder such as <output-dir>/checkpoints/step-000000120")
+    _require(not c["overwrite"] or resume == "never",
+             "--overwrite replaces the checkpoints in the output directory and only goes "
+             f"with --resume never (got --resume {resume})")
+
+
+def _check_optional_packages(c: dict) -> None:
+    _require(not c["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
+             "--tensorboard needs the tensorboard package, which is not installed; "
+             "pip install 'hpc-train[report]' or leave out --tensorboard")
+
+
+def _check_unsafe_load_env(env) -> None:
+    value = env.get(UNSAFE_LOAD_ENV, "")
+    _require(value in ("", "0"),
+             f"{UNSAFE_LOAD_ENV}={value} makes torch.load unpickle arbitrary code from "
+             "checkpoint files; unset it (checkpoints here never need it)")

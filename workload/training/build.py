@@ -1,0 +1,73 @@
+"""The one build path of a training state, shared by `train` and `bench`:
+model -> device and memory format -> DDP/FSDP wrapping -> optimizer (learning rate scaled
+for the number of processes) -> schedule -> gradient scaler -> torch.compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from workload import distributed
+from workload.config import TrainConfig
+from workload.distributed import DistInfo
+from workload.models import build_model
+from workload.precision import grad_scaler
+from workload.training.trainer import TrainState
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
+    # One fused kernel per step on GPUs; the multi-tensor (foreach) path on the CPU.
+    fused = device.type == "cuda"
+    t = cfg.training
+    return torch.optim.SGD(model.parameters(), lr=t.base_lr, momentum=t.momentum,
+                           weight_decay=t.weight_decay, fused=fused or None,
+                           foreach=None if fused else True)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    total = cfg.training.epochs * steps_per_epoch
+    return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
+
+
+def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    total = planned_steps(cfg, steps_per_epoch)
+    warmup = min(total, round(cfg.training.warmup_epochs * steps_per_epoch))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup, total))
+
+
+def place_model(cfg: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
+    """The configured model on this rank's device, in its memory format, wrapped for the
+    job (DDP or FSDP2; itself when alone)."""
+    m = cfg.model
+    model = build_model(m.name, num_classes, m.width, m.blocks_per_stage, m.dropout)
+    model = model.to(info.device)
+    if cfg.hardware.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return distributed.wrap_model(model, info, cfg.distributed.strategy)
+
+
+def build_state(cfg: TrainConfig, info: DistInfo, num_classes: int, steps_per_epoch: int,
+                precision: str) -> TrainState:
+    """Everything that changes while training, ready for the first step (or a resume)."""
+    model = place_model(cfg, info, num_classes)
+    optimizer = build_optimizer(model, cfg, info.device)
+    scale = distributed.lr_scale(cfg.distributed.lr_scaling, info.world_size)
+    for group in optimizer.param_groups:  # before the schedule records its base lr
+        group["lr"] *= scale
+    state = TrainState(model, optimizer, build_schedule(optimizer, cfg, steps_per_epoch),
+                       grad_scaler(precision, info.device))
+    if cfg.hardware.compile:
+        state.model = torch.compile(model)
+    return state

@@ -1,0 +1,112 @@
+"""`run(cfg)`: one training run, top to bottom: start the process, read the data, build
+the training state, resume, fit, write the summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from workload import checkpoint, distributed
+from workload.caches import ensure_writable_caches
+from workload.checkpoint import Checkpointer, PreemptionFlag
+from workload.config import TrainConfig
+from workload.data import build_data
+from workload.distributed import DistInfo
+from workload.files import append_jsonl, write_json
+from workload.logs import logger, setup_logging
+from workload.models import count_parameters
+from workload.precision import configure_cudnn, configure_tf32, resolve_precision
+from workload.records import model_sha256, prepare_output_dir, versions
+from workload.tensorboard import open_board
+from workload.training.build import build_state
+from workload.training.trainer import Hooks, Trainer
+
+
+def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
+    """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
+    started = time.perf_counter()
+    info, precision = start_process(cfg)
+    data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size)
+    out = prepare_output_dir(cfg.logging.output_dir)
+    checkpoint.prepare(cfg, out, info.is_main)
+    state = build_state(cfg, info, data.num_classes, len(data.train), precision)
+    log_start(cfg, info, data, state.model, precision)
+    checkpoint.resume(cfg, info, state, out)
+    if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
+        write_json(out / "config.json", cfg.to_dict())
+    checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
+                                flag or PreemptionFlag())
+    with open_board(cfg.logging.tensorboard and info.is_main, out) as board:
+        hooks = Hooks(after_step=[checkpointer.after_step],
+                      after_epoch=[*epoch_records(cfg, info, out, board),
+                                   checkpointer.after_epoch])
+        summary = Trainer(cfg, info, state, data, precision, hooks).fit()
+    summary.update(total_time_s=time.perf_counter() - started,
+                   **run_facts(cfg, info, state.model, precision))
+    if info.is_main:
+        write_summary(out, summary)
+    return summary
+
+
+def start_process(cfg: TrainConfig) -> tuple[DistInfo, str]:
+    """Join the job, set up logging, caches, numerics and the seed; the precision to use."""
+    info = distributed.init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
+    setup_logging(info.rank)
+    for variable, folder in ensure_writable_caches().items():
+        logger.warning(f"{variable} is not writable by this user (a shared /tmp?); "
+                       f"using {folder}")
+    precision = resolve_precision(cfg.hardware.precision, info.device)
+    configure_tf32(precision)
+    configure_cudnn(info.device)
+    torch.manual_seed(cfg.training.seed)
+    return info, precision
+
+
+def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
+    """Rank 0's epoch hooks: the log line, metrics.jsonl, TensorBoard."""
+    if not info.is_main:
+        return []
+
+    def log_epoch(record: dict) -> None:
+        logger.info(f"epoch {record['epoch']}/{cfg.training.epochs}: loss "
+                    f"{record['train_loss']:.4f}, test loss {record['test_loss']:.4f}, "
+                    f"accuracy {record['accuracy']:.4f}, time {record['epoch_time_s']:.2f}s, "
+                    f"{record['images_per_second']:.1f} img/s")
+
+    return [log_epoch, lambda record: append_jsonl(out / "metrics.jsonl", record),
+            board.log_epoch]
+
+
+def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> None:
+    m, t = cfg.model, cfg.training
+    if cfg.recipe:
+        logger.info(f"recipe {cfg.recipe}: model {m.name} width {m.width} "
+                    f"blocks {m.blocks_per_stage}, batch {t.batch_size}, "
+                    f"{t.epochs} epochs, base lr {t.base_lr}")
+    logger.info(f"{m.name} ({count_parameters(model) / 1e6:.2f} M parameters) on "
+                f"{cfg.data.dataset} ({data.num_train_samples} training images, "
+                f"{data.num_classes} classes), device {info.device}, precision {precision}, "
+                f"world size {info.world_size} ({info.layout})")
+    logger.info(f"data backend {data.backend}: {data.reason}")
+    logger.info("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
+
+
+def run_facts(cfg: TrainConfig, info: DistInfo, model, precision: str) -> dict:
+    """The summary.json fields that describe the run rather than its training."""
+    d = cfg.distributed
+    lr = cfg.training.base_lr * distributed.lr_scale(d.lr_scaling, info.world_size)
+    return dict(world_size=info.world_size, device=str(info.device), precision=precision,
+                model=cfg.model.name, dataset=cfg.data.dataset,
+                parameters=count_parameters(model), model_sha256=model_sha256(model),
+                versions=versions(),
+                **distributed.describe(info, d.strategy, d.lr_scaling, lr,
+                                       cfg.training.batch_size))
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    write_json(out / "summary.json", summary)
+    logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
+                f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
+                f"{summary['total_time_s']:.1f}s; summary in {out / 'summary.json'}")
