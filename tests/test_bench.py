@@ -80,7 +80,7 @@ def test_flops_per_image_of_the_reference_wide_resnet():
     from workload.bench.train import flops_per_image
     from workload.config import TrainConfig
 
-    flops = flops_per_image(TrainConfig(model="wrn"), num_classes=100, image_size=32)
+    flops = flops_per_image(TrainConfig().replace(model="wrn"), num_classes=100, image_size=32)
     assert 14.0e9 < flops < 15.0e9
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import TINY, run_train
-from workload.checkpoint import MANIFEST, sha256_file
+from workload.checkpoint.store import MANIFEST
+from workload.files import sha256_file
 from workload.train import main as train_main
 
 # 2 epochs of 8 steps; a checkpoint every 2 steps.
@@ -166,7 +167,7 @@ def test_the_planted_payload_is_real(tmp_path):
 
 def test_fsdp_shard_metadata_is_read_without_running_code(tmp_path):
     # DCP itself reads .metadata with pickle.load; ours refuses anything but DCP's classes.
-    from workload.checkpoint_sharded import UnsafeMetadata, read_metadata_safely
+    from workload.checkpoint.sharded import UnsafeMetadata, read_metadata_safely
 
     payload = tmp_path / "payload-ran"
     (tmp_path / ".metadata").write_bytes(pickle.dumps({"x": CreatesAFile(payload)}))

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import TINY
-from workload.preemption import REQUEUE_EXIT_STATUS
+from workload.checkpoint import REQUEUE_EXIT_STATUS
 
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "3",

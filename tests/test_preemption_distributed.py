@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import TINY
 from tests.slurm.cluster import free_ports
 from tests.test_distributed import clean_env
-from workload.preemption import REQUEUE_EXIT_STATUS
+from workload.checkpoint import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow
 

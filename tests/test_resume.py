@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_train
 from tests.test_checkpoint import ARGS
-from workload.checkpoint import parse_every
+from workload.config import Every
 from workload.errors import UsageError
 from workload.train import main as train_main
 
@@ -95,6 +95,8 @@ def test_bad_checkpoint_flags_exit_2(flags, words, tmp_path, capsys):
     ("0", (0, 0.0)),
 ])
 def test_checkpoint_every_reads_steps_or_durations(text, expected):
-    assert parse_every(text) == expected
+    every = Every.parse(text)
+    assert (every.steps, every.seconds) == expected
+    assert Every.parse(str(every)) == every  # config.json's text reads back the same
     with pytest.raises(UsageError):
-        parse_every("1.5h")
+        Every.parse("1.5h")

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from workload import trainer
+from workload.training import trainer
 from workload.train import main
 
 MARKER = Path(os.environ["DIE_ONCE_MARKER"])

@@ -15,7 +15,8 @@ import sys
 import torch
 
 from workload import distributed
-from workload.train import parse_config, run
+from workload.train import parse_config
+from workload.training.run import run
 
 captured = {}
 wrap_model = distributed.wrap_model
@@ -29,7 +30,10 @@ def capture(model, info, strategy):
 def parameter_digest(model) -> str:
     digest = hashlib.sha256()
     for name, param in distributed.unwrap(model).named_parameters():
-        tensor = distributed.full_tensor(param.detach()).cpu().contiguous()
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gather the whole parameter
+            tensor = tensor.full_tensor()
+        tensor = tensor.cpu().contiguous()
         digest.update(name.encode() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 

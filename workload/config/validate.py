@@ -45,7 +45,8 @@ def _check_positive_ints(c: dict) -> None:
     for key, example in _POSITIVE_INTS.items():
         value, flag = c[key], flag_of(key)
         _require(isinstance(value, int) and value >= 1,
-                 f"{flag} must be a positive integer, got {value!r}; pass e.g. {flag} {example}")
+                 f"{flag} must be a positive integer (1 or more), got {value!r}; pass e.g. "
+                 f"{flag} {example}")
 
 
 def _check_ranges(c: dict) -> None:
