@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.errors import UsageError, exit_with_usage_error
+from workload.commands import command_parser, main_of
+from workload.errors import UsageError
 
+PROG = "report"
 INSTALL_HINT = "pip install 'hpc-train[report]'"
 WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
 
@@ -185,9 +186,7 @@ def _save(plt, fig, path: Path) -> None:
 
 # ----------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="report", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[2:]))
+    p = command_parser(PROG, __doc__)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a train --output-dir")
     p.add_argument("bench", metavar="BENCH_JSON", nargs="*", help="bench --json files")
     p.add_argument("--out", metavar="DIR", help="where the PNGs go (default: RUN_DIR)")
@@ -222,13 +221,12 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    try:
-        for path in make_report(Path(args.run_dir), [Path(b) for b in args.bench], args.out):
-            print(f"report: wrote {path}")
-    except UsageError as error:
-        exit_with_usage_error("report", error)
+def report(args: argparse.Namespace) -> None:
+    for path in make_report(Path(args.run_dir), [Path(b) for b in args.bench], args.out):
+        print(f"report: wrote {path}")
+
+
+main = main_of(PROG, build_parser(), report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from workload.data.augment import Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
 from workload.data.loaders import ShardedBatches
-from workload.data.sharding import batch_seed
+from workload.data.sharding import batch_seed, batch_slice
 
 PADDING = 4
 # RandomResizedCrop's defaults, as the torch backend uses for image folders.
@@ -151,7 +151,7 @@ class DaliLoader(ShardedBatches):
         self.pending = 0  # batches scheduled but not collected
 
     def _schedule(self, epoch: int, b: int, indices: np.ndarray) -> None:
-        idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
+        idx = batch_slice(indices, b, self.batch_size)
         generator = None
         if self.train:
             generator = torch.Generator().manual_seed(batch_seed(self.seed, epoch, self.rank, b))
@@ -175,7 +175,7 @@ class DaliLoader(ShardedBatches):
                 images = self._collect()
                 if b + 1 < count:
                     self._schedule(epoch, b + 1, indices)
-                idx = torch.from_numpy(indices[b * self.batch_size:(b + 1) * self.batch_size])
+                idx = torch.from_numpy(batch_slice(indices, b, self.batch_size))
                 with batch_work_threads(self.device):
                     images = self.normalize(images)
                 yield images, self.labels[idx.to(self.device)]
@@ -189,10 +189,3 @@ def build_loaders(train_source, test_source, batch_size: int, device: torch.devi
     make = lambda source, train: DaliLoader(source, batch_size, device, normalizer,
                                             train=train, threads=threads, **shard)
     return make(train_source, True), make(test_source, False)
-
-
-def describe(device: torch.device, files: bool) -> str:
-    where = "on the GPU" if device.type == "cuda" else "CPU-only (device_id=None)"
-    what = "decodes and augments the image files" if files else "augments the in-memory images"
-    return f"NVIDIA DALI {what} {where}"
-

@@ -14,7 +14,7 @@ import torch
 
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
-from workload.data.sharding import batch_seed, epoch_order, eval_shard
+from workload.data.sharding import batch_seed, batch_slice, epoch_order, eval_shard
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -59,7 +59,7 @@ class DeviceLoader(ShardedBatches):
         generator = torch.Generator(device=self.device)
         for b in range(start, len(self)):
             with batch_work_threads(self.device):
-                idx = indices[b * self.batch_size:(b + 1) * self.batch_size]
+                idx = batch_slice(indices, b, self.batch_size)
                 images = self.images[idx]
                 if self.train:
                     generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))

@@ -32,6 +32,11 @@ def eval_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
     return torch.arange(rank, num_samples, world_size)
 
 
+def batch_slice(indices, batch: int, batch_size: int):
+    """The indices of batch number `batch` (the last one may be short)."""
+    return indices[batch * batch_size:(batch + 1) * batch_size]
+
+
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     """Seed of the augmentation randomness of one batch: a resumed run can start mid-epoch
     and still draw exactly what the uninterrupted run drew."""

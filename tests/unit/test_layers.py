@@ -1,0 +1,118 @@
+"""The package's shape: the dependency rule of workload/__init__.py, small modules and
+functions, and command lines that answer before torch is imported."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workload
+
+ROOT = Path(workload.__file__).parent
+LAYERS = {
+    1: {"errors", "commands", "files", "logs", "version", "launch"},
+    2: {"config"},
+    3: {"distributed", "precision", "caches"},
+    4: {"models", "data", "checkpoint", "records", "tensorboard"},
+    5: {"training"},
+    6: {"train", "bench", "doctor", "report", "launch.__main__"},
+}
+COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor.cli",
+                   "workload.report", "workload.launch.__main__"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str) -> str:
+    """The name LAYERS knows a module by: `launch.__main__`, else its first part."""
+    parts = module.split(".")[1:]
+    if parts[:2] == ["launch", "__main__"]:
+        return "launch.__main__"
+    return parts[0] if parts else ""
+
+
+def layer_of(module: str) -> int:
+    unit = unit_of(module)
+    if unit == "":
+        return 1  # the package itself: its version
+    return next(layer for layer, units in LAYERS.items() if unit in units)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every workload module this file imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("workload")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workload"):
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
+                      else node.module for a in node.names}
+    return found
+
+
+SOURCES = sorted(ROOT.rglob("*.py"))
+MODULES = {module_name(p) for p in SOURCES}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_follow_the_layers(path):
+    me = module_name(path)
+    for target in imports_of(path):
+        same_package = unit_of(target) == unit_of(me) or target == "workload"
+        if not same_package and layer_of(me) > 1:  # the base helpers may use each other
+            assert layer_of(target) < layer_of(me), (
+                f"{me} (layer {layer_of(me)}) imports {target} (layer {layer_of(target)})")
+        if target in COMMAND_MODULES:
+            assert unit_of(target) == unit_of(me), f"{me} imports the command {target}"
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        assert layer_of(module) in LAYERS, module
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_small(path):
+    source = path.read_text()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES, f"{path} is over {MAX_MODULE_LINES} lines"
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{path}:{node.lineno} {node.name}: {length} lines"
+
+
+def heavy_imports(code: str) -> list[str]:
+    """The heavy modules (torch, numpy, torchvision) that running `code` imports."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    names = [line.split("|")[-1].strip() for line in done.stderr.splitlines()
+             if line.startswith("import time:")]
+    return [n for n in names if n.split(".")[0] in ("torch", "numpy", "torchvision")]
+
+
+def test_the_config_package_imports_only_the_standard_library():
+    assert heavy_imports("import workload.config") == []
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("workload.train", ["--help"]),
+    ("workload.train", ["--version"]),
+    ("workload.train", ["--batch-size", "0"]),
+    ("workload.train", ["--checkpoint-every", "soon"]),
+    ("workload.bench.cli", ["--help"]),
+    ("workload.bench.cli", ["train", "--steps", "0"]),
+    ("workload.doctor.cli", ["--help"]),
+    ("workload.doctor.cli", ["--probe-iters", "0"]),
+    ("workload.report", ["--help"]),
+])
+def test_help_version_and_usage_errors_import_no_torch(command, argv):
+    code = (f"import sys; from {command} import main; sys.argv[0] = 'x'; main({argv!r})")
+    assert heavy_imports(code) == []
