@@ -1,0 +1,89 @@
+"""The checkpoint store on its own: atomic layout, manifest verification, pruning, moving
+bad checkpoints aside, and loading that never runs code. No training here."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
+                                       finish_checkpoint, move_aside, prune, safe_load,
+                                       step_name, verify)
+
+
+def snapshot(step: int) -> Snapshot:
+    trainer = dict(step=step, epoch=0, batch=step, world_size=1)
+    return Snapshot(model={"w": torch.full((3,), float(step))}, optimizer={"state": {}},
+                    trainer=trainer, rng=[{"torch": torch.get_rng_state()}],
+                    config={"seed": 1})
+
+
+def save(root, step: int, keep: int = 3):
+    root.mkdir(exist_ok=True)
+    tmp = root / f".tmp-{step_name(step)}"
+    tmp.mkdir()
+    finish_checkpoint(tmp, root / step_name(step), snapshot(step), keep)
+    return root / step_name(step)
+
+
+def test_a_save_is_complete_verified_and_pointed_to(tmp_path):
+    path = save(tmp_path, 7)
+    manifest = verify(path)
+    assert manifest["step"] == 7
+    assert set(manifest["files"]) == {"model.pt", "optimizer.pt", "trainer.pt", "rng.pt",
+                                      "config.json"}
+    assert (tmp_path / "latest").read_text().strip() == "step-000000007"
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert torch.equal(safe_load(path / "model.pt", "cpu")["w"], torch.full((3,), 7.0))
+
+
+def test_pruning_keeps_the_newest(tmp_path):
+    for step in (1, 2, 3, 4):
+        save(tmp_path, step, keep=2)
+    assert [s for s, _ in complete_steps(tmp_path)] == [3, 4]
+    # Pruning counts only checkpoints up to the one just saved (3): a newer one left by
+    # another writer is never what makes it delete.
+    prune(tmp_path, keep=1, newest=3)
+    assert [s for s, _ in complete_steps(tmp_path)] == [3, 4]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: (p / MANIFEST).unlink(), "no MANIFEST.json"),
+    (lambda p: (p / MANIFEST).write_text("{not json"), "not a readable manifest"),
+    (lambda p: (p / "model.pt").unlink(), "model.pt is missing"),
+    (lambda p: (p / "rng.pt").write_bytes(b"short"), "rng.pt has 5 bytes"),
+    (lambda p: (p / "config.json").write_text('{\n  "seed": 2\n}\n'), "sha256"),
+])
+def test_damage_is_found_and_named(tmp_path, damage, words):
+    path = save(tmp_path, 3)
+    damage(path)
+    with pytest.raises(CorruptCheckpoint, match=words):
+        verify(path)
+
+
+def test_moving_aside_keeps_the_folder_and_removes_the_candidate(tmp_path):
+    path = save(tmp_path, 5)
+    moved = move_aside(path, "corrupt")
+    assert moved.name.startswith("step-000000005.corrupt-") and moved.is_dir()
+    assert complete_steps(tmp_path) == []
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def test_a_pickle_with_code_is_refused_without_running(tmp_path, capsys):
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"x": RunsCode()}))
+    with pytest.raises(CorruptCheckpoint, match="weights_only"):
+        safe_load(evil, "cpu")
+    assert "this ran" not in capsys.readouterr().out
+
+
+def test_manifest_is_plain_json(tmp_path):
+    manifest = json.loads((save(tmp_path, 2) / MANIFEST).read_text())
+    assert all(set(entry) == {"bytes", "sha256"} for entry in manifest["files"].values())

@@ -1,0 +1,134 @@
+"""The config table: every flag reaches its typed field, recipes fill only what was left
+out, validation names the flag and the fix. No torch: these run in milliseconds."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from workload.config import (Every, TrainConfig, add_flags, build_config, flag_of, given)
+from workload.config.schema import FIELDS, KEYS
+from workload.errors import UsageError
+
+
+def parse(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    return given(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("argv, section, field, value", [
+    (["--model", "resnet18"], "model", "name", "resnet18"),
+    (["--width", "32"], "model", "width", 32),
+    (["--dropout", "0.1"], "model", "dropout", 0.1),
+    (["--dataset", "digits"], "data", "dataset", "digits"),
+    (["--data-dir", "/scratch/d"], "data", "data_dir", "/scratch/d"),
+    (["--download"], "data", "download", True),
+    (["--workers", "3"], "data", "workers", 3),
+    (["--data-backend", "torch"], "data", "data_backend", "torch"),
+    (["--batch-size", "64"], "training", "batch_size", 64),
+    (["--base-lr", "0.1"], "training", "base_lr", 0.1),
+    (["--max-steps", "5"], "training", "max_steps", 5),
+    (["--seed", "7"], "training", "seed", 7),
+    (["--precision", "bf16"], "hardware", "precision", "bf16"),
+    (["--channels-last"], "hardware", "channels_last", True),
+    (["--no-channels-last"], "hardware", "channels_last", False),
+    (["--compile"], "hardware", "compile", True),
+    (["--strategy", "fsdp"], "distributed", "strategy", "fsdp"),
+    (["--dist-timeout", "30"], "distributed", "dist_timeout_s", 30.0),
+    (["--resume", "never"], "checkpoint", "resume", "never"),
+    (["--checkpoint-every", "500"], "checkpoint", "checkpoint_every", Every(500, 0.0)),
+    (["--checkpoint-every", "10m"], "checkpoint", "checkpoint_every", Every(0, 600.0)),
+    (["--keep-checkpoints", "5"], "checkpoint", "keep_checkpoints", 5),
+    (["--preempt-signal", "TERM"], "checkpoint", "preempt_signal", "TERM"),
+    (["--output-dir", "runs/x"], "logging", "output_dir", "runs/x"),
+])
+def test_each_flag_reaches_its_typed_field(argv, section, field, value):
+    cfg = build_config(parse(argv), "cpu")
+    assert getattr(getattr(cfg, section), field) == value
+
+
+def test_every_field_has_a_flag_with_help():
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    text = parser.format_help()
+    for key, f in FIELDS.items():
+        assert flag_of(key) in text
+        assert f.metadata["help"]
+
+
+def test_flags_left_out_are_not_given():
+    assert all(value is None for value in parse([]).values())
+
+
+def test_defaults_are_the_reference_settings():
+    flat = build_config({}, "cpu").to_dict()
+    assert (flat["model"], flat["batch_size"], flat["epochs"], flat["base_lr"],
+            flat["target_accuracy"], flat["patience"]) == ("wrn", 256, 100, 0.01, 0.95, 2)
+    assert flat["checkpoint_every"] == "30m"
+
+
+def test_recipe_fills_only_what_was_left_out():
+    cfg = build_config({"dataset": "digits", "batch_size": 32}, "cpu")
+    assert cfg.recipe == "digits-cpu"
+    assert cfg.training.batch_size == 32          # given: kept
+    assert cfg.model.width == 16                  # left out: the recipe's
+    assert build_config({"dataset": "digits"}, "cuda").recipe == ""
+
+
+def test_device_defaults_fill_only_what_was_left_out():
+    assert build_config({}, "cuda").hardware.channels_last is True
+    assert build_config({"channels_last": False}, "cuda").hardware.channels_last is False
+    assert build_config({}, "cpu").hardware.channels_last is False
+
+
+def test_flat_form_round_trips():
+    cfg = build_config(parse(["--checkpoint-every", "90s", "--model", "resnet50"]), "cpu")
+    again = TrainConfig.from_flat(cfg.to_dict())
+    assert again == cfg
+    assert list(cfg.to_dict())[:-1] == list(KEYS)  # config.json keys: the flags' names
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(KeyError, match="batchsize"):
+        TrainConfig.from_flat({"batchsize": 3})
+
+
+@pytest.mark.parametrize("text, steps, seconds, again", [
+    ("500", 500, 0.0, "500"), ("10m", 0, 600.0, "10m"), ("90s", 0, 90.0, "90s"),
+    ("1h", 0, 3600.0, "1h"), ("0", 0, 0.0, "0"), ("3600s", 0, 3600.0, "1h"),
+])
+def test_every_reads_steps_or_durations_and_writes_them_back(text, steps, seconds, again):
+    every = Every.parse(text)
+    assert (every.steps, every.seconds, str(every)) == (steps, seconds, again)
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"batch_size": 0}, ["--batch-size", "1 or more", "--batch-size 256"]),
+    ({"keep_checkpoints": 0}, ["--keep-checkpoints", "1 or more"]),
+    ({"base_lr": 0.0}, ["--base-lr", "greater than 0"]),
+    ({"momentum": 1.0}, ["--momentum", "[0, 1)"]),
+    ({"target_accuracy": 95}, ["--target-accuracy", "fraction", "0.95"]),
+    ({"image_size": 4}, ["--image-size 4", "8 or more"]),
+    ({"dist_timeout_s": 0}, ["--dist-timeout", "more than 0"]),
+    ({"model": "vgg"}, ["--model 'vgg'", "wrn"]),
+    ({"resume": "/nonexistent/step-1"}, ["--resume /nonexistent/step-1", "auto"]),
+    ({"overwrite": True}, ["--overwrite", "--resume never"]),
+])
+def test_bad_values_name_the_flag_and_the_fix(values, words):
+    with pytest.raises(UsageError) as error:
+        build_config(values)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_bad_checkpoint_every_is_a_usage_error():
+    with pytest.raises(UsageError, match="--checkpoint-every 'soon'.*10m"):
+        Every.parse("soon")
+
+
+def test_unsafe_torch_load_variable_is_refused(monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(UsageError, match="unset it"):
+        build_config({})
