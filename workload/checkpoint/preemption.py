@@ -5,7 +5,7 @@ collective or a file write). At the next step boundary every rank contributes it
 one all-reduce, so a signal that reached a single rank stops all of them at the same step
 and none is left waiting in a collective. The trainer then saves one checkpoint and exits
 with REQUEUE_EXIT_STATUS; the batch script sees it and runs `scontrol requeue` on the host
-(see jobs/lib/requeue.sh and the README, "Checkpoints, resume and preemption").
+(see jobs/lib/requeue.sh and docs/checkpoints.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from workload.config.validate import validate
 
 # Recipes: tuned settings for a (dataset, device) pair, applied only to the flags the user
 # did not give. Measured on a 2-core x86_64 CPU: the digits recipe reaches >= 0.90 test
-# accuracy in well under five minutes (see README, "Quick start").
+# accuracy in well under five minutes (see README.md, "Quick start").
 RECIPES: dict[tuple[str, str], dict] = {
     ("digits", "cpu"): dict(
         name="digits-cpu", width=16, blocks_per_stage=1, batch_size=64, epochs=10,

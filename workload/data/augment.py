@@ -48,7 +48,7 @@ def batch_work_threads(device: torch.device):
     A batch is a few hundred microseconds of memory traffic: splitting each small operation
     over threads gains nothing, and on a busy node every parallel region waits for its
     slowest thread (measured on a shared 2-core machine: 70 ms a batch with 2 threads,
-    11 ms with 1; see README, Performance). The model keeps every thread.
+    11 ms with 1; see docs/performance.md). The model keeps every thread.
     """
     if device.type != "cpu":
         yield
