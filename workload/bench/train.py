@@ -18,7 +18,6 @@ from workload.bench.input import endless
 from workload.bench.reference import ReferenceLoader, reference_step
 from workload.data import build_data
 from workload.data.backends import NATURAL_IMAGE_SIZE, DataRequest, read_in_memory
-from workload.errors import UsageError
 from workload.models import build_model
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = str(REPO / "entrypoint.sh")
 # Tiny but real training: every rank takes a few steps and the test set is evaluated.
 TINY = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.test_cifar import write_cifar100
+from tests.helpers import write_cifar100
 from workload.train import main as train_main
 
 

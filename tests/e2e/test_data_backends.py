@@ -4,7 +4,7 @@ and bad requests refused before any work."""
 import pytest
 import torch
 
-from tests.conftest import TINY, run_train
+from tests.helpers import TINY, run_train
 from workload.data.backends import available, choose
 from workload.errors import UsageError
 

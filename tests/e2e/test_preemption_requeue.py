@@ -2,7 +2,7 @@
 requeues through `scontrol` up to MAX_REQUEUES, any other status passes through.
 
 `scontrol` is a stub that records its arguments (a unit test of the script's decisions);
-tests/test_preemption_slurm.py runs the same script under the real SLURM cluster.
+tests/e2e/test_preemption_slurm.py runs the same script under the real SLURM cluster.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from pathlib import Path
 
 import pytest
 
-REQUEUE_SH = Path(__file__).resolve().parent.parent / "jobs" / "lib" / "requeue.sh"
+from tests.helpers import REPO
+
+REQUEUE_SH = REPO / "jobs" / "lib" / "requeue.sh"
 
 # The step: waits for USR2 (or TERM), then exits with the status it was given; "killed"
 # writes the requeue file as a preempted rank does, then exits as srun reports a rank
 # killed by --kill-on-bad-exit (143).
 STEP = """
 import os, signal, sys, time
+
+from tests.helpers import REPO
 got = []
 for name in ("SIGUSR2", "SIGTERM"):
     signal.signal(getattr(signal, name), lambda n, f: got.append(signal.Signals(n).name))

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 from tests.slurm.cluster import free_ports
-from tests.test_distributed import clean_env
+from tests.helpers import clean_env
+from tests.helpers import TESTS
 from workload.checkpoint import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow
 
-DIE_ONCE = Path(__file__).resolve().parent / "helpers" / "die_once.py"
+DIE_ONCE = TESTS / "helpers" / "die_once.py"
 # 2 epochs of 4 steps per rank (128 images, 16 per rank and step).
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "9",

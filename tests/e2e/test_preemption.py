@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 from workload.checkpoint import REQUEUE_EXIT_STATUS
 
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
@@ -58,7 +58,7 @@ def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
         signame, extra, reference, tmp_path):
     out = tmp_path / "run"
     # Sent as training starts (a later moment could miss a fast machine's whole run): the
-    # flag is read at the first step boundary. Random moments: tests/test_resume_kill.py.
+    # flag is read at the first step boundary. Random moments: tests/e2e/test_resume_kill.py.
     log = signal_when_training(train(out, *extra), getattr(signal, signame), delay=0)
     assert f"status {REQUEUE_EXIT_STATUS}" in log, log
     stopped = [line for line in log.splitlines() if f"preempted by {signame}" in line]

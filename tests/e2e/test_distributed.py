@@ -10,7 +10,6 @@ images instead of 64. Measured on the 2-core development machine: differences of
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,21 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TESTS, clean_env
+
 pytestmark = pytest.mark.slow
 
-PROBE = Path(__file__).resolve().parent / "helpers" / "rank_probe.py"
+PROBE = TESTS / "helpers" / "rank_probe.py"
 LOSS_TOLERANCE = 0.03
 # Tiny but real: the digits images at 16x16, a narrow Wide ResNet, no dropout.
 COMMON = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
           "--blocks-per-stage", "1", "--dropout", "0", "--image-size", "16",
           "--epochs", "2", "--seed", "1", "--precision", "fp32"]
-
-
-def clean_env() -> dict[str, str]:
-    """No launch variables from the calling shell (a CI job may run inside SLURM)."""
-    drop = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
-            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
 def run_probe(out: Path, *args: str, nproc: int = 1) -> dict[int, str]:

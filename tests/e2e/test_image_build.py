@@ -5,7 +5,7 @@ stand-in with the NGC traits the Dockerfile relies on (cached by a hash of its r
 and tests/image/build_image.sh builds the Dockerfile on it with podman. Commands then run
 inside the built image with `buildah run` (podman run is refused by this sandbox):
 
-    python -m pytest -m image tests/test_image_build.py
+    python -m pytest -m image tests/e2e/test_image_build.py
 
 What this proves: the Dockerfile builds on an NGC-like base without replacing its torch,
 the image trains through both start paths, as root and as another UID writing nowhere but
@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
+
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SCRIPTS = ROOT / "tests" / "image"
 CACHE = Path(os.environ.get("HPC_TRAIN_CACHE", Path.home() / ".cache" / "hpc-train"))
 UNPRIVILEGED = "4242:4242"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TINY, read_jsonl, run_train
+from tests.helpers import TINY, read_jsonl, run_train
 from workload.report import BenchPoint, read_bench
 from workload.report import main as report_main
 

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, run_train
+from tests.helpers import CHECKPOINT_ARGS as ARGS
+from tests.helpers import run_train
 from workload.checkpoint.store import MANIFEST
 from workload.files import sha256_file
 from workload.train import main as train_main
 
 # 2 epochs of 8 steps; a checkpoint every 2 steps.
-ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
-        "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "5",
-        "--checkpoint-every", "2"]
+
 
 
 @pytest.fixture(scope="module")

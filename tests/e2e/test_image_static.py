@@ -1,6 +1,6 @@
 """Static checks of the image definitions: linters, and the files agreeing with each other.
 
-    python -m pytest tests/test_image_static.py
+    python -m pytest tests/e2e/test_image_static.py
 
 hadolint (Dockerfile), shellcheck (every shell script), actionlint (workflows), spython
 (Apptainer definitions against the Dockerfile) and python-hcl2 (bake targets). The tools
@@ -19,7 +19,9 @@ import hcl2
 import pytest
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
+ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 DEFS = sorted((ROOT / "apptainer").glob("*.def"))
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.y*ml"))

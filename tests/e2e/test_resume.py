@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tests.conftest import run_train
-from tests.test_checkpoint import ARGS
+from tests.helpers import run_train
+from tests.helpers import CHECKPOINT_ARGS as ARGS
 from workload.config import Every
 from workload.errors import UsageError
 from workload.train import main as train_main

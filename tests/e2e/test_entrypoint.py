@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 ENTRYPOINT = REPO / "entrypoint.sh"
 SLURM_ENV = REPO / "tests" / "data" / "slurm_env"
 # Variables bash itself adds to the environment of what it execs.
@@ -21,6 +22,8 @@ BASH_ADDS = {"PWD", "SHLVL", "_", "OLDPWD"}
 # The stub reports what it was started with, then optionally waits for a signal.
 STUB = r"""#!{python}
 import json, os, signal, sys, time
+
+from tests.helpers import REPO
 def on_term(signum, frame):
     os.write(1, b"got SIGTERM\n")
     os._exit(42)

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_distributed import clean_env
-from tests.test_doctor import FAST, by_check
+from tests.helpers import clean_env
+from tests.helpers import DOCTOR_FAST as FAST
+from tests.helpers import by_check
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 SRUN = ["srun", "--kill-on-bad-exit=1", "--time=10"]
 DOCTOR = [sys.executable, "-m", "workload.doctor"]
 

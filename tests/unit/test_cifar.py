@@ -3,29 +3,11 @@
 import os
 import pickle
 
-import numpy as np
 import pytest
 
+from tests.helpers import write_cifar100
 from workload.data.datasets import find_cifar100, load_cifar100, read_cifar100_split
 from workload.errors import UsageError
-
-
-def write_cifar100(root, n_train=20, n_test=10):
-    """Files laid out and pickled as the official cifar-100-python.tar.gz holds them."""
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for split, n in (("train", n_train), ("test", n_test)):
-        entry = {
-            b"filenames": [f"img{i}.png".encode() for i in range(n)],
-            b"batch_label": f"{split} batch".encode(),
-            b"fine_labels": rng.integers(0, 100, n).tolist(),
-            b"coarse_labels": rng.integers(0, 20, n).tolist(),
-            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-        }
-        with open(folder / split, "wb") as f:
-            pickle.dump(entry, f, protocol=2)  # the protocol of the published files
-    return folder
 
 
 def test_reads_images_and_fine_labels_as_uint8(tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import TINY, read_jsonl, run_train
+from tests.helpers import TINY, read_jsonl, run_train
 
 SUMMARY_KEYS = {
     "final_accuracy", "best_accuracy", "epochs_run", "steps_run", "images_per_second",

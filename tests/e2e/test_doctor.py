@@ -11,11 +11,10 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from tests.test_distributed import clean_env
-from workload.doctor.ranks import cpu_ranges, crowded_nodes, shared_devices
+from tests.helpers import DOCTOR_FAST as FAST
+from tests.helpers import by_check, clean_env
+from workload.doctor.ranks import cpu_ranges
 
-# Small probes keep the suite fast on 2 cores; the figures are not asserted, only sane.
-FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60"]
 
 
 def doctor(args, tmp_path, env=None, cmd=("-m", "workload.doctor")):
@@ -27,10 +26,6 @@ def doctor(args, tmp_path, env=None, cmd=("-m", "workload.doctor")):
                           text=True, env={**clean, **(env or {})}, cwd=tmp_path, timeout=300)
     data = json.loads(report.read_text()) if report.exists() else None
     return done.returncode, done.stdout, done.stderr, data
-
-
-def by_check(data, check):
-    return [f for f in data["findings"] if f["check"] == check]
 
 
 @contextmanager
@@ -146,29 +141,3 @@ def test_json_into_a_folder_that_cannot_exist_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "workload.doctor", "--json",
                            str(tmp_path / "a-file" / "d.json")], capture_output=True, text=True)
     assert done.returncode == 2 and "--json" in done.stderr and "a-file" in done.stderr
-
-
-def test_cpu_ranges_read_like_taskset():
-    assert cpu_ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
-    assert cpu_ranges([3]) == "3"
-
-
-def place(rank, node, threads=1, cpus=(0,), device="cpu", visible=None):
-    return dict(rank=rank, node=node, threads=threads, cpu_list=list(cpus), device=device,
-                cuda_visible_devices=visible)
-
-
-def test_threads_of_ranks_on_one_node_are_added_up():
-    assert crowded_nodes([place(0, "a", 2, (0, 1)), place(1, "a", 2, (0, 1)),
-                          place(2, "b", 1, (0,)), place(3, "b", 1, (1,))]) == \
-        ["a: 4 threads on 2 CPUs"]
-    assert crowded_nodes([place(0, "a", 8, (0, 1))]) == []  # one rank: the local check's
-
-
-def test_two_ranks_on_one_gpu_are_found():
-    # Both see all GPUs and picked device 0: one GPU does the work of two.
-    assert shared_devices([place(0, "a", device="cuda:0"), place(1, "a", device="cuda:0"),
-                           place(2, "b", device="cuda:0")]) == ["a cuda:0: ranks [0, 1]"]
-    # --gpus-per-task: each task sees its own GPU as cuda:0.
-    assert shared_devices([place(0, "a", device="cuda:0", visible="0"),
-                           place(1, "a", device="cuda:0", visible="1")]) == []

@@ -2,19 +2,18 @@
 resolves to an existing file (and, for `page.md#anchor`, to a heading of that page), and
 README.md stays a short entry page.
 
-Standard library only (no torch): `python3 tests/test_docs.py`, or under pytest without
-the suite's conftest: `python3 -m pytest --noconftest tests/test_docs.py`.
+Standard library only (no torch): `python3 tests/unit/test_docs.py`, or under pytest without
+the suite's conftest (which needs the test environment): `python3 -m pytest --noconftest tests/unit/test_docs.py`.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import unittest
 from pathlib import Path
 from urllib.parse import unquote
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/unit/ is two down
 README_MAX_LINES = 200
 
 # [text](target) and ![alt](target), the target up to whitespace or ")"; an optional title

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 # 8 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",

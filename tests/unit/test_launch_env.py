@@ -10,14 +10,14 @@ heterogeneous job `-N1 -n2 : -N1 -n1` (hbatch.env, hstep.N.env, hg1.env = group 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from unittest import mock
 
 import pytest
 
+from tests.helpers import TESTS
 from workload.launch.__main__ import main
 
-DATA = Path(__file__).resolve().parent / "data" / "slurm_env"
+DATA = TESTS / "data" / "slurm_env"
 
 
 def real(name: str, **override: str) -> dict[str, str]:

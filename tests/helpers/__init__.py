@@ -1,0 +1,66 @@
+"""What several test modules share: paths, tiny training arguments, running `train` in this
+process, a clean launch environment, files in real formats. Tests import from here, never
+from each other. (The scripts beside this file run under torchrun as separate processes.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+
+# A model small enough that a few steps take well under a second on a 2-core CPU.
+TINY = ["--model", "wrn", "--width", "8", "--blocks-per-stage", "1", "--device", "cpu"]
+# A short run that checkpoints every 2 steps, for the checkpoint and resume tests.
+CHECKPOINT_ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128",
+                   "--image-size", "16", "--num-classes", "4", "--batch-size", "16",
+                   "--epochs", "2", "--seed", "5", "--checkpoint-every", "2"]
+# Small doctor probes keep the suite fast on 2 cores; the figures are not asserted.
+DOCTOR_FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60"]
+
+
+def run_train(args: list[str], out: Path) -> dict:
+    """Run `train ARGS --output-dir OUT` in this process; return its summary.json."""
+    from workload.train import main as train_main
+
+    train_main([*args, "--output-dir", str(out)])
+    return json.loads((out / "summary.json").read_text())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def clean_env() -> dict[str, str]:
+    """No launch variables from the calling shell (a CI job may run inside SLURM)."""
+    drop = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
+            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def by_check(data: dict, check: str) -> list[dict]:
+    """The findings of one doctor check in its JSON report."""
+    return [f for f in data["findings"] if f["check"] == check]
+
+
+def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
+    """Files laid out and pickled as the official cifar-100-python.tar.gz holds them."""
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("test", n_test)):
+        entry = {
+            b"filenames": [f"img{i}.png".encode() for i in range(n)],
+            b"batch_label": f"{split} batch".encode(),
+            b"fine_labels": rng.integers(0, 100, n).tolist(),
+            b"coarse_labels": rng.integers(0, 20, n).tolist(),
+            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+        }
+        with open(folder / split, "wb") as f:
+            pickle.dump(entry, f, protocol=2)  # the protocol of the published files
+    return folder
