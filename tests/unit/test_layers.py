@@ -116,3 +116,13 @@ def test_the_config_package_imports_only_the_standard_library():
 def test_help_version_and_usage_errors_import_no_torch(command, argv):
     code = (f"import sys; from {command} import main; sys.argv[0] = 'x'; main({argv!r})")
     assert heavy_imports(code) == []
+
+
+def test_no_test_module_imports_another():
+    tests = ROOT.parent / "tests"
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                last = node.module.split(".")[-1]
+                assert not (last.startswith("test_") or last == "conftest"), (
+                    f"{path} imports {node.module}: shared code belongs in tests/helpers")
