@@ -15,7 +15,8 @@
 # The output directory must stay the same across requeues (runs/${SLURM_JOB_ID} does: a
 # requeued job keeps its id), so that `train --resume auto` finds the checkpoint.
 #
-# Sourcing this file defines functions only; run_requeueable sets the defaults below.
+# Sourcing this file defines functions only; run_requeueable sets the defaults itself
+# (requeue_settings).
 
 # Sets the defaults: train's "requeue me" status (REQUEUE_EXIT_STATUS in
 # workload/preemption.py), the cap, and the requeue file. The preempted ranks also write
