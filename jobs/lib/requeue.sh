@@ -14,14 +14,20 @@
 # `scontrol` runs here, in the batch shell on the host: it is rarely inside the container.
 # The output directory must stay the same across requeues (runs/${SLURM_JOB_ID} does: a
 # requeued job keeps its id), so that `train --resume auto` finds the checkpoint.
+#
+# Sourcing this file defines functions only; run_requeueable sets the defaults itself
+# (requeue_settings).
 
-# train's "requeue me" status: REQUEUE_EXIT_STATUS in workload/preemption.py.
-REQUEUE_EXIT_STATUS=75
-MAX_REQUEUES=${MAX_REQUEUES:-3}
-# The preempted ranks also write this file (REQUEUE_FILE_ENV in workload/preemption.py):
-# srun --kill-on-bad-exit=1 and torchrun do not always pass status 75 on. It lives in the
-# working directory, which apptainer binds and the docker form of jobs/common.sh mounts.
-export TRAIN_REQUEUE_FILE=${TRAIN_REQUEUE_FILE:-${PWD}/.train-requeue-${SLURM_JOB_ID:-local}}
+# Sets the defaults: train's "requeue me" status (REQUEUE_EXIT_STATUS in
+# workload/preemption.py), the cap, and the requeue file. The preempted ranks also write
+# that file (REQUEUE_FILE_ENV in workload/preemption.py): srun --kill-on-bad-exit=1 and
+# torchrun do not always pass status 75 on. It lives in the working directory, which
+# apptainer binds and the docker form of jobs/lib/launch.sh mounts.
+requeue_settings() {
+  REQUEUE_EXIT_STATUS=75
+  MAX_REQUEUES=${MAX_REQUEUES:-3}
+  export TRAIN_REQUEUE_FILE=${TRAIN_REQUEUE_FILE:-${PWD}/.train-requeue-${SLURM_JOB_ID:-local}}
+}
 
 requeue_log() {
   printf 'requeue: %s\n' "$*" >&2
@@ -68,6 +74,7 @@ requeue_or_exit() {
 
 run_requeueable() {
   local pid
+  requeue_settings
   rm -f "${TRAIN_REQUEUE_FILE}"
   "$@" &
   pid=$!

@@ -171,7 +171,7 @@ def test_shellcheck_clean(script):
     shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:"
                               f"{os.environ.get('PATH', '')}")
     assert shellcheck, "shellcheck missing: pip install -r requirements/test.txt"
-    # -x follows `source` into jobs/common.sh, as the job scripts use it.
+    # -x follows `source` into jobs/lib/launch.sh, as the job scripts use it.
     done = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True,
                           cwd=REPO)
     assert done.returncode == 0, done.stdout

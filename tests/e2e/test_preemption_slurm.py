@@ -111,3 +111,36 @@ def test_usr2_checkpoints_requeues_resumes_and_stops_at_the_cap(slurm_cluster, t
     reference = json.loads((tmp_path / "reference" / "run" / "summary.json").read_text())
     assert resumed["world_size"] == reference["world_size"] == 2
     assert resumed["model_sha256"] == reference["model_sha256"]
+
+
+@pytest.mark.parametrize("layout", ["per-task", "torchrun"])
+def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout):
+    """jobs/requeue.sbatch itself (RUNTIME=none, one node of 2 processes): USR2 to the
+    batch shell reaches train through srun (and torchrun), the job is requeued once and
+    the requeued run resumes from the checkpoint and completes."""
+    text = (REPO / "jobs" / "requeue.sbatch").read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#SBATCH --gpus"))
+    script, log = tmp_path / "requeue.sbatch", tmp_path / "job.log"
+    script.write_text(body + "\n")
+    env = {**slurm_cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+           "GPUS_PER_NODE": "2", "LAYOUT": layout, "MAX_REQUEUES": "1",
+           "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = slurm_cluster.run(["sbatch", "--parsable", "--cpus-per-task=2", "--time=10",
+                              f"--output={log}", str(script), *ARGS], env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout.strip().split(";")[0])
+    preempt_run_number(slurm_cluster, job, log, 1)
+    wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ("FAILED", "COMPLETED")
+             and job_field(slurm_cluster, job, "Restarts") == "1", "the requeued run", log,
+             timeout=480)  # SLURM holds a requeued job back for about 2 minutes
+    text = log.read_text()
+    step = int(re.search(r"preempted by SIGUSR2 at step (\d+)", text).group(1))
+    out = tmp_path / "runs" / str(job)
+    assert log_count(log, "requeueing job") == 1
+    # train names the folder as it was given: runs/<job id>, relative to the submit folder.
+    assert re.search(rf"resumed from \S*runs/{job}/checkpoints/step-{step:09d}\b", text)
+    assert job_field(slurm_cluster, job, "JobState") == "COMPLETED", text[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["layout"] == ("torchrun-per-node" if layout == "torchrun" else "per-task")

@@ -90,7 +90,8 @@ def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str,
     """sbatch a jobs/ script on the test cluster with the host's Python (RUNTIME=none).
 
     The cluster has no GPUs, so the script's GPU requests are left out; everything else
-    (common.sh, srun options, the layout logic, entrypoint.sh) runs as on a real site.
+    (jobs/lib/launch.sh: srun options, the layout logic, entrypoint.sh) runs as on a real
+    site.
     """
     text = (REPO / "jobs" / script).read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#SBATCH --gpus"))

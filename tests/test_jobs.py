@@ -1,0 +1,293 @@
+"""jobs/: the launch helper (jobs/lib/launch.sh) and the job scripts, with a stub `srun`.
+
+The stub prints the command line it was given as JSON (and the environment it saw), so
+each case checks the exact srun form a layout, runtime and preset produce -- the one
+train command, --kill-on-bad-exit=1, --cpus-per-task, torchrun's signals, docker's -e
+list -- without a cluster. tests/test_slurm_launch.py runs the same scripts on the
+private SLURM cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = REPO / "jobs"
+LAUNCH_SH = JOBS / "lib" / "launch.sh"
+REQUEUE_SH = JOBS / "lib" / "requeue.sh"
+SCRIPTS = sorted(JOBS.glob("*.sbatch"))
+
+# The train command of every job script, before the extra arguments.
+TRAIN = ["train", "--dataset", "cifar100", "--data-dir", "/data", "--batch-size", "256",
+         "--epochs", "100", "--base-lr", "0.01", "--target-accuracy", "0.95", "--patience",
+         "2", "--output-dir", "runs/77"]
+APPTAINER = ["apptainer", "exec", "--nv", "--bind", "/data", "/images/hpc-train.sif"]
+SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+# Records its arguments and a few variables, then exits with STUB_STATUS.
+SRUN_STUB = f"""#!{sys.executable}
+import json, os, sys
+keys = ("NCCL_DEBUG", "TRAIN_REQUEUE_FILE")
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps({{"argv": sys.argv[1:],
+                          "env": {{k: os.environ[k] for k in keys if k in os.environ}}}}) + "\\n")
+sys.exit(int(os.environ.get("STUB_STATUS", "0")))
+"""
+RECORD_STUB = "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"${STUB_CALLS}\"\n"
+
+
+@pytest.fixture()
+def stubs(tmp_path) -> Path:
+    """A bin folder: srun as above; scontrol, apptainer, docker, torchrun, train record."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN_STUB)
+    for name in ("scontrol", "apptainer", "docker", "torchrun", "train", "sbatch"):
+        (bin_dir / name).write_text(RECORD_STUB)
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    return bin_dir
+
+
+def base_env(stubs: Path, **settings: str) -> dict[str, str]:
+    """What sbatch gives a 2-node job of 4 GPUs and 72 CPUs per node, one task per node."""
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(stubs.parent / "srun.jsonl"),
+           "STUB_CALLS": str(stubs.parent / "calls"), "SLURM_JOB_ID": "77",
+           "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_GPUS_PER_NODE": "4",
+           "SLURM_CPUS_PER_TASK": "72", "DATA_DIR": "/data",
+           "IMAGE": "/images/hpc-train.sif", "SLURM_SUBMIT_DIR": str(REPO)}
+    return env | settings
+
+
+def run_bash(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def launch(stubs: Path, *args: str, function: str = "launch_train", **settings: str):
+    script = f'set -Eeuo pipefail; source "{LAUNCH_SH}"; {function} "$@"'
+    done = subprocess.run(["bash", "-c", script, "job", *args], env=base_env(stubs, **settings),
+                          cwd=stubs.parent, capture_output=True, text=True, timeout=60)
+    return done, srun_calls(stubs)
+
+
+def srun_calls(stubs: Path) -> list[dict]:
+    log = stubs.parent / "srun.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def other_calls(stubs: Path) -> list[str]:
+    calls = stubs.parent / "calls"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+# Sourcing runs nothing ------------------------------------------------------------------
+
+@pytest.mark.parametrize("helper", [LAUNCH_SH, REQUEUE_SH], ids=lambda p: p.name)
+def test_sourcing_a_helper_runs_nothing(stubs, tmp_path, helper):
+    """Sourcing defines functions only: no command, no output, no new variable."""
+    script = (f'set -Eeuo pipefail; compgen -v | sort > {tmp_path}/before; '
+              f'source "{helper}"; compgen -v | sort > {tmp_path}/after; '
+              f'comm -13 {tmp_path}/before {tmp_path}/after; echo "--"; declare -F')
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(tmp_path / "srun.jsonl"),
+           "STUB_CALLS": str(tmp_path / "calls")}
+    done = run_bash(script, env, tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    new_variables, functions = done.stdout.split("--\n")
+    assert new_variables == ""
+    assert srun_calls(stubs) == [] and other_calls(stubs) == []
+    defined = {line.split()[-1] for line in functions.splitlines()}
+    expected = {"launch_train", "launch_train_requeueable"} if helper == LAUNCH_SH \
+        else {"run_requeueable"}
+    assert expected <= defined
+
+
+# The job scripts: a header and a call ---------------------------------------------------
+
+def script_body(path: Path) -> list[str]:
+    """The lines that are neither comments nor blank: the script's code."""
+    return [line for line in path.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_each_job_script_is_its_header_and_a_few_lines(script):
+    body = script_body(script)
+    assert len(body) <= 3, body
+    assert body[0] == "set -Eeuo pipefail"
+    assert body[1] == 'source "${JOBS_DIR:-${SLURM_SUBMIT_DIR:-.}/jobs}/lib/launch.sh"'
+    assert re.fullmatch(r'(LAYOUT=\S+ )?launch_train(_requeueable)?( --\S+ \S+)* "\$@"',
+                        body[2]), body[2]
+
+
+def sbatch_settings(script: Path) -> dict[str, str]:
+    """The variables sbatch sets from the script's #SBATCH header (the parts used here)."""
+    header = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)", script.read_text(), re.M))
+    return {"SLURM_NNODES": header["nodes"], "SLURM_NTASKS_PER_NODE": header["ntasks-per-node"],
+            "SLURM_GPUS_PER_NODE": header["gpus-per-node"],
+            "SLURM_CPUS_PER_TASK": header["cpus-per-task"]}
+
+
+# Per script: the layout it uses, and the train arguments it adds before the user's.
+EXPECTED = {"1gpu.sbatch": ("per-task", []), "1node-4gpu-per-task.sbatch": ("per-task", []),
+            "1node-4gpu-torchrun.sbatch": ("torchrun", []), "multinode.sbatch": ("per-task", []),
+            "requeue.sbatch": ("per-task", ["--checkpoint-every", "30m"])}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_each_job_script_runs_the_one_train_command(stubs, script):
+    settings = sbatch_settings(script)
+    env = base_env(stubs, **settings)  # GPUS_PER_NODE: from the header, through sbatch
+    done = subprocess.run(["bash", str(script), "--epochs", "5"], env=env, cwd=stubs.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [call] = srun_calls(stubs)
+    layout, added = EXPECTED[script.name]
+    nodes, gpus = int(settings["SLURM_NNODES"]), int(settings["SLURM_GPUS_PER_NODE"])
+    cpus = int(settings["SLURM_CPUS_PER_TASK"])
+    train = [*TRAIN, *added, "--epochs", "5"]
+    if layout == "per-task":
+        assert call["argv"] == ["--kill-on-bad-exit=1", f"--ntasks={nodes * gpus}",
+                                f"--ntasks-per-node={gpus}", f"--cpus-per-task={cpus // gpus}",
+                                *APPTAINER, *train]
+    else:
+        assert call["argv"] == ["--kill-on-bad-exit=1", f"--ntasks={nodes}",
+                                "--ntasks-per-node=1", f"--cpus-per-task={cpus}", *APPTAINER,
+                                "entrypoint.sh", "torchrun", f"--nproc-per-node={gpus}",
+                                SIGNALS, "--no-python", *train]
+
+
+def test_the_default_layout_is_per_task_for_every_script():
+    """One default, in the helper; only the torchrun example names a layout."""
+    assert re.search(r"^  LAYOUT=\$\{LAYOUT:-per-task\}$", LAUNCH_SH.read_text(), re.M)
+    named = {path.name for path in SCRIPTS if "LAYOUT=" in script_body(path)[-1]}
+    assert named == {"1node-4gpu-per-task.sbatch", "1node-4gpu-torchrun.sbatch"}
+
+
+# The helper, table-driven ---------------------------------------------------------------
+
+def test_per_task_layout_splits_the_node(stubs):
+    done, [call] = launch(stubs, "--epochs", "5")
+    assert done.returncode == 0, done.stderr
+    assert call["argv"] == ["--kill-on-bad-exit=1", "--ntasks=8", "--ntasks-per-node=4",
+                            "--cpus-per-task=18", *APPTAINER, *TRAIN, "--epochs", "5"]
+
+
+def test_torchrun_layout_runs_one_task_per_node_and_passes_usr2_on(stubs):
+    done, [call] = launch(stubs, "--epochs", "5", LAYOUT="torchrun")
+    assert done.returncode == 0, done.stderr
+    assert call["argv"] == ["--kill-on-bad-exit=1", "--ntasks=2", "--ntasks-per-node=1",
+                            "--cpus-per-task=72", *APPTAINER, "entrypoint.sh", "torchrun",
+                            "--nproc-per-node=4", SIGNALS, "--no-python", *TRAIN,
+                            "--epochs", "5"]
+
+
+@pytest.mark.parametrize(("settings", "tasks"), [
+    ({"GPUS_PER_NODE": "2"}, "--ntasks-per-node=2"),             # the setting wins
+    ({"SLURM_GPUS_PER_NODE": "h100:2"}, "--ntasks-per-node=2"),  # a typed GPU request
+    ({"SLURM_GPUS_PER_NODE": ""}, "--ntasks-per-node=1"),        # no GPUs asked for: 1
+])
+def test_gpus_per_node_is_the_one_process_count(stubs, settings, tasks):
+    _, [call] = launch(stubs, **settings)
+    assert tasks in call["argv"]
+    _, calls = launch(stubs, LAYOUT="torchrun", **settings)
+    assert f"--nproc-per-node={tasks.split('=')[1]}" in calls[-1]["argv"]
+
+
+def test_without_cpus_per_task_srun_keeps_its_default(stubs):
+    for layout in ("per-task", "torchrun"):
+        done, calls = launch(stubs, LAYOUT=layout, SLURM_CPUS_PER_TASK="")
+        assert done.returncode == 0, done.stderr
+        assert not any(arg.startswith("--cpus-per-task") for arg in calls[-1]["argv"])
+
+
+def test_docker_passes_the_task_variables_and_the_presets(stubs):
+    done, [call] = launch(stubs, RUNTIME="docker", IMAGE="hpc-train:latest",
+                          PRESET="debug-nccl")
+    assert done.returncode == 0, done.stderr
+    argv = call["argv"]
+    docker = argv[argv.index("docker"):argv.index("hpc-train:latest")]
+    passed = {docker[i + 1] for i, arg in enumerate(docker) if arg == "-e"}
+    assert {"SLURM_PROCID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
+            "TRAIN_REQUEUE_FILE", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG"} <= passed
+    assert docker[:3] == ["docker", "run", "--rm"] and "--network" in docker
+    assert argv[argv.index("hpc-train:latest") + 1:] == TRAIN
+    # The preset's exports reach srun, which passes them to the tasks.
+    assert call["env"]["NCCL_DEBUG"] == "INFO"
+
+
+def test_docker_torchrun_uses_the_image_entrypoint(stubs):
+    _, [call] = launch(stubs, RUNTIME="docker", IMAGE="img", LAYOUT="torchrun")
+    argv = call["argv"]
+    assert argv[argv.index("img") + 1:argv.index("img") + 3] == ["torchrun",
+                                                                "--nproc-per-node=4"]
+
+
+def test_runtime_none_runs_on_the_host(stubs):
+    _, [call] = launch(stubs, RUNTIME="none")
+    assert call["argv"][4:] == TRAIN
+    _, calls = launch(stubs, RUNTIME="none", LAYOUT="torchrun")
+    entrypoint = Path(calls[-1]["argv"][4])
+    assert entrypoint.resolve() == REPO / "entrypoint.sh" and calls[-1]["argv"][5] == "torchrun"
+
+
+def test_entrypoint_setting(stubs):
+    _, [call] = launch(stubs, LAYOUT="torchrun", ENTRYPOINT="/opt/ep.sh")
+    assert call["argv"][4 + len(APPTAINER)] == "/opt/ep.sh"
+
+
+@pytest.mark.parametrize(("layout", "check"), [
+    ("per-task", ["python", "-m", "workload.launch", "check"]),
+    ("torchrun", ["python", "-m", "workload.launch", "check", "--command", "torchrun"]),
+])
+def test_launch_check_runs_the_check_in_the_same_layout(stubs, layout, check):
+    done, [call] = launch(stubs, LAYOUT=layout, LAUNCH_CHECK="1")
+    assert done.returncode == 0, done.stderr
+    assert call["argv"][-len(check) - len(APPTAINER):] == [*APPTAINER, *check]
+    assert "train" not in call["argv"]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"LAYOUT": "mpi"}, "LAYOUT=mpi: expected per-task or torchrun"),
+    ({"RUNTIME": "podman"}, "RUNTIME=podman: expected apptainer, docker or none"),
+    ({"PRESET": "nope"}, "PRESET=nope: no "),
+    ({"GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0: expected a whole number"),
+    ({"SLURM_NTASKS_PER_NODE": "4"}, "set --gpus-per-node"),
+    ({"SLURM_CPUS_PER_TASK": "2"}, "--cpus-per-task=2 cannot be split among GPUS_PER_NODE=4"),
+])
+def test_bad_settings_stop_before_srun(stubs, settings, message):
+    done, calls = launch(stubs, **settings)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert calls == []
+
+
+def test_outside_sbatch_the_missing_job_id_is_named(stubs):
+    script = f'set -Eeuo pipefail; source "{LAUNCH_SH}"; launch_train'
+    env = base_env(stubs)
+    del env["SLURM_JOB_ID"]
+    done = run_bash(script, env, stubs.parent)
+    assert done.returncode != 0 and "run the job scripts with sbatch" in done.stderr
+    assert srun_calls(stubs) == []
+
+
+# The requeue flow through the helper ----------------------------------------------------
+
+def test_requeueable_launch_requeues_on_status_75(stubs):
+    done, [call] = launch(stubs, "--epochs", "5", function="launch_train_requeueable",
+                          STUB_STATUS="75", LAYOUT="torchrun")
+    assert done.returncode == 0, done.stderr
+    assert other_calls(stubs) == ["scontrol requeue 77"]
+    assert SIGNALS in call["argv"]
+    # The step sees the requeue file that train's preempted ranks write.
+    assert call["env"]["TRAIN_REQUEUE_FILE"] == str(stubs.parent / ".train-requeue-77")
+
+
+def test_requeueable_launch_passes_other_statuses_on(stubs):
+    done, _ = launch(stubs, function="launch_train_requeueable", STUB_STATUS="3")
+    assert done.returncode == 3 and other_calls(stubs) == []
