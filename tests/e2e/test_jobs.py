@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
+
 JOBS = REPO / "jobs"
 LAUNCH_SH = JOBS / "lib" / "launch.sh"
 REQUEUE_SH = JOBS / "lib" / "requeue.sh"
