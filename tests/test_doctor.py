@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 from tests.test_distributed import clean_env
+from workload.doctor.findings import INFO, OK, Finding, worst
+from workload.doctor.output import print_report
 from workload.doctor.ranks import cpu_ranges, crowded_nodes, shared_devices
 
 # Small probes keep the suite fast on 2 cores; the figures are not asserted, only sane.
@@ -172,3 +175,15 @@ def test_two_ranks_on_one_gpu_are_found():
     # --gpus-per-task: each task sees its own GPU as cuda:0.
     assert shared_devices([place(0, "a", device="cuda:0", visible="0"),
                            place(1, "a", device="cuda:0", visible="1")]) == []
+
+
+def test_a_healthy_machine_reads_ready(tmp_path):
+    # Only ok and info findings (no DALI installed, nothing to warn about): the summary
+    # says "ready" and the JSON status is "ok" (info is never the overall status).
+    findings = [Finding("dali", INFO, "not installed"), Finding("matmul", OK, "cpu fine"),
+                Finding("threads", INFO, "1 thread")]
+    assert worst(findings) == OK and worst([]) == OK
+    outcome = dict(ranks=[], findings=[(0, f) for f in findings], world_size=1)
+    out = io.StringIO()
+    print_report(outcome, out)
+    assert out.getvalue().splitlines()[-1] == "doctor: ready: 0 failed (-), 0 warnings (-)"
