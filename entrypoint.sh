@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Container entrypoint: resolve the launch variables, export them, exec the command.
 #
-# Usage: entrypoint.sh COMMAND [ARGS...]
+# Usage: entrypoint.sh [--] COMMAND [ARGS...]     (entrypoint.sh --help prints this)
 #   entrypoint.sh train --dataset digits --device cpu      # one task per GPU (or CPU)
 #   entrypoint.sh torchrun --nproc-per-node=4 --no-python train ...   # one task per node
 #   entrypoint.sh echo hi                                  # any command runs unchanged
+#   entrypoint.sh -- -cmd                                  # `--` ends the script's options
 #
 # The rules live in Python (`python -m workload.launch env`, see README "Running on a
 # cluster"); `train` applies them by itself too, so `apptainer exec image train` works
@@ -19,6 +20,11 @@ err() {
   printf 'entrypoint: %s\n' "$*" >&2
 }
 
+# The header above, from "Usage:" to the first blank comment line.
+usage() {
+  sed -n '/^# Usage:/,/^#$/{/^#$/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+}
+
 # Prints the resolved KEY=VALUE lines for COMMAND; exits 2 on a bad value.
 resolve_launch() {
   local command=$1 python=${LAUNCH_PYTHON:-python3} resolved
@@ -26,7 +32,7 @@ resolve_launch() {
     err "no ${python} on PATH to resolve the launch variables; set LAUNCH_PYTHON"
     exit 2
   fi
-  if ! resolved=$("${python}" -m workload.launch env --command "${command}"); then
+  if ! resolved=$("${python}" -m workload.launch env --command="${command}"); then
     err "launch variables could not be resolved (see above); nothing started"
     exit 2
   fi
@@ -49,6 +55,17 @@ export_lines() {
 }
 
 main() {
+  case ${1-} in
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    --) shift ;;
+    -*)
+      err "unknown option $1: entrypoint.sh takes none but --help; put -- before a command that starts with -"
+      exit 2
+      ;;
+  esac
   if (($# == 0)); then
     err "usage: entrypoint.sh COMMAND [ARGS...] (for example: entrypoint.sh train --help)"
     exit 2

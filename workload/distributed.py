@@ -98,11 +98,39 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
     backend = None
     if values["WORLD_SIZE"] > 1:
         backend = "nccl" if chosen.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),
                                 rank=values["RANK"], world_size=values["WORLD_SIZE"])
     nodes = max(1, values["WORLD_SIZE"] // max(1, values["LOCAL_WORLD_SIZE"]))
     return DistInfo(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
                     values["LOCAL_WORLD_SIZE"], chosen, backend, res.layout, nodes)
+
+
+def elastic_store(timeout: timedelta, env=os.environ) -> dist.Store | None:
+    """The agent's store under a per-restart prefix, when torchrun shares one; else None.
+
+    torchrun's agent keeps one TCPStore for all restarts of its workers (see the note in
+    workload/launch/resolve.py, pytorch/pytorch#135712 and #167288): a restarted group
+    finds the dead group's keys there and gloo/NCCL connect to ranks that no longer
+    exist. With a single agent (one node) every worker has the same
+    TORCHELASTIC_RESTART_COUNT, so prefixing the keys with it gives each restart empty
+    keys. Across nodes the counters differ, so there only torchrun's settings help: the
+    entrypoint sets them (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, c10d rendezvous), and
+    None leaves init_process_group to its usual env:// rendezvous.
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # no torchrun, or torchrun gives every round a fresh store
+    if env.get("GROUP_WORLD_SIZE", "1") != "1":
+        if int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0:
+            print("launch: warning: torchrun shares one store across restarts of several "
+                  "nodes, so a restart may not reconnect (pytorch/pytorch#135712); start "
+                  "torchrun through entrypoint.sh, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                  "and use --rdzv-backend=c10d", file=sys.stderr)
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"workload/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+                            store)
 
 
 def teardown() -> None:

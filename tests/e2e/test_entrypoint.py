@@ -106,8 +106,43 @@ def test_torchrun_gets_per_node_values(stub_bin):
     added = {k: v for k, v in got["env"].items() if k not in env and k not in BASH_ADDS}
     assert added == {"NODE_RANK": "1", "MASTER_ADDR": "nid001", "MASTER_PORT": "20010",
                      "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "nid001",
-                     "PET_MASTER_PORT": "20010"}
+                     "PET_MASTER_PORT": "20010",
+                     # Elastic restarts: a c10d rendezvous on the first node and a fresh
+                     # store per round (see workload/launch/resolve.py).
+                     "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "nid001:20010",
+                     "PET_RDZV_ID": "slurm-1-0", "PET_RDZV_CONF": "is_host=0",
+                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     assert got["argv"] == ["--nproc-per-node=2"]
+
+
+def test_torchrun_outside_slurm_gets_a_fresh_store_per_restart(stub_bin):
+    got = report(run(clean_env(stub_bin), "torchrun", "--standalone"))
+    added = {k: v for k, v in got["env"].items()
+             if k not in clean_env(stub_bin) and k not in BASH_ADDS}
+    assert added == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # The user's own choice is kept.
+    got = report(run(clean_env(stub_bin, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="0"), "torchrun"))
+    assert got["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+
+
+def test_double_dash_ends_the_entrypoint_options(stub_bin):
+    done = run(clean_env(stub_bin), "--", "echo", "hi")
+    assert (done.returncode, done.stdout) == (0, "hi\n")
+    assert report(run(clean_env(stub_bin), "--", "stub", "--", "-x"))["argv"] == ["--", "-x"]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_usage(stub_bin, flag):
+    done = run(clean_env(stub_bin), flag)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: entrypoint.sh [--] COMMAND [ARGS...]")
+    assert "entrypoint.sh echo hi" in done.stdout
+
+
+def test_unknown_option_exits_2_naming_the_fix(stub_bin, tmp_path):
+    done = run(clean_env(stub_bin), "--frobnicate", "echo", "hi")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--frobnicate" in done.stderr and "put --" in done.stderr
 
 
 def test_user_values_are_kept(stub_bin):

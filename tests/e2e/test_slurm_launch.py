@@ -126,3 +126,18 @@ def test_multinode_job_script_check_mode(slurm_cluster, tmp_path):
 def check_done_summary(summary: dict, layout: str) -> None:
     assert (summary["world_size"], summary["layout"], summary["num_nodes"]) == (4, layout, 2)
     assert summary["steps_run"] == 4
+
+
+def test_torchrun_restart_across_two_nodes(slurm_cluster, tmp_path):
+    # Elastic restart across nodes: one worker per node, the one on the second node dies
+    # once; both agents start a new round (c10d rendezvous, a fresh store per round, set
+    # by the entrypoint) and the new group must connect and all_reduce.
+    helper = REPO / "tests" / "helpers" / "die_once_plain.py"
+    env = slurm_cluster.env | {"DIE_ONCE_MARKER": str(tmp_path / "died")}
+    done = slurm_cluster.run([*SRUN, "-N2", "--ntasks-per-node=1", ENTRYPOINT, "torchrun",
+                              "--nproc-per-node=1", "--max-restarts=1", str(helper)],
+                             cwd=tmp_path, env=env)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "rank 1: dying on attempt 0" in log, "rank 1 never died: the test proved nothing"
+    assert log.count("all_reduce 3.0") == 2, log[-4000:]

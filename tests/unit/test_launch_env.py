@@ -15,9 +15,13 @@ from unittest import mock
 import pytest
 
 from tests.helpers import TESTS
+from workload.launch import resolve
 from workload.launch.__main__ import main
 
 DATA = TESTS / "data" / "slurm_env"
+# The CPUs every case's process may use (its affinity mask), fixed so the table does not
+# depend on the machine that runs it.
+CPUS = 64
 
 
 def real(name: str, **override: str) -> dict[str, str]:
@@ -104,6 +108,11 @@ GOOD = [
     ("threads-shared-under-torchrun", TORCHRUN_WORKER | {"SLURM_CPUS_PER_TASK": "8",
                                                           "OMP_NUM_THREADS": "1"}, [],
      dict(OMP_NUM_THREADS="2"), "torchrun-per-node"),
+    ("threads-capped-to-usable-cpus", step(SLURM_CPUS_PER_TASK="999999999"), [],
+     dict(OMP_NUM_THREADS=str(CPUS)), "per-task"),
+    ("threads-capped-then-shared-under-torchrun",
+     TORCHRUN_WORKER | {"SLURM_CPUS_PER_TASK": "999999999", "OMP_NUM_THREADS": "1"}, [],
+     dict(OMP_NUM_THREADS=str(CPUS // 4)), "torchrun-per-node"),
     ("threads-user-choice-kept", step(SLURM_CPUS_PER_TASK="8", OMP_NUM_THREADS="3"), [],
      dict(OMP_NUM_THREADS="3"), "per-task"),
     ("outer-torchrun-one-task-per-node",
@@ -142,7 +151,8 @@ BAD = [
 
 
 def run_cli(env: dict[str, str], args: list[str], capsys) -> tuple[int, str, str]:
-    with mock.patch.dict(os.environ, env, clear=True):
+    with mock.patch.dict(os.environ, env, clear=True), \
+            mock.patch("workload.launch.resolve.usable_cpus", return_value=CPUS):
         status = main(["env", *args])
     out, err = capsys.readouterr()
     return status, out, err
@@ -237,6 +247,17 @@ CHECK = [
      [], 1, "srun --ntasks-per-node=1"),
     ("batch-script-outside-srun", real("batch.env"), [], 1, "start it with srun"),
     ("procid-not-below-ntasks", step(procid="4"), [], 2, ""),
+    ("ranks-on-several-nodes-without-an-address",
+     {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, [], 1,
+     "set MASTER_ADDR to rank 0's host name"),
+    ("ranks-all-on-this-host-need-no-address",
+     {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, [], 0,
+     "rendezvous 127.0.0.1:29500"),
+    ("torchrun-on-several-nodes-without-an-address",
+     {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2",
+      "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+      "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"},
+     ["--command", "torchrun"], 1, "set MASTER_ADDR"),
     ("step-smaller-than-job-is-a-note", step(ntasks="2", per_node="1(x2)") | {
         "SLURM_NTASKS": "4"}, [], 0, "note: this step runs 2 tasks of the job's 4"),
 ]
@@ -246,8 +267,28 @@ CHECK = [
                          ids=[c[0] for c in CHECK])
 def test_check(env, args, status, text, capsys):
     env = {"CUDA_VISIBLE_DEVICES": ""} | env
-    with mock.patch.dict(os.environ, env, clear=True):
+    with mock.patch.dict(os.environ, env, clear=True), \
+            mock.patch("workload.launch.resolve.usable_cpus", return_value=CPUS):
         got = main(["check", *args])
     out, err = capsys.readouterr()
     assert got == status, out + err
     assert text in out + err
+
+
+def test_ranks_on_several_nodes_without_an_address_warn(capsys):
+    # `env` (what entrypoint.sh and train use) still resolves, but says what to set.
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    status, out, err = run_cli(env, [], capsys)
+    assert status == 0 and parse(out)[1]["MASTER_ADDR"] == "127.0.0.1"
+    assert "span 2 nodes" in err and "set MASTER_ADDR" in err
+    status, out, err = run_cli(env | {"MASTER_ADDR": "nid001"}, [], capsys)
+    assert status == 0 and err == ""
+
+
+def test_bogus_cpus_per_task_is_capped_to_this_process_cpus(capsys):
+    status, out, err = run_cli(step(SLURM_CPUS_PER_TASK="999999999"), [], capsys)
+    assert parse(out)[1]["OMP_NUM_THREADS"] == str(CPUS)
+    assert "SLURM_CPUS_PER_TASK=999999999" in err and f"only {CPUS} CPUs" in err
+    # Unmocked: the real affinity mask of this test process.
+    res = resolve(step(SLURM_CPUS_PER_TASK="999999999"))
+    assert res.threads == len(os.sched_getaffinity(0))

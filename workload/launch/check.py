@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workload.launch.resolve import PER_TASK, TORCHRUN, Resolution
+from workload.launch.resolve import NO_ADDRESS, PER_TASK, TORCHRUN, Resolution
 
 
 def _gpu_problems(res: Resolution, tasks_on_node: int) -> list[str]:
@@ -37,9 +37,15 @@ def _batch_problems(res: Resolution) -> list[str]:
     return []
 
 
+def _is_address_guess(warning: str) -> bool:
+    return warning.startswith(NO_ADDRESS)
+
+
 def problems(res: Resolution, outer_torchrun: bool = False) -> list[str]:
     """Layout mistakes for the resolved process; empty when the layout is sound."""
-    found = _batch_problems(res)
+    # Ranks on several nodes meeting at a guessed 127.0.0.1 cannot work: a problem.
+    found = [warning for warning in res.warnings if _is_address_guess(warning)]
+    found += _batch_problems(res)
     if res.layout == TORCHRUN:
         found += _torchrun_problems(res)
         if not outer_torchrun:
@@ -51,7 +57,8 @@ def problems(res: Resolution, outer_torchrun: bool = False) -> list[str]:
 
 def notes(res: Resolution) -> list[str]:
     """Things worth knowing that are not errors (printed by check)."""
-    lines = [f"warning: {warning}" for warning in res.warnings]
+    lines = [f"warning: {warning}" for warning in res.warnings
+             if not _is_address_guess(warning)]
     step, job = res.notes.get("step_tasks"), res.notes.get("job_tasks")
     if res.notes.get("in_step") == "True" and step and job and step != job:
         lines.append(f"note: this step runs {step} tasks of the job's {job} "

@@ -14,6 +14,7 @@ Precedence, per variable:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -31,8 +32,12 @@ SINGLE, PER_TASK, TORCHRUN = "single", "per-task", "torchrun-per-node"
 PORT_BASE, PORT_LAST = 20000, 29999
 BATCH_STEP_SLOT = 9
 DEFAULT_PORT = 29500  # torch's own default, used outside SLURM
+# Warning text `check` turns into a problem: the rendezvous address was guessed.
+NO_ADDRESS = "no rendezvous address"
 # Values are exported into shells and processes: host names, IPs and numbers only.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]+$")
+# torchrun's --rdzv-conf: key=value pairs separated by commas (no shell metacharacters).
+SAFE_CONF = re.compile(r"^[A-Za-z0-9._:=,-]+$")
 
 
 @dataclass(frozen=True)
@@ -155,10 +160,17 @@ def _rank_values(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
     return values
 
 
-def _rendezvous_values(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
+def _rendezvous_values(env: Mapping[str, str], warnings: list[str],
+                       nodes: int = 1) -> dict[str, str]:
+    """MASTER_ADDR/MASTER_PORT; `nodes` > 1 when the ranks are known to span several hosts."""
     slurm = in_slurm(env)
     addr = slurm_master_addr(env) if slurm else None
     port = slurm_port(env) if slurm else None
+    if addr is None and not env.get("MASTER_ADDR") and nodes > 1:
+        warnings.append(f"{NO_ADDRESS}: the ranks span {nodes} nodes but neither MASTER_ADDR "
+                        f"nor a SLURM node list says where rank 0 runs, so the rendezvous "
+                        f"address defaults to 127.0.0.1 and ranks on other nodes cannot "
+                        f"join; set MASTER_ADDR to rank 0's host name or address")
     return {
         "MASTER_ADDR": _pick(env, "MASTER_ADDR", addr, "the first node", "127.0.0.1", warnings),
         "MASTER_PORT": _pick(env, "MASTER_PORT", port, "the job-derived port",
@@ -168,7 +180,7 @@ def _rendezvous_values(env: Mapping[str, str], warnings: list[str]) -> dict[str,
 
 def _validate(values: Mapping[str, str]) -> None:
     for key, value in values.items():
-        if not SAFE_VALUE.fullmatch(value):
+        if not (SAFE_CONF if key == "PET_RDZV_CONF" else SAFE_VALUE).fullmatch(value):
             raise LaunchError(key, value, "a host name, address or number without shell "
                               "metacharacters", f"unset {key} or fix its value")
     numbers = {key: _int(values, key, minimum=1 if key.endswith("WORLD_SIZE") else 0)
@@ -190,15 +202,32 @@ def gpu_index(visible_gpus: int, local_rank: int) -> int | None:
     return 0 if visible_gpus == 1 else local_rank
 
 
-def thread_count(env: Mapping[str, str], sharing: int) -> int | None:
-    """Threads per process from SLURM_CPUS_PER_TASK, unless the user chose."""
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: SLURM's cgroup, taskset, ...)."""
+    return len(os.sched_getaffinity(0))
+
+
+def thread_count(env: Mapping[str, str], sharing: int, usable: int,
+                 warnings: list[str]) -> int | None:
+    """Threads per process from SLURM_CPUS_PER_TASK, unless the user chose.
+
+    The derived count never exceeds the CPUs this process may use: a bogus
+    SLURM_CPUS_PER_TASK=999999999 would otherwise make libgomp abort at start.
+    """
     user = env.get("OMP_NUM_THREADS")
     # torchrun sets OMP_NUM_THREADS=1 for its workers when it was unset: not a choice.
     torchrun_default = under_torchrun(env) and user == "1" and sharing > 1
     if user and not torchrun_default:
         return _int(env, "OMP_NUM_THREADS", minimum=1)
     cpus = _int(env, "SLURM_CPUS_PER_TASK", minimum=1)
-    return None if cpus is None else max(1, cpus // max(1, sharing))
+    if cpus is None:
+        return None
+    if cpus > usable:
+        warnings.append(f"SLURM_CPUS_PER_TASK={cpus} but this process may use only {usable} "
+                        f"CPUs (its affinity mask): threads derived from {usable}; set "
+                        f"OMP_NUM_THREADS to choose")
+        cpus = usable
+    return max(1, cpus // max(1, sharing))
 
 
 def _layout(env: Mapping[str, str], world_size: int) -> str:
@@ -209,15 +238,29 @@ def _layout(env: Mapping[str, str], world_size: int) -> str:
     return SINGLE
 
 
-def resolve(env: Mapping[str, str], visible_gpus: int = 0) -> Resolution:
-    """Resolve the launch variables of the process that will train (the worker)."""
+def _nodes_spanned(values: Mapping[str, str]) -> int:
+    """How many hosts the ranks need at least (1 when the numbers are not usable)."""
+    try:
+        world, local = int(values["WORLD_SIZE"]), int(values["LOCAL_WORLD_SIZE"])
+    except ValueError:
+        return 1  # _validate names the bad value
+    return -(-world // max(1, local))
+
+
+def resolve(env: Mapping[str, str], visible_gpus: int = 0,
+            cpus: int | None = None) -> Resolution:
+    """Resolve the launch variables of the process that will train (the worker).
+
+    `cpus`: the CPUs this process may use (default: its affinity mask).
+    """
     warnings: list[str] = []
-    values = _rank_values(env, warnings) | _rendezvous_values(env, warnings)
+    values = _rank_values(env, warnings)
+    values |= _rendezvous_values(env, warnings, _nodes_spanned(values))
     _validate(values)
     layout = _layout(env, int(values["WORLD_SIZE"]))
     local_rank = int(values["LOCAL_RANK"])
     sharing = int(values["LOCAL_WORLD_SIZE"]) if layout == TORCHRUN else 1
-    threads = thread_count(env, sharing)
+    threads = thread_count(env, sharing, usable_cpus() if cpus is None else cpus, warnings)
     if threads is not None:
         values["OMP_NUM_THREADS"] = str(threads)
     notes = _notes(env, values, visible_gpus)
@@ -225,28 +268,68 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0) -> Resolution:
                       tuple(warnings), notes)
 
 
+# Why torchrun gets a c10d rendezvous and a store of its own per restart
+# ---------------------------------------------------------------------
+# Since torch 2.4 torchrun's agent hosts one TCPStore and hands it to the workers
+# (TORCHELASTIC_USE_AGENT_STORE=True; init_process_group's env:// then connects to it as
+# a client). The agent creates that store once and keeps it for every restart: the
+# static rendezvous (torchrun --master-addr/--master-port) always, the c10d one
+# (--standalone, --rdzv-backend=c10d) since its store is only built on the first round.
+# A restarted worker group therefore finds the keys of the dead group still in the store:
+# gloo reads the old ranks' listening addresses ("Gloo connectFullMesh failed ...
+# Connection refused", or a hang), NCCL an old unique id, whenever a peer reads before
+# the new rank 0 overwrote them -- about every second restart on one node, for any
+# script. torch keys nothing by attempt (TORCHELASTIC_RESTART_COUNT is per node and
+# differs between nodes, so it cannot be). Upstream:
+#   https://github.com/pytorch/pytorch/issues/135712 (store shared across restarts;
+#     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is the reported cure)
+#   https://github.com/pytorch/pytorch/issues/167288 (still seen with --max-restarts)
+# What avoids it: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with the c10d rendezvous. Each
+# rendezvous round then publishes a fresh port under round-scoped keys and the workers'
+# rank 0 starts a new, empty store there; the round is the same on every node (the
+# restart counter is not). The static rendezvous ignores the variable, so under SLURM
+# torchrun gets the c10d rendezvous at the job-derived address instead: the store on the
+# first node (is_host, decided by SLURM's node id rather than by host-name matching).
+# Flags on torchrun's command line still win over these PET_* defaults.
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
     """Variables for a torchrun about to start on this node (one task per node).
 
     torchrun assigns RANK/LOCAL_RANK/WORLD_SIZE to its workers itself; what it needs
-    from us is the node's rank, the node count and the rendezvous address. torchrun reads
-    its flag defaults from PET_<FLAG> variables, so exporting PET_NNODES, PET_NODE_RANK,
-    PET_MASTER_ADDR and PET_MASTER_PORT makes a bare ``torchrun --nproc-per-node=4``
-    join the other nodes; flags given on its command line still win.
+    from us is the node's rank, the node count and the rendezvous. torchrun reads its
+    flag defaults from PET_<FLAG> variables, so exporting PET_NNODES, PET_NODE_RANK,
+    PET_MASTER_ADDR/PORT and PET_RDZV_* makes a bare ``torchrun --nproc-per-node=4``
+    join the other nodes; flags given on its command line still win. Elastic restarts
+    (--max-restarts) need a fresh store per restart: see the note above.
     """
     warnings: list[str] = []
     values: dict[str, str] = {}
     if in_slurm(env):
         slurm = slurm_world(env)
+        nodes = slurm["NUM_NODES"] or 1
         values["NODE_RANK"] = _pick(env, "NODE_RANK", slurm["NODE_RANK"], "SLURM_NODEID",
                                     0, warnings)
-        values |= _rendezvous_values(env, warnings)
-        pet = {"PET_NNODES": str(slurm["NUM_NODES"] or 1), "PET_NODE_RANK": values["NODE_RANK"],
-               "PET_MASTER_ADDR": values["MASTER_ADDR"], "PET_MASTER_PORT": values["MASTER_PORT"]}
+        values |= _rendezvous_values(env, warnings, nodes)
+        pet = {"PET_NNODES": str(nodes), "PET_NODE_RANK": values["NODE_RANK"],
+               "PET_MASTER_ADDR": values["MASTER_ADDR"], "PET_MASTER_PORT": values["MASTER_PORT"],
+               "PET_RDZV_BACKEND": "c10d",
+               "PET_RDZV_ENDPOINT": f"{values['MASTER_ADDR']}:{values['MASTER_PORT']}",
+               "PET_RDZV_ID": _rendezvous_id(env),
+               "PET_RDZV_CONF": f"is_host={int(values['NODE_RANK'] == '0')}"}
         values |= {key: env.get(key) or value for key, value in pet.items()}
+    values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
     _validate(values)
     notes = _notes(env, values, 0)
     return Resolution(TORCHRUN, values, None, None, tuple(warnings), notes)
+
+
+def _rendezvous_id(env: Mapping[str, str]) -> str:
+    """One id per job step, the same on every node: ``slurm-<job>-<step>``."""
+    job = _first_int(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    step = _first_int(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
+    return f"slurm-{job}-{'batch' if step is None else step}"
 
 
 def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int) -> dict[str, str]:
