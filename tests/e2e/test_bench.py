@@ -76,7 +76,7 @@ def test_bench_train_puts_the_reference_loop_beside_the_optimised_one(tmp_path):
 
 def test_flops_per_image_of_the_reference_wide_resnet():
     # About 14.5 GFLOP per 32x32 image, forward and backward (the figure behind the
-    # README's GPU estimates).
+    # docs/performance.md's GPU estimates).
     from workload.bench.train import flops_per_image
     from workload.config import TrainConfig
 

@@ -3,7 +3,7 @@
 The stub prints the command line it was given as JSON (and the environment it saw), so
 each case checks the exact srun form a layout, runtime and preset produce -- the one
 train command, --kill-on-bad-exit=1, --cpus-per-task, torchrun's signals, docker's -e
-list -- without a cluster. tests/test_slurm_launch.py runs the same scripts on the
+list -- without a cluster. tests/e2e/test_slurm_launch.py runs the same scripts on the
 private SLURM cluster.
 """
 
