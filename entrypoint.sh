@@ -8,8 +8,8 @@
 #   entrypoint.sh -- -cmd                                  # `--` ends the script's options
 #
 # The rules live in Python (`python -m workload.launch env`, see docs/cluster.md, "How
-# the variables are resolved"); `train` applies them by itself too, so `apptainer exec image train` works
-# without this script. The command is exec'd: it keeps this PID and gets the signals
+# the variables are resolved"); `train` applies them by itself too, so
+# `apptainer exec image train` works without this script. The command is exec'd: it keeps this PID and gets the signals
 # SLURM and container engines send. On NGC images we chain to NVIDIA's own entrypoint.
 #
 # Environment: LAUNCH_PYTHON (python with the workload package; default python3),
