@@ -23,7 +23,6 @@ BASH_ADDS = {"PWD", "SHLVL", "_", "OLDPWD"}
 STUB = r"""#!{python}
 import json, os, signal, sys, time
 
-from tests.helpers import REPO
 def on_term(signum, frame):
     os.write(1, b"got SIGTERM\n")
     os._exit(42)

@@ -24,7 +24,6 @@ REQUEUE_SH = REPO / "jobs" / "lib" / "requeue.sh"
 STEP = """
 import os, signal, sys, time
 
-from tests.helpers import REPO
 got = []
 for name in ("SIGUSR2", "SIGTERM"):
     signal.signal(getattr(signal, name), lambda n, f: got.append(signal.Signals(n).name))
