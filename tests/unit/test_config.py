@@ -139,3 +139,29 @@ def test_unsafe_torch_load_variable_is_refused(monkeypatch):
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with pytest.raises(UsageError, match="unset it"):
         build_config({})
+
+
+def test_config_file_values_and_their_checks(tmp_path):
+    import json
+
+    from workload.config.file import read_config_file
+
+    good = tmp_path / "run.json"
+    good.write_text(json.dumps(dict(TrainConfig().to_dict(), batch_size=64,
+                                    checkpoint_every="10m", recipe="")))
+    values = read_config_file(str(good))
+    assert values["batch_size"] == 64 and "recipe" not in values
+    assert build_config(values).checkpoint.checkpoint_every == Every(0, 600.0)
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "resnet18"\nbase_lr = 1\n')
+    assert read_config_file(str(toml)) == dict(model="resnet18", base_lr=1)
+    for text, words in [('{"batchsize": 3}', "did you mean batch_size"),
+                        ('{"epochs": "ten"}', "epochs must be an integer, got 'ten'"),
+                        ('{"epochs": true}', "epochs must be an integer"),
+                        ('[1]', "one object of settings"), ('{"epochs": ', "not valid JSON")]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(UsageError, match=words):
+            read_config_file(str(bad))
+    with pytest.raises(UsageError, match="--config /nonexistent.json"):
+        read_config_file("/nonexistent.json")

@@ -53,9 +53,13 @@ def _check(path: str, key: str, value) -> None:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UsageError(f"--config {path}: {key!r} is not a setting{hint}")
     kind = FIELDS[key].type
-    expected = {int: (int,), float: (int, float), bool: (bool,), str: (str,),
-                Every: (int, str)}[kind]
+    expected, name = _TYPES[kind]
     wrong_bool = isinstance(value, bool) and kind is not bool
     if not isinstance(value, expected) or wrong_bool:
-        name = "step count or duration" if kind is Every else kind.__name__
-        raise UsageError(f"--config {path}: {key} must be a {name}, got {value!r}")
+        raise UsageError(f"--config {path}: {key} must be {name}, got {value!r}")
+
+
+# A field's type -> the values a file may give for it, and their name in a message.
+_TYPES = {int: ((int,), "an integer"), float: ((int, float), "a number"),
+          bool: ((bool,), "true or false"), str: ((str,), "a string"),
+          Every: ((int, str), "a step count or a duration such as \"10m\"")}

@@ -42,7 +42,7 @@ def stage_data(cfg: TrainConfig, info: DistInfo) -> str:
     if info.local_rank == 0:
         try:
             status = dict(ok=True, text=stage_once(source, target))
-        except (UsageError, OSError, tarfile.TarError) as error:
+        except (UsageError, OSError) as error:
             status = dict(ok=False, text=f"staging {source} to {target} failed: {error}")
     statuses = [s for s in _gather(status, info) if s is not None]
     for failed in (s for s in statuses if not s["ok"]):
@@ -127,11 +127,14 @@ def stage_once(source: Path, target: Path) -> str:
                 f"{time.perf_counter() - started:.1f} s)")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial-{socket.gethostname()}-{os.getpid()}")
-    expected = _copy(source, partial)
-    problem = first_difference(expected, listing(partial))
-    if problem:
+    try:
+        expected = _copy(source, partial)
+        problem = first_difference(expected, listing(partial))
+        if problem:
+            raise UsageError(f"the staged copy differs from the source ({problem})")
+    except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
-        raise UsageError(f"the staged copy differs from the source ({problem})")
+        raise
     if target.exists():  # an incomplete or stale earlier staging
         shutil.rmtree(target)
     os.rename(partial, target)
@@ -148,6 +151,11 @@ def _copy(source: Path, partial: Path) -> dict[str, int]:
         expected = listing(source)
         shutil.copytree(source, partial)
         return expected
-    with tarfile.open(source) as tar:
-        tar.extractall(partial, filter="data")
-        return {str(Path(m.name)): m.size for m in tar.getmembers() if m.isfile()}
+    try:
+        with tarfile.open(source) as tar:
+            tar.extractall(partial, filter="data")
+            return {str(Path(m.name)): m.size for m in tar.getmembers() if m.isfile()}
+    except tarfile.TarError as error:
+        reason = str(error).splitlines()[0].rstrip(":")
+        raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
+                         "folder with: tar -cf NAME.tar -C PARENT NAME") from None

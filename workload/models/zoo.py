@@ -12,6 +12,7 @@ import difflib
 import torch.nn as nn
 import torchvision
 
+from workload.config.derived import stems_of
 from workload.errors import UsageError
 
 
@@ -54,4 +55,5 @@ def small_image_stem(model: nn.Module) -> nn.Module:
 def torchvision_model(name: str, num_classes: int, stem: str, image_size: int) -> nn.Module:
     builder = torchvision.models.get_model_builder(name)
     model = builder(weights=None, num_classes=num_classes, **_extra_args(name, image_size))
-    return small_image_stem(model) if stem == "small" else model
+    # Only the ResNet family has the small-image variant; the others keep their own stem.
+    return small_image_stem(model) if stem == "small" and "small" in stems_of(name) else model

@@ -46,7 +46,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
         write_json(out / "config.json", cfg.to_dict())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag())
-    with open_board(cfg.logging.tensorboard and info.is_main, out) as board:
+    wandb = cfg.to_dict() if cfg.logging.wandb and info.is_main else None
+    with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
