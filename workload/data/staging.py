@@ -61,6 +61,11 @@ def _gather(status: dict | None, info: DistInfo) -> list:
     return gathered
 
 
+def node_name() -> str:
+    """This node in messages (SLURM's name for it: test clusters share one host)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def staged_name(source: Path) -> str:
     name = source.name
     for suffix in TAR_SUFFIXES:
@@ -122,7 +127,7 @@ def stage_once(source: Path, target: Path) -> str:
     manifest = target.with_name(target.name + ".manifest.json")
     stamp = stamp_of(source)
     if (recorded := reusable(target, manifest, stamp)) is not None:
-        return (f"{socket.gethostname()}: reusing the staging of {source} in {target} "
+        return (f"{node_name()}: reusing the staging of {source} in {target} "
                 f"({len(recorded['files'])} files verified in "
                 f"{time.perf_counter() - started:.1f} s)")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +145,7 @@ def stage_once(source: Path, target: Path) -> str:
     os.rename(partial, target)
     write_json(manifest, dict(stamp, files=expected))
     size = sum(expected.values())
-    return (f"{socket.gethostname()}: staged {source} to {target} in "
+    return (f"{node_name()}: staged {source} to {target} in "
             f"{time.perf_counter() - started:.1f} s ({len(expected)} files, "
             f"{size / 1e6:.1f} MB)")
 
