@@ -4,6 +4,7 @@ out, validation names the flag and the fix. No torch: these run in milliseconds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import pytest
 
@@ -165,3 +166,9 @@ def test_config_file_values_and_their_checks(tmp_path):
             read_config_file(str(bad))
     with pytest.raises(UsageError, match="--config /nonexistent.json"):
         read_config_file("/nonexistent.json")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb installed")
+def test_wandb_without_the_extra_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"--wandb needs the wandb package.*hpc-train\[wandb\]"):
+        build_config({"wandb": True})
