@@ -1,12 +1,17 @@
-"""`train --tensorboard`: the per-epoch metrics as TensorBoard event files.
+"""`train --tensorboard`: the per-epoch metrics as TensorBoard event files; `train --wandb`:
+the same metrics, under the same names, to Weights & Biases.
 
 Rank 0 writes them into <output-dir>/tensorboard; view them with
     tensorboard --logdir runs/        (or: report RUN_DIR for PNG figures)
+W&B runs offline unless WANDB_MODE is set (compute nodes rarely reach the internet): the
+run lands in <output-dir>/wandb/; upload it from a login node with
+    wandb sync <output-dir>/wandb/offline-run-*
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 
@@ -33,18 +38,47 @@ class Board:
         self.writer.close()
 
 
-class NoBoard:
+class WandbBoard:
+    """One W&B run (project from WANDB_PROJECT, default hpc-train; named after the run
+    folder), logging what TensorBoard gets at the same steps (epochs)."""
+
+    def __init__(self, out: Path, config: dict):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        import wandb
+
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),
+                              name=out.name, dir=str(out), config=config)
+
     def log_epoch(self, record: dict) -> None:
-        pass
+        self.run.log({tag: record[key] for key, tag in TAGS.items()
+                      if record.get(key) is not None}, step=record["epoch"])
 
     def close(self) -> None:
-        pass
+        self.run.finish()
+
+
+class Boards:
+    """The boards a run writes to (none, either or both), behind one `log_epoch`."""
+
+    def __init__(self, boards: list):
+        self.boards = boards
+
+    def log_epoch(self, record: dict) -> None:
+        for board in self.boards:
+            board.log_epoch(record)
+
+    def close(self) -> None:
+        for board in self.boards:
+            board.close()
 
 
 @contextlib.contextmanager
-def open_board(enabled: bool, out: Path):
-    board = Board(out) if enabled else NoBoard()
+def open_board(enabled: bool, out: Path, wandb_config: dict | None = None):
+    """TensorBoard when `enabled`; W&B too when given the run's config."""
+    boards = Boards([Board(out)] if enabled else [])
     try:
-        yield board
+        if wandb_config is not None:
+            boards.boards.append(WandbBoard(out, wandb_config))
+        yield boards
     finally:
-        board.close()
+        boards.close()

@@ -1,5 +1,5 @@
-"""`train`: the reference Wide ResNet (and ResNets) on CIFAR-100, digits, synthetic data or
-your own image folders, on one device, several GPUs or several nodes.
+"""`train`: the reference Wide ResNet (or any torchvision model) on CIFAR-100, digits,
+synthetic data or your own image folders, on one device, several GPUs or several nodes.
 
 Quick start on any machine (CPU, no network; about two minutes on 2 cores):
     train --dataset digits --device cpu
@@ -7,6 +7,14 @@ Quick start on any machine (CPU, no network; about two minutes on 2 cores):
 One GPU, the Olivia guide's job line:
     apptainer exec --nv image.sif train --dataset cifar100 --data-dir $DATA \\
         --batch-size 256 --epochs 100 --base-lr 0.01 --target-accuracy 0.95 --patience 2
+
+Your own images, staged to node-local disk, from local weights (docs/your-data.md):
+    srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \
+        --model resnet50 --init-from resnet50.safetensors --init-reinit-head
+
+Fetch or check the data only (a login node), and run a recorded run again:
+    train --dataset cifar100 --data-dir $PROJECT/data --download --prepare-data
+    train --config runs/A/config.json --output-dir runs/B
 
 Smoke run:
     train --dataset synthetic --synthetic-size 512 --model wrn --width 16 --max-steps 5
@@ -19,6 +27,8 @@ import sys
 
 from workload.commands import command_parser, run_command
 from workload.config import TrainConfig, add_flags, build_config, given
+from workload.config.derived import resolve_stem
+from workload.config.file import read_config_file
 
 PROG = "train"
 
@@ -27,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Every flag comes from a config field; left out, it is None: a recipe or the field's
     default fills it."""
     parser = command_parser(PROG, __doc__)
+    parser.add_argument("--config", metavar="FILE",
+                        help="take every setting from this JSON (or .toml) file, such as a "
+                             "run's config.json; flags given here override it")
     add_flags(parser)
     return parser
 
@@ -34,12 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None) -> TrainConfig:
     """Parse and validate with the standard library only, so `--help` and every usage error
     answer before torch is imported; then the device decides the recipe."""
-    values = given(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    values = {k: v for k, v in given(args).items() if v is not None}
+    if args.config:
+        values = {**read_config_file(args.config), **values}
     build_config(values)  # validates what was given over the plain defaults
     from workload.distributed import resolve_device
+    from workload.models import check_model_name
 
+    check_model_name(values.get("model") or TrainConfig().model.name)
     device = resolve_device(values.get("device") or TrainConfig().hardware.device)
-    return build_config(values, device.type)
+    cfg = build_config(values, device.type)
+    return cfg.replace(stem=resolve_stem(cfg))  # config.json records the stem used
 
 
 def train(argv: list[str] | None) -> dict:

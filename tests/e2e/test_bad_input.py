@@ -25,7 +25,7 @@ CASES = {
     # name: (extra args, builder of args needing tmp_path, words the message must contain)
     "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "positive", "got 0"]),
     "negative lr": (["--base-lr", "-0.1"], None, ["--base-lr", "greater than 0", "-0.1"]),
-    "unknown model": (["--model", "vgg"], None, ["--model", "invalid choice", "wrn"]),
+    "unknown model": (["--model", "vgg"], None, ["--model 'vgg'", "did you mean", "vgg16"]),
     "unknown dataset": (["--dataset", "mnist"], None, ["--dataset", "invalid choice", "digits"]),
     "accuracy as a percent": (["--target-accuracy", "95"], None, ["fraction", "0.95"]),
     "missing cifar": (["--dataset", "cifar100"], lambda p: ["--data-dir", str(p / "empty")],

@@ -46,6 +46,20 @@ def test_bench_input_measures_every_backend_against_the_reference(tmp_path):
         assert name in done.stdout
 
 
+def test_bench_input_compares_dali_cpu_with_torch_on_an_image_folder(tmp_path, capsys):
+    from tests.helpers import write_image_folder
+
+    folder = write_image_folder(tmp_path / "images", classes=2, per_class=8, size=40)
+    out = tmp_path / "input.json"
+    bench_main(["input", "--dataset", "imagefolder", "--data-dir", str(folder), "--device",
+                "cpu", "--image-size", "32", "--batch-size", "4", "--batches", "2",
+                "--rounds", "1", "--workers", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    results = check_report(report, "input", {"dali", "torch"})
+    assert report["settings"]["baseline"] == "torch" and results["torch"]["vs_baseline"] == 1
+    assert results["dali"]["vs_baseline"] > 0 and "x torch" in capsys.readouterr().out
+
+
 def test_bench_train_sweeps_batch_sizes_with_flops(tmp_path, capsys):
     out = tmp_path / "train.json"
     bench_main(["train", *TINY_DATA, *TINY_MODEL, "--batch-sizes", "4,8", "--steps", "1",

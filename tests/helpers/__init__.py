@@ -64,3 +64,28 @@ def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
         with open(folder / split, "wb") as f:
             pickle.dump(entry, f, protocol=2)  # the protocol of the published files
     return folder
+
+
+def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 24,
+                       splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """An image folder dataset of small random JPEGs: root/<split>/class<k>/<i>.jpg."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for k in range(classes):
+            folder = root / split / f"class{k}"
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+    return root
+
+
+def tar_folder(folder: Path, tar_path: Path) -> Path:
+    """`folder` packed as tar_path with its name as the one top folder (pets/train/...)."""
+    import tarfile
+
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    return tar_path

@@ -4,6 +4,7 @@ out, validation names the flag and the fix. No torch: these run in milliseconds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import pytest
 
@@ -112,7 +113,14 @@ def test_every_reads_steps_or_durations_and_writes_them_back(text, steps, second
     ({"target_accuracy": 95}, ["--target-accuracy", "fraction", "0.95"]),
     ({"image_size": 4}, ["--image-size 4", "8 or more"]),
     ({"dist_timeout_s": 0}, ["--dist-timeout", "more than 0"]),
-    ({"model": "vgg"}, ["--model 'vgg'", "wrn"]),
+    ({"model": " "}, ["--model", "--model wrn"]),
+    ({"model": "wrn", "stem": "imagenet"}, ["--stem imagenet", "leave out --stem"]),
+    ({"model": "efficientnet_b0", "stem": "small"}, ["--stem small", "resnet*"]),
+    ({"init_reinit_head": True}, ["--init-reinit-head", "--init-from"]),
+    ({"init_from": "/nonexistent.safetensors"}, ["--init-from", "convert"]),
+    ({"log_every": -1}, ["--log-every", "0"]),
+    ({"data_dir": "x.tar"}, ["tar file", "--stage-to"]),
+    ({"stage_to": "/tmp", "dataset": "digits"}, ["--stage-to", "digits"]),
     ({"resume": "/nonexistent/step-1"}, ["--resume /nonexistent/step-1", "auto"]),
     ({"overwrite": True}, ["--overwrite", "--resume never"]),
 ])
@@ -132,3 +140,35 @@ def test_unsafe_torch_load_variable_is_refused(monkeypatch):
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with pytest.raises(UsageError, match="unset it"):
         build_config({})
+
+
+def test_config_file_values_and_their_checks(tmp_path):
+    import json
+
+    from workload.config.file import read_config_file
+
+    good = tmp_path / "run.json"
+    good.write_text(json.dumps(dict(TrainConfig().to_dict(), batch_size=64,
+                                    checkpoint_every="10m", recipe="")))
+    values = read_config_file(str(good))
+    assert values["batch_size"] == 64 and "recipe" not in values
+    assert build_config(values).checkpoint.checkpoint_every == Every(0, 600.0)
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "resnet18"\nbase_lr = 1\n')
+    assert read_config_file(str(toml)) == dict(model="resnet18", base_lr=1)
+    for text, words in [('{"batchsize": 3}', "did you mean batch_size"),
+                        ('{"epochs": "ten"}', "epochs must be an integer, got 'ten'"),
+                        ('{"epochs": true}', "epochs must be an integer"),
+                        ('[1]', "one object of settings"), ('{"epochs": ', "not valid JSON")]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(UsageError, match=words):
+            read_config_file(str(bad))
+    with pytest.raises(UsageError, match="--config /nonexistent.json"):
+        read_config_file("/nonexistent.json")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb installed")
+def test_wandb_without_the_extra_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"--wandb needs the wandb package.*hpc-train\[wandb\]"):
+        build_config({"wandb": True})

@@ -18,7 +18,7 @@ from workload.bench.input import endless
 from workload.bench.reference import ReferenceLoader, reference_step
 from workload.data import build_data
 from workload.data.backends import NATURAL_IMAGE_SIZE, DataRequest, read_in_memory
-from workload.models import build_model
+from workload.models import model_for
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model
 from workload.training.trainer import Trainer
@@ -60,8 +60,7 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[str, float] | Non
 
 def flops_per_image(cfg, num_classes: int, image_size: int) -> float:
     """Forward and backward FLOPs of one image, counted on the meta device (no compute)."""
-    m = cfg.model
-    model = build_model(m.name, num_classes, m.width, m.blocks_per_stage, m.dropout).to("meta")
+    model = model_for(cfg.replace(image_size=image_size), num_classes).to("meta")
     images = torch.empty(2, 3, image_size, image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         model(images).sum().backward()

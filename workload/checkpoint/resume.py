@@ -27,6 +27,10 @@ MAY_CHANGE_ON_RESUME = {
     "download", "workers", "compile", "device", "recipe", "resume", "overwrite",
     "checkpoint_every", "keep_checkpoints", "preempt_signal", "dist_timeout_s",
 }
+# Also where the data is staged, how progress is shown and tracked, and the starting weights
+# (a resumed run takes its weights from the checkpoint).
+MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init_from",
+                         "init_reinit_head"}
 
 
 def prepare(cfg, out: Path, is_main: bool) -> None:

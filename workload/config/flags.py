@@ -34,7 +34,7 @@ def _add(group, f: dataclasses.Field, default) -> None:
     meta, key = f.metadata, key_of(f)
     # A default made at run time (the output folder's timestamp) is described in the help.
     made_at_run_time = f.default_factory is not dataclasses.MISSING and f.type is str
-    shown = "" if made_at_run_time or default is False else f" (default: {default})"
+    shown = "" if made_at_run_time or default is False or default == "" else f" (default: {default})"
     kwargs = dict(dest=key, default=None, help=meta["help"] + shown)
     if f.type is bool:
         kwargs["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 from workload.config.values import Every
 
-MODELS = ("wrn", "resnet18", "resnet50")
+# The built-in network; every torchvision classification model name is accepted too, checked
+# against torchvision's registry once torch is imported (workload.models.check_model_name).
+MODELS = ("wrn",)
+STEMS = ("auto", "imagenet", "small")
 DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
 DATA_BACKENDS = ("auto", "device", "dali", "torch")
 DEVICES = ("auto", "cpu", "cuda")
@@ -37,8 +40,18 @@ def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple
 @dataclass
 class Model:
     """model"""
-    name: str = setting("wrn", "network; wrn is the reference Wide ResNet of the Olivia guide",
-                        key="model", choices=MODELS)
+    name: str = setting("wrn", "network: wrn (the reference Wide ResNet of the Olivia guide) "
+                               "or any torchvision classification model (resnet50, "
+                               "efficientnet_b0, convnext_tiny, vit_b_16, ...), its head sized "
+                               "to the dataset's classes", key="model", metavar="NAME")
+    stem: str = setting("auto", "ResNet family: imagenet (7x7 stride 2 + max-pool) or small "
+                                "(3x3 stride 1, no max-pool); auto = imagenet for images of "
+                                "64 px and more, small below (printed, kept in config.json)",
+                        choices=STEMS)
+    init_from: str = setting("", "start from the weights in this .safetensors file (every "
+                                 "tensor must match; see docs/your-data.md)", metavar="FILE")
+    init_reinit_head: bool = setting(False, "with --init-from: start the classifier head "
+                                            "afresh when its size differs (other classes)")
     width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x")
     blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)")
     dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block")
@@ -60,6 +73,12 @@ class Data:
     num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)")
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
                                "SLURM_CPUS_PER_TASK or the CPUs this process may use")
+    stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
+                                "a .tar) to this node-local folder once per node, e.g. "
+                                "$SLURM_TMPDIR, verify it and train from there; a complete "
+                                "earlier staging is reused", metavar="DIR")
+    prepare_data: bool = setting(False, "only prepare the data (--download, --stage-to) and "
+                                        "check it can be read, then exit without training")
     data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
                                         "folders on a GPU, else torch (the reason is printed)",
                                 choices=DATA_BACKENDS)
@@ -134,6 +153,12 @@ class Logging:
                               factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"))
     tensorboard: bool = setting(False, "also write TensorBoard event files into "
                                        "<output-dir>/tensorboard")
+    log_every: int = setting(0, "a progress line (loss, img/s, ETA, GPU memory) every N "
+                                "steps, also in <output-dir>/steps.jsonl; 0 = about every "
+                                "30 s when stdout is not a terminal (a terminal shows a bar)",
+                             metavar="N")
+    wandb: bool = setting(False, "also log the metrics to Weights & Biases (the wandb extra; "
+                                 "offline unless WANDB_MODE says otherwise)")
 
 
 SECTIONS = dict(model=Model, data=Data, training=Training, hardware=Hardware,

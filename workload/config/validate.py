@@ -8,6 +8,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from workload.config.derived import resolve_stem
 from workload.config.schema import FIELDS, KEYS, TrainConfig, flag_of
 from workload.errors import UsageError
 
@@ -18,8 +19,9 @@ UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 def validate(cfg: TrainConfig) -> TrainConfig:
     flat = cfg.to_dict()
     for check in (_check_choices, _check_positive_ints, _check_ranges, _check_checkpoint,
-                  _check_optional_packages):
+                  _check_optional_packages, _check_model, _check_data_files):
         check(flat)
+    resolve_stem(cfg)  # a forced stem the model lacks
     _check_unsafe_load_env(os.environ)
     return cfg
 
@@ -72,6 +74,8 @@ def _check_ranges(c: dict) -> None:
              "or more")
     _require(c["workers"] >= -1, f"--workers must be -1 (automatic) or more, got {c['workers']!r}")
     _require(bool(c["output_dir"]), "--output-dir must not be empty")
+    _require(c["log_every"] >= 0, f"--log-every must be 0 (about every 30 s in batch logs) "
+                                  f"or a number of steps, got {c['log_every']!r}")
     _require(c["dist_timeout_s"] > 0, f"--dist-timeout must be more than 0 seconds, got "
                                       f"{c['dist_timeout_s']!r}; pass e.g. --dist-timeout 600")
 
@@ -90,6 +94,39 @@ def _check_optional_packages(c: dict) -> None:
     _require(not c["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
              "--tensorboard needs the tensorboard package, which is not installed; "
              "pip install 'hpc-train[report]' or leave out --tensorboard")
+    _require(not c["wandb"] or importlib.util.find_spec("wandb") is not None,
+             "--wandb needs the wandb package, which is not installed; "
+             "pip install 'hpc-train[wandb]' or leave out --wandb")
+
+
+def _check_model(c: dict) -> None:
+    # The name itself is checked against torchvision's registry once torch is imported.
+    _require(bool(c["model"].strip()), "--model must not be empty; pass e.g. --model wrn")
+    init = c["init_from"]
+    _require(not init or (init.endswith(".safetensors") and Path(init).is_file()),
+             f"--init-from {init} is not a .safetensors file; convert the weights first "
+             "(see docs/your-data.md, 'Starting from published weights')")
+    _require(not c["init_reinit_head"] or bool(init),
+             "--init-reinit-head only goes with --init-from FILE.safetensors")
+
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _check_data_files(c: dict) -> None:
+    data_dir, stage_to = c["data_dir"], c["stage_to"]
+    is_tar = data_dir.endswith(TAR_SUFFIXES)
+    _require(not is_tar or bool(stage_to),
+             f"--data-dir {data_dir} is a tar file: add --stage-to DIR (e.g. $SLURM_TMPDIR) "
+             "to unpack it on each node, or unpack it yourself")
+    if not stage_to:
+        return
+    _require(c["dataset"] in ("cifar100", "imagefolder"),
+             f"--stage-to copies --data-dir, which --dataset {c['dataset']} does not read; "
+             "leave out --stage-to")
+    source = Path(data_dir).expanduser()
+    _require(source.is_dir() or (is_tar and source.is_file()),
+             f"--data-dir {data_dir} does not exist, so --stage-to has nothing to copy")
 
 
 def _check_unsafe_load_env(env) -> None:

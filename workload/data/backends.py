@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from workload.config import TrainConfig
+from workload.config.derived import NATURAL_IMAGE_SIZE, image_size_of  # noqa: F401
 from workload.data.augment import Normalizer
 from workload.data.datasets import SplitDataset, load_cifar100, load_digits, load_synthetic
 from workload.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, load_imagefolder
@@ -20,8 +21,6 @@ from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
 from workload.data.per_sample import ArrayImages
 from workload.errors import UsageError
 
-# The image side each dataset has when --image-size is 0.
-NATURAL_IMAGE_SIZE = {"cifar100": 32, "digits": 32, "synthetic": 32, "imagefolder": 224}
 DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (nvidia-dali-cuda130 for CUDA 13)"
 
 
@@ -46,7 +45,7 @@ class DataRequest:
 
     @property
     def image_size(self) -> int:
-        return self.cfg.data.image_size or NATURAL_IMAGE_SIZE[self.cfg.data.dataset]
+        return image_size_of(self.cfg)
 
     @property
     def shard(self) -> dict:

@@ -52,7 +52,7 @@ def find_cifar100(data_dir: str) -> Path:
     raise UsageError(
         f"CIFAR-100 not found: looked for {root / CIFAR100_FOLDER}/train and /test. "
         f"Compute nodes usually have no internet: on a login node run "
-        f"'train --dataset cifar100 --data-dir {root} --download --max-steps 0' "
+        f"'train --dataset cifar100 --data-dir {root} --download --prepare-data' "
         f"(or python -c \"import torchvision; torchvision.datasets.CIFAR100('{root}', "
         f"download=True)\"), then point --data-dir at that folder")
 

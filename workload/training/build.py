@@ -13,7 +13,9 @@ import torch.nn as nn
 from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
-from workload.models import build_model
+from workload.logs import logger
+from workload.models import model_for
+from workload.models.weights import load_initial_weights
 from workload.precision import grad_scaler
 from workload.training.trainer import TrainState
 
@@ -50,8 +52,10 @@ def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
 def place_model(cfg: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
     """The configured model on this rank's device, in its memory format, wrapped for the
     job (DDP or FSDP2; itself when alone)."""
-    m = cfg.model
-    model = build_model(m.name, num_classes, m.width, m.blocks_per_stage, m.dropout)
+    model = model_for(cfg, num_classes)
+    if cfg.model.init_from:  # before wrapping: every rank loads the same file
+        logger.info(load_initial_weights(model, cfg.model.init_from,
+                                         cfg.model.init_reinit_head))
     model = model.to(info.device)
     if cfg.hardware.channels_last:
         model = model.to(memory_format=torch.channels_last)

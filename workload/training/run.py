@@ -12,15 +12,19 @@ from workload import checkpoint, distributed
 from workload.caches import ensure_writable_caches
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig
+from workload.config.derived import describe_stem
 from workload.data import build_data
+from workload.data.staging import stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
 from workload.logs import logger, setup_logging
 from workload.models import count_parameters
+from workload.models.weights import save_weights
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.records import model_sha256, prepare_output_dir, versions
 from workload.tensorboard import open_board
-from workload.training.build import build_state
+from workload.training.build import build_state, planned_steps
+from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 
 
@@ -28,7 +32,11 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
     info, precision = start_process(cfg)
-    data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size)
+    data_dir = stage_data(cfg, info)
+    data = build_data(cfg.replace(data_dir=data_dir), info.device, info.rank, info.world_size,
+                      info.local_world_size)
+    if cfg.data.prepare_data:
+        return data_ready(cfg, data, data_dir)
     out = prepare_output_dir(cfg.logging.output_dir)
     checkpoint.prepare(cfg, out, info.is_main)
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
@@ -38,11 +46,14 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
         write_json(out / "config.json", cfg.to_dict())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag())
-    with open_board(cfg.logging.tensorboard and info.is_main, out) as board:
+    wandb = cfg.to_dict() if cfg.logging.wandb and info.is_main else None
+    with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
-                                   checkpointer.after_epoch])
+                                   checkpointer.after_epoch],
+                      progress=progress_hooks(cfg, info, out, len(data.train)))
         summary = Trainer(cfg, info, state, data, precision, hooks).fit()
+    save_weights(state.model, out / "model.safetensors", info.is_main)
     summary.update(total_time_s=time.perf_counter() - started,
                    **run_facts(cfg, info, state.model, precision))
     if info.is_main:
@@ -79,6 +90,22 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
             board.log_epoch]
 
 
+def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int) -> list:
+    """Rank 0's progress lines (--log-every) and steps.jsonl."""
+    if not info.is_main:
+        return []
+    return [ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
+                        info.world_size, info.device, out / "steps.jsonl")]
+
+
+def data_ready(cfg: TrainConfig, data, data_dir: str) -> dict:
+    """--prepare-data: the data is there and readable; no training."""
+    logger.info(f"data ready: {cfg.data.dataset} in {data_dir}, {data.num_train_samples} "
+                f"training images, {data.num_classes} classes; --prepare-data: not training")
+    return dict(prepared=True, dataset=cfg.data.dataset, data_dir=data_dir,
+                num_train_samples=data.num_train_samples, num_classes=data.num_classes)
+
+
 def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> None:
     m, t = cfg.model, cfg.training
     if cfg.recipe:
@@ -89,6 +116,7 @@ def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> 
                 f"{cfg.data.dataset} ({data.num_train_samples} training images, "
                 f"{data.num_classes} classes), device {info.device}, precision {precision}, "
                 f"world size {info.world_size} ({info.layout})")
+    logger.info(describe_stem(cfg))
     logger.info(f"data backend {data.backend}: {data.reason}")
     logger.info("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
 

@@ -54,12 +54,24 @@ class EpochStats:
 
 
 @dataclass
+class StepDone:
+    """What a step hook is shown: where the loop is and the step's loss, still on the
+    device (reading it, `.item()`, waits for the device: a hook does so only when it logs)."""
+    epoch: int
+    batch: int
+    step: int
+    images: int  # this rank's images in the step
+    loss: torch.Tensor
+
+
+@dataclass
 class Hooks:
-    """What runs beside the loop: after every optimizer step (checkpoints, preemption) and
-    after every epoch, with the epoch's record (logs, metrics.jsonl, TensorBoard, the
-    epoch-end checkpoint), in list order."""
+    """What runs beside the loop: after every optimizer step (checkpoints, preemption;
+    then the progress hooks, shown the step) and after every epoch, with the epoch's record
+    (logs, metrics.jsonl, TensorBoard, the epoch-end checkpoint), in list order."""
     after_step: list[Callable[[], None]] = field(default_factory=list)
     after_epoch: list[Callable[[dict], None]] = field(default_factory=list)
+    progress: list[Callable[[StepDone], None]] = field(default_factory=list)
 
 
 def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: float,
@@ -100,11 +112,14 @@ class Trainer:
                                                   start=start_batch + 1):
             if self.done_stepping():
                 break
-            loss_sum += self.train_step(images, labels)
+            loss = self.train_step(images, labels)
+            loss_sum += loss
             steps += 1
             state.batch = batch
             for hook in self.hooks.after_step:
                 hook()
+            for hook in self.hooks.progress:
+                hook(StepDone(epoch, batch, state.step, len(labels), loss))
             if state.step == 1:  # the run's first step: warm-up (and compilation) time
                 sync(device)
                 t_window = time.perf_counter()

@@ -1,12 +1,6 @@
-"""Model registry: the reference Wide ResNet and torchvision ResNets for small images."""
-
-from typing import Callable
+"""The reference Wide ResNet of the Olivia guide."""
 
 import torch.nn as nn
-import torchvision
-
-from workload.config import MODELS
-from workload.errors import UsageError
 
 
 def conv_bn_relu(in_channels: int, out_channels: int) -> nn.Sequential:
@@ -67,31 +61,3 @@ class WideResNet(nn.Module):
 
     def forward(self, x):
         return self.fc(self.features(x))
-
-
-def small_image_resnet(builder: Callable[..., nn.Module], num_classes: int) -> nn.Module:
-    """A torchvision ResNet with the usual CIFAR stem: 3x3 stride-1 conv, no max-pool.
-
-    The ImageNet stem (7x7 stride 2 and a max-pool) would shrink a 32x32 image to 8x8
-    before the first stage and lose most of its detail.
-    """
-    model = builder(num_classes=num_classes)
-    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    model.maxpool = nn.Identity()
-    return model
-
-
-def build_model(name: str, num_classes: int, width: int = 160, blocks_per_stage: int = 2,
-                dropout: float = 0.01) -> nn.Module:
-    """Build a model by its `--model` name."""
-    if name == "wrn":
-        return WideResNet(num_classes, width, blocks_per_stage, dropout)
-    if name == "resnet18":
-        return small_image_resnet(torchvision.models.resnet18, num_classes)
-    if name == "resnet50":
-        return small_image_resnet(torchvision.models.resnet50, num_classes)
-    raise UsageError(f"--model {name!r} is not a known model; choose one of {', '.join(MODELS)}")
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,65 @@
+"""`train --config FILE`: settings from a JSON (or TOML) file in config.json's flat shape
+(`batch_size = 64`); flags given on the command line override them."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from workload.config.schema import FIELDS, KEYS
+from workload.config.values import Every
+from workload.errors import UsageError
+
+# Keys config.json holds that are not settings: accepted and left alone.
+IGNORED = {"recipe"}
+
+
+def read_config_file(path: str) -> dict:
+    """`key -> value` from the file, each value checked against its field's type."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+    except OSError as error:
+        raise UsageError(f"--config {path}: {error.strerror}") from None
+    values = _parse(text, path, toml=file.suffix == ".toml")
+    if not isinstance(values, dict):
+        raise UsageError(f"--config {path} must hold one object of settings "
+                         "(key = value), such as a run's config.json")
+    for key, value in values.items():
+        _check(path, key, value)
+    return {k: v for k, v in values.items() if k not in IGNORED}
+
+
+def _parse(text: str, path: str, toml: bool):
+    try:
+        if toml:
+            import tomllib  # Python 3.11+
+            return tomllib.loads(text)
+        return json.loads(text)
+    except ImportError:
+        raise UsageError(f"--config {path}: TOML needs Python 3.11 or later; "
+                         "write the settings as JSON") from None
+    except ValueError as error:  # JSONDecodeError and TOMLDecodeError
+        raise UsageError(f"--config {path} is not valid {'TOML' if toml else 'JSON'}: "
+                         f"{error}") from None
+
+
+def _check(path: str, key: str, value) -> None:
+    if key in IGNORED:
+        return
+    if key not in KEYS:
+        close = difflib.get_close_matches(key, list(KEYS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"--config {path}: {key!r} is not a setting{hint}")
+    kind = FIELDS[key].type
+    expected, name = _TYPES[kind]
+    wrong_bool = isinstance(value, bool) and kind is not bool
+    if not isinstance(value, expected) or wrong_bool:
+        raise UsageError(f"--config {path}: {key} must be {name}, got {value!r}")
+
+
+# A field's type -> the values a file may give for it, and their name in a message.
+_TYPES = {int: ((int,), "an integer"), float: ((int, float), "a number"),
+          bool: ((bool,), "true or false"), str: ((str,), "a string"),
+          Every: ((int, str), "a step count or a duration such as \"10m\"")}

@@ -1,0 +1,84 @@
+"""Progress lines for batch logs, a trainer hook on rank 0: step/total, loss, img/s, ETA
+and peak GPU memory every `--log-every` steps (by default about every 30 s when stdout is
+not a terminal, where the progress bar shows instead), also appended to steps.jsonl.
+
+The step's loss stays on the device and is summed there; it is read once per line, so the
+steps between two lines never wait for the device.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from workload.files import append_jsonl
+from workload.logs import logger
+from workload.training.trainer import StepDone
+
+AUTO_SECONDS = 30.0  # the interval of --log-every 0 in batch logs
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class ProgressLog:
+    """The hook: counts the window since the last line; prints and records when due."""
+
+    def __init__(self, every: int, total_steps: int, world_size: int, device: torch.device,
+                 path: Path, interactive: bool | None = None):
+        interactive = sys.stdout.isatty() if interactive is None else interactive
+        self.enabled = every > 0 or not interactive
+        self.every, self.total, self.world_size = every, total_steps, world_size
+        self.device, self.path = device, path
+        self.started = time.perf_counter()
+        self.epoch = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.window_start = time.perf_counter()
+        self.loss_sum, self.steps, self.images = None, 0, 0
+
+    def __call__(self, done: StepDone) -> None:
+        if not self.enabled:
+            return
+        if done.epoch != self.epoch:  # a new window: the evaluation is no training time
+            self.epoch = done.epoch
+            self._reset()
+            return
+        loss = done.loss.float()
+        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+        self.steps, self.images = self.steps + 1, self.images + done.images
+        due = (done.step % self.every == 0 if self.every else
+               time.perf_counter() - self.window_start >= AUTO_SECONDS)
+        if due:
+            self.log(done)
+            self._reset()
+
+    def record(self, done: StepDone) -> dict:
+        loss = self.loss_sum.item() / self.steps  # the one wait for the device
+        seconds = time.perf_counter() - self.window_start
+        return dict(epoch=done.epoch + 1, step=done.step, total_steps=self.total, loss=loss,
+                    images_per_second=self.images * self.world_size / seconds,
+                    eta_s=max(0, self.total - done.step) * seconds / self.steps,
+                    peak_memory_gib=peak_memory_gib(self.device),
+                    elapsed_s=time.perf_counter() - self.started)
+
+    def log(self, done: StepDone) -> None:
+        r = self.record(done)
+        memory = ("" if r["peak_memory_gib"] is None
+                  else f", peak GPU memory {r['peak_memory_gib']:.1f} GiB")
+        logger.info(f"step {r['step']}/{r['total_steps']} (epoch {r['epoch']}): loss "
+                    f"{r['loss']:.4f}, {r['images_per_second']:.1f} img/s, ETA "
+                    f"{clock(r['eta_s'])}{memory}")
+        append_jsonl(self.path, r)
