@@ -64,3 +64,18 @@ def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
         with open(folder / split, "wb") as f:
             pickle.dump(entry, f, protocol=2)  # the protocol of the published files
     return folder
+
+
+def write_image_folder(root: Path, per_class: int = 8) -> None:
+    """train/ and val/ with two classes of small random JPEG images."""
+    import torch
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for label in ("cat", "dog"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for n in range(per_class):
+                pixels = torch.randint(0, 256, (40, 48, 3), dtype=torch.uint8, generator=generator)
+                Image.fromarray(pixels.numpy()).save(folder / f"{n}.jpg")

@@ -132,3 +132,22 @@ def test_unsafe_torch_load_variable_is_refused(monkeypatch):
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with pytest.raises(UsageError, match="unset it"):
         build_config({})
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--base-lr", "inf"], ["--base-lr", "finite", "inf"]),
+    (["--base-lr", "nan"], ["--base-lr", "finite"]),
+    (["--weight-decay", "inf"], ["--weight-decay", "finite"]),
+    (["--warmup-epochs", "inf"], ["--warmup-epochs", "finite"]),
+    (["--dist-timeout", "inf"], ["--dist-timeout", "finite"]),
+    (["--base-lr", "1e308"], ["--base-lr", "at most 1000", "--base-lr 0.01"]),
+    (["--seed", "12345678901234567890"], ["--seed", "at most 4294967295"]),
+    (["--seed", "-1"], ["--seed", "0 or more"]),
+    (["--dist-timeout", "1e12"], ["--dist-timeout", "at most"]),
+])
+def test_non_finite_and_absurd_values_are_usage_errors(argv, words):
+    with pytest.raises(UsageError) as error:
+        build_config(parse(argv), "cpu")
+    for word in words:
+        assert word in str(error.value)
+
