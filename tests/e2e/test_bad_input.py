@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.helpers import write_cifar100
+from tests.helpers import TINY, write_cifar100, write_image_folder
 from workload.train import main as train_main
 
 
@@ -19,6 +19,12 @@ def file_in_the_way(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     return str(blocker / "run")
+
+
+def looped_image_folder(tmp_path):
+    write_image_folder(tmp_path / "images", per_class=1)
+    (tmp_path / "images" / "train" / "dog" / "loop").symlink_to(tmp_path / "images")
+    return str(tmp_path / "images")
 
 
 CASES = {
@@ -37,6 +43,18 @@ CASES = {
     "output dir not writable": (["--dataset", "digits"],
                                 lambda p: ["--output-dir", file_in_the_way(p)],
                                 ["--output-dir", "not a writable directory"]),
+    "infinite lr": (["--base-lr", "inf"], None, ["--base-lr", "finite"]),
+    "infinite weight decay": (["--weight-decay", "inf"], None, ["--weight-decay", "finite"]),
+    "absurd lr": (["--base-lr", "1e308"], None, ["--base-lr", "at most"]),
+    "infinite warm-up": (["--warmup-epochs", "inf"], None, ["--warmup-epochs", "finite"]),
+    "20-digit seed": (["--seed", "12345678901234567890"], None, ["--seed", "at most"]),
+    "infinite timeout": (["--dist-timeout", "inf"], None, ["--dist-timeout", "finite"]),
+    "batch larger than the data": (["--dataset", "synthetic", "--synthetic-size", "64",
+                                    "--batch-size", "128"], None,
+                                   ["--batch-size 128", "0 steps", "--batch-size 64 or less"]),
+    "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
+                               lambda p: ["--data-dir", looped_image_folder(p)],
+                               ["symbolic link loop", "remove the link"]),
 }
 
 
@@ -77,3 +95,19 @@ def test_console_script_exit_status(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("train: error: --batch-size")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
+    argv = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+            "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--base-lr", "1000",
+            "--warmup-epochs", "0", "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "training loss became nan" in err and "--allow-nonfinite-loss" in err
+    assert not (tmp_path / "run" / "summary.json").exists()
+    allowed = tmp_path / "allowed"
+    train_main([*argv[:-1], str(allowed), "--allow-nonfinite-loss", "--epochs", "1"])
+    summary = (allowed / "summary.json").read_text()
+    assert "NaN" not in summary and "Infinity" not in summary  # strict JSON: null
