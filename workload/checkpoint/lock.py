@@ -1,11 +1,13 @@
 """One writer per run folder: `<output-dir>/train.lock`, taken by rank 0 before anything is
 written, held until the run ends.
 
-Why a lock file created with O_CREAT|O_EXCL and not flock/fcntl: exclusive creation is atomic
-on every file system clusters use (local disks, NFSv3 and v4, Lustre, GPFS, BeeGFS), while
-flock is local to one client on many NFS and Lustre mounts (Lustre's default `localflock`,
-or no flock at all) and fcntl locks need a working lock daemon (NFSv3's NLM) and vanish
-silently when it restarts. The file says who holds it: host, PID, SLURM job id, start time.
+Why a lock file made by an exclusive hard link and not flock/fcntl: the holder writes its
+details into a file of its own, then links it to `train.lock`; link() fails when the name
+exists, atomically on every file system clusters use (local disks, NFSv2 to v4, Lustre,
+GPFS, BeeGFS), and the lock is complete the moment it appears. flock is local to one client
+on many NFS and Lustre mounts (Lustre's default `localflock`, or no flock at all), and fcntl
+locks need a working lock daemon (NFSv3's NLM) and vanish silently when it restarts. The
+file says who holds it: host, PID, SLURM job id, start time.
 
 A lock left by a process that died is stale and taken over (with a warning):
   - same host (and PID namespace): the PID no longer runs, or runs a process that started
@@ -100,6 +102,18 @@ def _read(path: Path) -> tuple[bytes, dict]:
     return raw, holder if isinstance(holder, dict) else {}
 
 
+def _link(draft: Path, path: Path) -> bool:
+    """Create `path` as a hard link to the written draft: atomic, and complete the moment it
+    appears. NFS may report an error for a link that was made: the link count decides."""
+    try:
+        os.link(draft, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return draft.stat().st_nlink == 2
+
+
 def _break(path: Path, seen: bytes) -> None:
     """Rename the stale lock away; if what was renamed is not what was judged stale
     (another process took it over meanwhile), put it back."""
@@ -124,20 +138,23 @@ class RunLock:
 
     def acquire(self) -> str | None:
         """Take the lock: None when taken, else why not (naming the holder)."""
-        for _ in range(5):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+        holder = me()
+        draft = self.path.with_name(f".{self.path.name}.{holder['host']}.{holder['pid']}")
+        draft.write_text(json.dumps(holder, indent=2) + "\n")
+        try:
+            for _ in range(5):
+                if _link(draft, self.path):
+                    self._hold(holder)
+                    return None
                 try:
                     refusal = self._judge()
                 except FileNotFoundError:  # released meanwhile: try again
                     continue
                 if refusal:
                     return refusal
-                continue
-            self._write(fd)
-            return None
-        return f"{self.path} keeps changing hands; another run is starting in this folder"
+            return f"{self.path} keeps changing hands; another run is starting in this folder"
+        finally:
+            draft.unlink()
 
     def _judge(self) -> str | None:
         """A refusal naming the live holder, or None after breaking a stale lock."""
@@ -154,12 +171,8 @@ class RunLock:
         _break(self.path, seen)
         return None
 
-    def _write(self, fd: int) -> None:
-        self.holder = me()
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.holder, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    def _hold(self, holder: dict) -> None:
+        self.holder = holder
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat",
                                       daemon=True)
