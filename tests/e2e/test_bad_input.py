@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, write_cifar100, write_image_folder
+from tests.helpers import TINY, clean_env, write_cifar100, write_image_folder
 from workload.train import main as train_main
 
 
@@ -111,3 +111,46 @@ def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
     train_main([*argv[:-1], str(allowed), "--allow-nonfinite-loss", "--epochs", "1"])
     summary = (allowed / "summary.json").read_text()
     assert "NaN" not in summary and "Infinity" not in summary  # strict JSON: null
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
+    env = {**clean_env(), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
+                           "synthetic", "--synthetic-size", "64", "--max-steps", "1",
+                           "--dist-timeout", "3", "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
+    port = free_port()
+    done = run_rank(1, port, tmp_path)  # rank 0 never comes
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
+    assert f"127.0.0.1:{port}" in done.stderr and "all 2 ranks" in done.stderr
+
+
+def test_an_occupied_port_is_one_line_naming_it(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_rank(0, port, tmp_path)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
+    assert f"127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    assert "MASTER_PORT" in done.stderr
