@@ -125,7 +125,7 @@ def test_symlinked_step_folders_are_never_loaded_or_pruned(tmp_path):
     assert verify(elsewhere)
 
 
-def test_folders_moved_aside_keep_the_newest_two_of_each_kind(tmp_path):
+def test_folders_moved_aside_keep_the_newest_three_of_each_kind(tmp_path):
     names = [f"step-00000000{i}.{kind}-2026010{i}-120000" for i in range(1, 5)
              for kind in ("corrupt", "incomplete")]
     for name in names:
@@ -133,7 +133,7 @@ def test_folders_moved_aside_keep_the_newest_two_of_each_kind(tmp_path):
     (tmp_path / "step-000000009.corrupt-20250101-000000~1").symlink_to(tmp_path)
     prune_aside(tmp_path)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted([n for n in names if n.split("-")[-2].endswith(("3", "4"))]
+    assert left == sorted([n for n in names if not n.split("-")[-2].endswith("1")]
                           + ["step-000000009.corrupt-20250101-000000~1"])
 
 

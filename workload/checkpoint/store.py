@@ -46,7 +46,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
 # How many moved-aside folders of each kind are kept for inspection; older ones are deleted
 # after each save, so that a run that keeps failing cannot fill the disk with them.
-KEEP_ASIDE = 2
+KEEP_ASIDE = 3
 
 
 class CorruptCheckpoint(Exception):
