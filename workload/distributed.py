@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -98,12 +100,61 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
     backend = None
     if values["WORLD_SIZE"] > 1:
         backend = "nccl" if chosen.type == "cuda" else "gloo"
-        timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),
-                                rank=values["RANK"], world_size=values["WORLD_SIZE"])
+        join_group(backend, timeout_s, values["RANK"], values["WORLD_SIZE"])
     nodes = max(1, values["WORLD_SIZE"] // max(1, values["LOCAL_WORLD_SIZE"]))
     return DistInfo(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
                     values["LOCAL_WORLD_SIZE"], chosen, backend, res.layout, nodes)
+
+
+def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> None:
+    """init_process_group; a rendezvous that cannot form is one line naming the address
+    and the fix (an occupied port, a rank that never came), not torch's traceback."""
+    with _held_stderr() as held:
+        try:
+            timeout = timedelta(seconds=timeout_s)
+            dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),
+                                    rank=rank, world_size=world_size)
+        except (dist.DistError, RuntimeError, TimeoutError, ConnectionError) as error:
+            held.failed = True
+            raise UsageError(rendezvous_failure(str(error), rank, world_size,
+                                                timeout_s)) from None
+
+
+class _Held:
+    failed = False
+
+
+@contextmanager
+def _held_stderr():
+    """File descriptor 2 into a temporary file while the group forms: torch's C++ side
+    logs every retry with a C++ stack. Replayed after success (or with
+    TORCH_DISTRIBUTED_DEBUG set), dropped after a failure, whose one line says it all."""
+    sys.stderr.flush()
+    saved, held = os.dup(2), _Held()
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield held
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not held.failed or os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
+                log.seek(0)
+                sys.stderr.write(log.read().decode(errors="replace"))
+                sys.stderr.flush()
+
+
+def rendezvous_failure(error: str, rank: int, world_size: int, timeout_s: float) -> str:
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    first = next((line.strip() for line in error.splitlines() if line.strip()), "")
+    if "EADDRINUSE" in error or "address already in use" in error.lower():
+        return (f"rank {rank} cannot open the rendezvous port {where}: the port is in use "
+                "(another job or run on this node); set MASTER_PORT to a free port, or end "
+                "the process that holds it")
+    return (f"rank {rank} of {world_size} could not join the process group at {where} "
+            f"within {timeout_s:g} s ({first[:200]}); check that all {world_size} ranks "
+            f"were started and that {where} is rank 0's host and a port it can reach, or "
+            "give slow starts more time with --dist-timeout")
 
 
 def elastic_store(timeout: timedelta, env=os.environ) -> dist.Store | None:

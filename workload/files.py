@@ -1,10 +1,15 @@
 """File helpers every layer uses: the writable-folder check, JSON written atomically,
-JSON lines, sha256. Standard library only."""
+JSON lines, sha256. Standard library only.
+
+The JSON written here is strict JSON that any reader takes: a NaN or infinite number (a
+diverged loss) is written as null, never as the `NaN`/`Infinity` Python would write.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -34,13 +39,53 @@ def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
 def write_json(path: Path, data: dict) -> None:
     """Write through a temporary file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json_text(data, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def json_text(data, indent: int | None = None) -> str:
+    """Strict JSON: non-finite floats become null."""
+    return json.dumps(finite_or_null(data), indent=indent, sort_keys=True, allow_nan=False)
+
+
+def finite_or_null(value):
+    """`value` with every NaN or infinite float (in dicts, lists, tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def append_jsonl(path: Path, record: dict) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.write(json_text(record) + "\n")
+
+
+def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
+    """The records of a JSON-lines file and a description of each line left out: a last
+    line without its newline (a torn write: a full disk, a node that died) and any line
+    that is not a JSON object."""
+    records, dropped = [], []
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if number == len(lines):  # after the last newline: an unterminated line
+            dropped.append(f"line {number} has no newline at its end (a torn write)")
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            dropped.append(f"line {number} is not a JSON object")
+    return records, dropped
 
 
 def sha256_file(path: Path) -> str:

@@ -23,12 +23,14 @@ Smoke run:
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from workload.commands import command_parser, run_command
 from workload.config import TrainConfig, add_flags, build_config, given
 from workload.config.derived import resolve_stem
 from workload.config.file import read_config_file
+from workload.errors import UsageError
 
 PROG = "train"
 
@@ -66,12 +68,24 @@ def train(argv: list[str] | None) -> dict:
     from workload.checkpoint import PreemptionFlag, Preempted
     from workload.training.run import run
 
-    # Installed first, so a preemption signal during start-up is not fatal either.
-    flag = PreemptionFlag().install(("TERM", cfg.checkpoint.preempt_signal))
+    # Installed first, so a preemption signal during start-up is not fatal either. Ctrl-C
+    # (SIGINT) is a preemption too: a checkpoint, then the requeue status; twice: stop now.
+    flag = PreemptionFlag().install(("TERM", "INT", cfg.checkpoint.preempt_signal))
     try:
         return run(cfg, flag)
     except Preempted as stop:
         exit_for_requeue(stop)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes "
+              "from its last one", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = error.filename or cfg.logging.output_dir
+        raise UsageError(f"no space left on the device holding {where} ({error.strerror}); "
+                         "free space there and start the run again: it resumes from its "
+                         "last complete checkpoint") from None
     finally:
         flag.uninstall()
 

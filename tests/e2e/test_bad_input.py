@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.helpers import write_cifar100
+from tests.helpers import TINY, clean_env, write_cifar100, write_image_folder
 from workload.train import main as train_main
 
 
@@ -19,6 +19,12 @@ def file_in_the_way(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     return str(blocker / "run")
+
+
+def looped_image_folder(tmp_path):
+    write_image_folder(tmp_path / "images", per_class=1)
+    (tmp_path / "images" / "train" / "dog" / "loop").symlink_to(tmp_path / "images")
+    return str(tmp_path / "images")
 
 
 CASES = {
@@ -37,6 +43,18 @@ CASES = {
     "output dir not writable": (["--dataset", "digits"],
                                 lambda p: ["--output-dir", file_in_the_way(p)],
                                 ["--output-dir", "not a writable directory"]),
+    "infinite lr": (["--base-lr", "inf"], None, ["--base-lr", "finite"]),
+    "infinite weight decay": (["--weight-decay", "inf"], None, ["--weight-decay", "finite"]),
+    "absurd lr": (["--base-lr", "1e308"], None, ["--base-lr", "at most"]),
+    "infinite warm-up": (["--warmup-epochs", "inf"], None, ["--warmup-epochs", "finite"]),
+    "20-digit seed": (["--seed", "12345678901234567890"], None, ["--seed", "at most"]),
+    "infinite timeout": (["--dist-timeout", "inf"], None, ["--dist-timeout", "finite"]),
+    "batch larger than the data": (["--dataset", "synthetic", "--synthetic-size", "64",
+                                    "--batch-size", "128"], None,
+                                   ["--batch-size 128", "0 steps", "--batch-size 64 or less"]),
+    "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
+                               lambda p: ["--data-dir", looped_image_folder(p)],
+                               ["symbolic link loop", "remove the link"]),
 }
 
 
@@ -77,3 +95,62 @@ def test_console_script_exit_status(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("train: error: --batch-size")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
+    argv = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+            "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--base-lr", "1000",
+            "--warmup-epochs", "0", "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "training loss became nan" in err and "--allow-nonfinite-loss" in err
+    assert not (tmp_path / "run" / "summary.json").exists()
+    allowed = tmp_path / "allowed"
+    train_main([*argv[:-1], str(allowed), "--allow-nonfinite-loss", "--epochs", "1"])
+    summary = (allowed / "summary.json").read_text()
+    assert "NaN" not in summary and "Infinity" not in summary  # strict JSON: null
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
+    env = {**clean_env(), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
+                           "synthetic", "--synthetic-size", "64", "--max-steps", "1",
+                           "--dist-timeout", "3", "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
+    port = free_port()
+    done = run_rank(1, port, tmp_path)  # rank 0 never comes
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
+    assert f"127.0.0.1:{port}" in done.stderr and "all 2 ranks" in done.stderr
+
+
+def test_an_occupied_port_is_one_line_naming_it(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_rank(0, port, tmp_path)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
+    assert f"127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    assert "MASTER_PORT" in done.stderr

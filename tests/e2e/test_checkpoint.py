@@ -173,3 +173,33 @@ def test_fsdp_shard_metadata_is_read_without_running_code(tmp_path):
     with pytest.raises(UnsafeMetadata, match="io.open|builtins.open"):
         read_metadata_safely(tmp_path)
     assert not payload.exists()
+
+
+def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_path, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from workload.checkpoint.lock import LOCK_NAME
+    from workload.checkpoint.store import verify
+
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "workload.train", *ARGS, "--epochs", "4",
+                              "--output-dir", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / LOCK_NAME).exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(SystemExit) as stop:
+        train_main([*ARGS, "--epochs", "4", "--max-steps", "3", "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    log = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, log
+    assert stop.value.code == 2
+    assert f"PID {first.pid}" in err and "in use by another run" in err, err
+    root = out / "checkpoints"
+    assert steps_in(root) == ["step-000000028", "step-000000030", "step-000000032"]
+    for name in steps_in(root):
+        verify(root / name)
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert not (out / LOCK_NAME).exists()

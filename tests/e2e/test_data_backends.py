@@ -4,7 +4,7 @@ and bad requests refused before any work."""
 import pytest
 import torch
 
-from tests.helpers import TINY, run_train
+from tests.helpers import TINY, run_train, write_image_folder
 from workload.data.backends import available, choose
 from workload.errors import UsageError
 
@@ -52,19 +52,6 @@ def test_unknown_backend_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         run_train([*TINY, *SYNTHETIC, "--data-backend", "fast"], tmp_path / "run")
     assert stop.value.code == 2 and "--data-backend" in capsys.readouterr().err
-
-
-def write_image_folder(root, per_class: int = 8) -> None:
-    from PIL import Image
-
-    generator = torch.Generator().manual_seed(0)
-    for split in ("train", "val"):
-        for label in ("cat", "dog"):
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            for n in range(per_class):
-                pixels = torch.randint(0, 256, (40, 48, 3), dtype=torch.uint8, generator=generator)
-                Image.fromarray(pixels.numpy()).save(folder / f"{n}.jpg")
 
 
 @pytest.mark.parametrize("backend", ["dali", "torch"])

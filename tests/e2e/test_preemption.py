@@ -53,7 +53,8 @@ def reference(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("signame, extra", [("SIGUSR2", []), ("SIGTERM", []),
-                                             ("SIGUSR1", ["--preempt-signal", "USR1"])])
+                                             ("SIGUSR1", ["--preempt-signal", "USR1"]),
+                                             ("SIGINT", [])])  # Ctrl-C
 def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
         signame, extra, reference, tmp_path):
     out = tmp_path / "run"
@@ -75,3 +76,8 @@ def test_requeue_status_is_the_documented_constant(tmp_path):
     proc = train(tmp_path / "run")
     signal_when_training(proc, signal.SIGUSR2, delay=0)
     assert proc.returncode == REQUEUE_EXIT_STATUS == 75
+
+
+def test_ctrl_c_ends_without_a_traceback(tmp_path):
+    log = signal_when_training(train(tmp_path / "run"), signal.SIGINT, delay=0)
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import run_train
+from tests.helpers import read_jsonl, run_train
 from tests.helpers import CHECKPOINT_ARGS as ARGS
 from workload.config import Every
 from workload.errors import UsageError
@@ -100,3 +100,62 @@ def test_checkpoint_every_reads_steps_or_durations(text, expected):
     assert Every.parse(str(every)) == every  # config.json's text reads back the same
     with pytest.raises(UsageError):
         Every.parse("1.5h")
+
+
+def test_a_refused_resume_leaves_config_json_as_it_was(finished_run, capsys):
+    out, _ = finished_run
+    before = (out / "config.json").read_text()
+    fails_with_usage_error([*ARGS, "--epochs", "1", "--width", "12", "--output-dir", str(out)],
+                           capsys)
+    assert (out / "config.json").read_text() == before
+
+
+def test_resume_path_to_another_model_s_checkpoint_is_one_line(finished_run, tmp_path, capsys):
+    out, _ = finished_run
+    path = out / "checkpoints" / "step-000000008"
+    argv = [*ARGS, "--epochs", "1", "--width", "12", "--resume", str(path),
+            "--output-dir", str(tmp_path / "other")]
+    err = fails_with_usage_error(argv, capsys)
+    assert f"--resume {path}" in err and "another model" in err and "--width 8 there" in err
+    assert "Traceback" not in err
+
+
+def forge(path, name: str, write) -> None:
+    """Rewrite one file of a checkpoint and its manifest entry: the manifest verifies."""
+    import json
+
+    from workload.checkpoint.store import MANIFEST
+    from workload.files import sha256_file
+
+    write(path / name)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"][name] = dict(bytes=(path / name).stat().st_size,
+                                   sha256=sha256_file(path / name))
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, write", [
+    ("config.json", lambda f: f.write_text("not json")),
+    ("trainer.pt", lambda f: __import__("torch").save({"step": 8}, f)),
+    ("model.pt", lambda f: __import__("torch").save({"other.weight": __import__("torch").ones(2)}, f)),
+])
+def test_auto_moves_bad_content_aside_and_falls_back(finished_run, name, write, capsys):
+    out, first = finished_run
+    newest = out / "checkpoints" / "step-000000008"
+    forge(newest, name, write)
+    summary = run_train([*ARGS, "--epochs", "1"], out)
+    logged = capsys.readouterr().out
+    assert "skipping a bad checkpoint" in logged and name in logged
+    assert "resumed from" in logged and "step-000000006" in logged
+    assert summary["model_sha256"] == first["model_sha256"]
+    assert list((out / "checkpoints").glob("step-000000008.corrupt-*"))
+
+
+def test_a_torn_metrics_line_does_not_stop_a_resume(finished_run, capsys):
+    out, first = finished_run
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "train_lo')
+    summary = run_train([*ARGS, "--epochs", "2"], out)
+    assert "torn" in capsys.readouterr().out
+    assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    assert summary["epochs_run"] == 2

@@ -66,18 +66,21 @@ def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
     return folder
 
 
-def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 24,
+def write_image_folder(root: Path, classes: int = 2, per_class: int = 8, size=(40, 48),
                        splits: tuple[str, ...] = ("train", "val")) -> Path:
-    """An image folder dataset of small random JPEGs: root/<split>/class<k>/<i>.jpg."""
+    """An image folder dataset of small random JPEGs: root/<split>/<class>/<i>.jpg, the
+    classes named cat, dog, class2, ...; `size` is a side or (height, width)."""
     from PIL import Image
 
+    height, width = (size, size) if isinstance(size, int) else size
+    names = ["cat", "dog", *(f"class{k}" for k in range(2, classes))][:classes]
     rng = np.random.default_rng(0)
     for split in splits:
-        for k in range(classes):
-            folder = root / split / f"class{k}"
+        for name in names:
+            folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(per_class):
-                pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
     return root
 

@@ -56,3 +56,14 @@ def test_a_pickle_with_code_is_refused_and_never_runs(tmp_path):
     with pytest.raises(UsageError, match="refusing to load"):
         read_cifar100_split(path)
     assert not marker.exists()
+
+
+def test_labels_below_zero_are_refused(tmp_path):
+    folder = write_cifar100(tmp_path)
+    with open(folder / "train", "rb") as f:
+        entry = pickle.load(f, encoding="bytes")
+    entry[b"fine_labels"][0] = -3
+    with open(folder / "train", "wb") as f:
+        pickle.dump(entry, f, protocol=2)
+    with pytest.raises(UsageError, match="-3..*labels 0..99"):
+        read_cifar100_split(folder / "train")

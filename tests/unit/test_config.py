@@ -172,3 +172,22 @@ def test_config_file_values_and_their_checks(tmp_path):
 def test_wandb_without_the_extra_is_a_usage_error():
     with pytest.raises(UsageError, match=r"--wandb needs the wandb package.*hpc-train\[wandb\]"):
         build_config({"wandb": True})
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--base-lr", "inf"], ["--base-lr", "finite", "inf"]),
+    (["--base-lr", "nan"], ["--base-lr", "finite"]),
+    (["--weight-decay", "inf"], ["--weight-decay", "finite"]),
+    (["--warmup-epochs", "inf"], ["--warmup-epochs", "finite"]),
+    (["--dist-timeout", "inf"], ["--dist-timeout", "finite"]),
+    (["--base-lr", "1e308"], ["--base-lr", "at most 1000", "--base-lr 0.01"]),
+    (["--seed", "12345678901234567890"], ["--seed", "at most 4294967295"]),
+    (["--seed", "-1"], ["--seed", "0 or more"]),
+    (["--dist-timeout", "1e12"], ["--dist-timeout", "at most"]),
+])
+def test_non_finite_and_absurd_values_are_usage_errors(argv, words):
+    with pytest.raises(UsageError) as error:
+        build_config(parse(argv), "cpu")
+    for word in words:
+        assert word in str(error.value)
+

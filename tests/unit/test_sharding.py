@@ -36,3 +36,9 @@ def test_batch_seeds_differ_across_seed_epoch_rank_and_batch():
     seeds = {batch_seed(s, e, r, b) for s in range(3) for e in range(3) for r in range(4)
              for b in range(50)}
     assert len(seeds) == 3 * 3 * 4 * 50
+
+
+def test_the_largest_seed_still_seeds_every_generator():
+    seed = 2**32 - 1  # the largest --seed accepts
+    torch.Generator().manual_seed(batch_seed(seed, 99, 7, 10_000))
+    assert len(epoch_order(10, seed, 99, 0, 1)) == 10

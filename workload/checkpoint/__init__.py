@@ -7,12 +7,16 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
     sharded.py     FSDP2 shards through torch.distributed.checkpoint
     rng.py         the random states an exact resume needs
     resume.py      which checkpoint a run continues from (--resume, --overwrite)
+    content.py     what a loaded checkpoint must hold, and that it fits the live model
+    space.py       a save that runs out of disk space: partial folder removed, one line
+    lock.py        one writer per run folder (train.lock, stale-lock detection)
     policy.py      when to save (Checkpointer: --checkpoint-every, epoch ends, preemption)
     preemption.py  the signal flag, the agreement across ranks, the requeue request
 
 The public API is what this module exports; the training loop uses nothing else.
 """
 
+from workload.checkpoint.lock import lock_run_folder
 from workload.checkpoint.policy import Checkpointer
 from workload.checkpoint.preemption import (REQUEUE_EXIT_STATUS, Preempted, PreemptionFlag,
                                             request_requeue)
@@ -20,5 +24,5 @@ from workload.checkpoint.resume import prepare, resume
 from workload.checkpoint.store import CorruptCheckpoint, checkpoints_dir, step_name
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "Preempted", "PreemptionFlag",
-           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "prepare", "request_requeue", "resume",
-           "step_name"]
+           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "lock_run_folder", "prepare",
+           "request_requeue", "resume", "step_name"]

@@ -57,6 +57,8 @@ class PreemptionFlag:
         self._previous.clear()
 
     def _handle(self, number: int, frame) -> None:
+        if number == signal.SIGINT and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
         self.signal_name = signal.Signals(number).name
 
     def is_set(self) -> bool:

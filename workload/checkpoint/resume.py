@@ -7,17 +7,20 @@ aside and the one before is tried.
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
 
 from workload import distributed
+from workload.checkpoint.content import check_fits
 from workload.checkpoint.snapshot import read_checkpoint, restore
 from workload.checkpoint.store import (CorruptCheckpoint, Snapshot, checkpoints_dir,
-                                       complete_steps, move_aside, step_name)
+                                       complete_steps, move_aside, step_name, symlinked_steps)
 from workload.errors import UsageError
+from workload.files import json_text, read_jsonl_records
 from workload.logs import logger
 
 # Settings a resumed run may change: where things are, how long to train, how to checkpoint.
@@ -26,6 +29,7 @@ MAY_CHANGE_ON_RESUME = {
     "epochs", "max_steps", "target_accuracy", "patience", "output_dir", "data_dir",
     "download", "workers", "compile", "device", "recipe", "resume", "overwrite",
     "checkpoint_every", "keep_checkpoints", "preempt_signal", "dist_timeout_s",
+    "allow_nonfinite_loss",
 }
 # Also where the data is staged, how progress is shown and tracked, and the starting weights
 # (a resumed run takes its weights from the checkpoint).
@@ -34,8 +38,15 @@ MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init
 
 
 def prepare(cfg, out: Path, is_main: bool) -> None:
-    """--resume never: refuse an output directory holding checkpoints, unless --overwrite."""
+    """--resume never: refuse an output directory holding checkpoints, unless --overwrite.
+    A `checkpoints` that is a symbolic link is renamed aside, never followed."""
     root = checkpoints_dir(out)
+    if root.is_symlink() and is_main:
+        moved = root.with_name(f"{root.name}.symlink-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(root, moved)
+        logger.warning(f"{root} was a symbolic link (to {moved.resolve()}): checkpoints live "
+                       f"in the run folder itself; the link is renamed to {moved.name}, "
+                       "not followed, and this run saves into a new folder")
     if cfg.checkpoint.resume != "never" or not (root.is_dir() and any(root.iterdir())):
         return
     if not cfg.checkpoint.overwrite:
@@ -53,19 +64,23 @@ def resume(cfg, info, state, out: Path) -> None:
     """Load the checkpoint this run continues from, if there is one."""
     if cfg.checkpoint.resume == "never":
         return
-    explicit = cfg.checkpoint.resume != "auto"
-    snapshot, path = None, Path(cfg.checkpoint.resume) if explicit else None
-    if not explicit:
+    current = cfg.to_dict()
+    if cfg.checkpoint.resume != "auto":
+        path = Path(cfg.checkpoint.resume)
+        snapshot = _read_explicit(path, current, state, info.device)
+    else:
+        root, snapshot = checkpoints_dir(out), None
         if info.is_main:
-            snapshot = newest_loadable(checkpoints_dir(out), info.device)
+            snapshot = newest_loadable(root, info.device,
+                                       lambda s, p: _fits_unless_other_run(s, p, current, state))
         step = _agree_on_step(snapshot.trainer["step"] if snapshot else -1, info)
         if step < 0:
-            logger.info(f"no checkpoint in {checkpoints_dir(out)}: starting from step 0")
+            logger.info(f"no checkpoint in {root}: starting from step 0")
             return
-        path = checkpoints_dir(out) / step_name(step)
-    if snapshot is None:
-        snapshot = _read(path, explicit, info.device)
-    check_same_run(snapshot.config, cfg.to_dict(), path, strict=not explicit)
+        path = root / step_name(step)
+        snapshot = snapshot or read_checkpoint(path, info.device)
+        check_same_run(snapshot.config, current, path, strict=True)
+        check_fits(snapshot, state, path)
     restore(snapshot, state, info.rank, info.world_size, path)
     if info.is_main:
         trim_metrics(out / "metrics.jsonl", state.epoch)
@@ -73,24 +88,47 @@ def resume(cfg, info, state, out: Path) -> None:
                 f"batch {state.batch} of the epoch")
 
 
-def _read(path: Path, explicit: bool, device) -> Snapshot:
+def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
+    """--resume PATH: a checkpoint that loads and fits this model, else one line (exit 2);
+    other settings only warn."""
+    listed = ""
     try:
-        return read_checkpoint(path, device)
+        snapshot = read_checkpoint(path, device)
+        listed = differences(snapshot.config, current)
+        check_fits(snapshot, state, path)
     except CorruptCheckpoint as error:
-        if explicit:
-            raise UsageError(f"--resume {path}: {error}; pass another checkpoint, or "
-                             "--resume auto to take the newest good one") from None
-        raise
+        settings = f" (it was written with other settings: {listed})" if listed else ""
+        raise UsageError(f"--resume {path}: {error}{settings}; pass a checkpoint of this "
+                         "model, or --resume auto to take the newest good one") from None
+    check_same_run(snapshot.config, current, path, strict=False)
+    return snapshot
 
 
-def newest_loadable(root: Path, device) -> Snapshot | None:
-    """The newest checkpoint that verifies and loads; bad and unfinished ones moved aside."""
+def _fits_unless_other_run(snapshot: Snapshot, path: Path, current: dict, state) -> None:
+    """--resume auto: a checkpoint of another run is refused later, with its settings;
+    one of this run that does not fit the model is corrupt."""
+    if not differences(snapshot.config, current):
+        check_fits(snapshot, state, path)
+
+
+def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
+    """The newest checkpoint that verifies, loads and passes `accept(snapshot, path)`
+    (which raises CorruptCheckpoint); bad and unfinished ones moved aside."""
+    if root.is_symlink():
+        logger.warning(f"{root} is a symbolic link: not followed, starting from step 0")
+        return None
     for leftover in sorted(root.glob(".tmp-step-*")) if root.is_dir() else []:
         moved = move_aside(leftover, "incomplete")
         logger.warning(f"skipping a checkpoint whose save did not finish: moved to {moved}")
+    for link in symlinked_steps(root):
+        logger.warning(f"skipping {link}: a symbolic link (to {link.resolve()}), not a "
+                       "checkpoint of this run; it is never loaded, pruned or followed")
     for step, path in reversed(complete_steps(root)):
         try:
-            return read_checkpoint(path, device)
+            snapshot = read_checkpoint(path, device)
+            if accept is not None:
+                accept(snapshot, path)
+            return snapshot
         except CorruptCheckpoint as error:
             moved = move_aside(path, "corrupt")
             logger.warning(f"skipping a bad checkpoint: {error}; moved to {moved}, "
@@ -105,14 +143,19 @@ def _agree_on_step(step: int, info) -> int:
     return int(distributed.all_reduce_sum(value).item()) - 1
 
 
-def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None:
-    """Refuse (auto) or warn about (an explicit path) a checkpoint of a different run."""
+def differences(saved: dict, current: dict) -> str:
+    """The settings a checkpoint's run had otherwise, as flags ("" when none)."""
     differ = [k for k in saved.keys() & current.keys()
               if k not in MAY_CHANGE_ON_RESUME and saved[k] != current[k]]
-    if not differ:
+    return ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {current[k]!r} now"
+                     for k in sorted(differ))
+
+
+def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None:
+    """Refuse (auto) or warn about (an explicit path) a checkpoint of a different run."""
+    listed = differences(saved, current)
+    if not listed:
         return
-    listed = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {current[k]!r} now"
-                       for k in sorted(differ))
     if not strict:
         logger.warning(f"{path} was written with other settings ({listed}); loading it anyway")
         return
@@ -122,12 +165,15 @@ def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None
 
 
 def trim_metrics(path: Path, epochs_done: int) -> None:
-    """Drop the records of epochs after the checkpoint: they will be run again."""
+    """Drop the records of epochs after the checkpoint (they will be run again), and lines
+    that are torn or not records, with a warning."""
     if not path.is_file():
         return
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["epoch"] <= epochs_done]
-    if len(kept) != len(lines):
+    records, dropped = read_jsonl_records(path)
+    for why in dropped:
+        logger.warning(f"{path}: {why}; dropping it")
+    kept = [r for r in records if isinstance(r.get("epoch"), int) and r["epoch"] <= epochs_done]
+    if dropped or len(kept) != len(records):
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept))
+        tmp.write_text("".join(json_text(r) + "\n" for r in kept))
         tmp.replace(path)

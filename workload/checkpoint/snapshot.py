@@ -7,15 +7,16 @@ workload.checkpoint.sharded's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from workload import distributed
 from workload.checkpoint import rng
+from workload.checkpoint.content import check_loaded, read_config
 from workload.checkpoint.sharded import (METADATA, SHARDED_DIR, load_sharded,
                                          read_metadata_safely, save_sharded)
+from workload.checkpoint.space import guarded_save
 from workload.checkpoint.store import (FORMAT_VERSION, CorruptCheckpoint, Snapshot,
                                        finish_checkpoint, move_aside, safe_load, step_name,
                                        verify)
@@ -45,15 +46,17 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
     tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a run killed while saving this very step
+        if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
             move_aside(tmp, "incomplete")
-        tmp.mkdir()
+        with guarded_save(root, tmp, snapshot):
+            tmp.mkdir()
     if sharded_state is not None:
         distributed.barrier()  # the folder exists before anyone writes into it
         save_sharded(sharded_state.model, sharded_state.optimizer, tmp / SHARDED_DIR)
     final = root / step_name(snapshot.trainer["step"])
     if is_main:
-        finish_checkpoint(tmp, final, snapshot, keep)
+        with guarded_save(root, tmp, snapshot):
+            finish_checkpoint(tmp, final, snapshot, keep)
     distributed.barrier()  # the others wait until the checkpoint is complete
     return final
 
@@ -74,7 +77,9 @@ def read_checkpoint(path: Path, device) -> Snapshot:
         names = ["model.pt", "optimizer.pt", *names]
     loaded = {name: safe_load(path / name, "cpu" if name == "rng.pt" else device)
               for name in names}
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
+    check_loaded(path, loaded["trainer.pt"], loaded["rng.pt"], loaded.get("model.pt"),
+                 loaded.get("optimizer.pt"), bool(manifest.get("sharded")))
     return Snapshot(loaded.get("model.pt"), loaded.get("optimizer.pt"), loaded["trainer.pt"],
                     loaded["rng.pt"], config)
 

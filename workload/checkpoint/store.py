@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint.sharded import METADATA, SHARDED_DIR
-from workload.files import sha256_file
+from workload.files import json_text, sha256_file
 
 MANIFEST = "MANIFEST.json"
 REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.json")
@@ -42,6 +42,11 @@ REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.js
 SHARDED_REQUIRED_FILES = (f"{SHARDED_DIR}/{METADATA}", "trainer.pt", "rng.pt", "config.json")
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
+_ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
+# How many moved-aside folders of each kind are kept for inspection; older ones are deleted
+# after each save, so that a run that keeps failing cannot fill the disk with them.
+KEEP_ASIDE = 3
 
 
 class CorruptCheckpoint(Exception):
@@ -63,8 +68,16 @@ def complete_steps(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+             if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not p.is_symlink()]
     return sorted(found)
+
+
+def symlinked_steps(root: Path) -> list[Path]:
+    """Step folders that are symbolic links: never loaded, pruned or followed to delete
+    (a checkpoint is a folder of the run, not a pointer to somewhere else)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_symlink())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -85,7 +98,7 @@ def _write_durably(path: Path, write) -> dict:
 
 
 def _json_bytes(data: dict) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    return (json_text(data, indent=2) + "\n").encode()
 
 
 def _replace_latest(root: Path, name: str) -> None:
@@ -148,11 +161,11 @@ def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> 
 def _rename_into_place(tmp: Path, final: Path) -> None:
     """os.replace cannot replace a non-empty folder: an older save of the same step (the
     epoch end after a preemption save) is renamed away first, then removed."""
-    if final.exists():
+    if final.exists() or final.is_symlink():
         old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
         os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old)
+        remove_tree(old)
     else:
         os.replace(tmp, final)
 
@@ -161,7 +174,30 @@ def prune(root: Path, keep: int, newest: int) -> None:
     """Remove complete checkpoints older than the newest `keep` up to step `newest`."""
     older = [path for step, path in complete_steps(root) if step <= newest]
     for path in older[:-keep]:
+        remove_tree(path)
+    prune_aside(root)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder of the run; a symbolic link is removed itself, never followed."""
+    if path.is_symlink():
+        path.unlink()
+    else:
         shutil.rmtree(path)
+
+
+def prune_aside(root: Path, keep: int = KEEP_ASIDE) -> None:
+    """Keep the newest `keep` folders moved aside of each kind (`.corrupt-`,
+    `.incomplete-`), by the time in their names; delete older ones. Symbolic links are
+    left alone."""
+    kinds: dict[str, list[tuple[str, Path]]] = {}
+    for path in root.iterdir() if root.is_dir() else []:
+        match = _ASIDE_DIR.match(path.name)
+        if match and path.is_dir() and not path.is_symlink():
+            kinds.setdefault(match.group(2), []).append((match.group(3) + path.name, path))
+    for found in kinds.values():
+        for _, path in sorted(found)[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -174,8 +210,11 @@ def verify(path: Path) -> dict:
     try:
         manifest = json.loads(manifest_path.read_text())
         files = manifest["files"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest") from None
+    if not _well_typed(files):
+        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a manifest: `files` must map "
+                                "file names to their bytes (a number) and sha256 (text)")
     sharded = bool(manifest.get("sharded"))
     for name in REQUIRED_FILES if not sharded else SHARDED_REQUIRED_FILES:
         if name not in files:
@@ -185,8 +224,29 @@ def verify(path: Path) -> dict:
     return manifest
 
 
+def _well_typed(files) -> bool:
+    return isinstance(files, dict) and all(
+        isinstance(name, str) and isinstance(entry, dict)
+        and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)
+        for name, entry in files.items())
+
+
+def inside(folder: Path, name: str) -> Path:
+    """`folder/name` when it stays inside `folder` (no absolute name, no `..`, no link out
+    of it), else CorruptCheckpoint: a manifest never names a file elsewhere."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts or not name.strip():
+        raise CorruptCheckpoint(f"{folder.name}/{MANIFEST} names {name!r}, which is not a "
+                                "file inside the checkpoint folder")
+    file = folder / relative
+    if not file.resolve().is_relative_to(folder.resolve()):
+        raise CorruptCheckpoint(f"{folder.name}/{name} leads outside the checkpoint folder "
+                                f"(to {file.resolve()}); refusing to read it")
+    return file
+
+
 def _verify_file(path: Path, name: str, entry: dict) -> None:
-    file = path / name
+    file = inside(path, name)
     if not file.is_file():
         raise CorruptCheckpoint(f"{path.name}/{name} is missing")
     size = file.stat().st_size

@@ -101,6 +101,8 @@ class Training:
     label_smoothing: float = setting(0.0, "cross-entropy label smoothing; 0 = off")
     seed: int = setting(0, "seeds model init, data order and augmentation: same seed, same "
                            "result on the CPU")
+    allow_nonfinite_loss: bool = setting(False, "keep training when the training loss becomes "
+                                                "NaN or infinite (by default the run stops)")
 
 
 @dataclass

@@ -5,6 +5,7 @@ torch is imported."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 
@@ -18,8 +19,9 @@ UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     flat = cfg.to_dict()
-    for check in (_check_choices, _check_positive_ints, _check_ranges, _check_checkpoint,
-                  _check_optional_packages, _check_model, _check_data_files):
+    for check in (_check_choices, _check_positive_ints, _check_finite, _check_limits,
+                  _check_ranges, _check_checkpoint, _check_optional_packages, _check_model,
+                  _check_data_files):
         check(flat)
     resolve_stem(cfg)  # a forced stem the model lacks
     _check_unsafe_load_env(os.environ)
@@ -49,6 +51,33 @@ def _check_positive_ints(c: dict) -> None:
         _require(isinstance(value, int) and value >= 1,
                  f"{flag} must be a positive integer (1 or more), got {value!r}; pass e.g. "
                  f"{flag} {example}")
+
+
+def _check_finite(c: dict) -> None:
+    """Every number a finite one: `inf` and `nan` pass the range checks of some fields
+    and then train to NaN or overflow deep inside torch."""
+    for key in KEYS:
+        value = c[key]
+        if isinstance(value, float):
+            _require(math.isfinite(value), f"{flag_of(key)} must be a finite number, got "
+                                           f"{value!r}")
+
+
+# Upper limits past which a value only ever breaks a run: an overflow in the schedule or a
+# seed beyond what the random generators take. (flat key: (limit, example))
+MAX_SEED = 2**32 - 1  # what numpy's and most generators' seeds hold
+LIMITS = dict(base_lr=(1000.0, "0.01"), weight_decay=(1.0, "5e-4"),
+              warmup_epochs=(1e6, "1"), dist_timeout_s=(7 * 24 * 3600.0, "600"),
+              seed=(MAX_SEED, "0"))
+
+
+def _check_limits(c: dict) -> None:
+    for key, (limit, example) in LIMITS.items():
+        flag, most = flag_of(key), f"{limit:g}" if isinstance(limit, float) else limit
+        _require(c[key] <= limit, f"{flag} {c[key]!r} is beyond any useful value (at most "
+                                  f"{most}); pass e.g. {flag} {example}")
+    _require(c["seed"] >= 0, f"--seed must be 0 or more, got {c['seed']!r}; pass e.g. "
+                             "--seed 0")
 
 
 def _check_ranges(c: dict) -> None:

@@ -13,6 +13,7 @@ import torch
 from workload.config import DATA_BACKENDS, TrainConfig
 from workload.data.backends import (NATURAL_IMAGE_SIZE, DataBundle, DataRequest, available,
                                     choose)
+from workload.errors import UsageError
 
 
 def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,
@@ -22,7 +23,18 @@ def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size
     train, test, num_classes, num_train = available()[name](req)
     if name == "torch":
         reason += f" ({req.workers} DataLoader workers)"
+    if len(train) == 0:
+        raise UsageError(no_steps_message(cfg.training.batch_size, num_train, world_size))
     return DataBundle(train, test, num_classes, num_train, name, reason)
+
+
+def no_steps_message(batch_size: int, num_train: int, world_size: int) -> str:
+    """Why an epoch would have 0 steps: the batch is larger than a rank's share."""
+    share = num_train // world_size
+    fix = f"pass --batch-size {share} or less" if share else "use more training images"
+    return (f"--batch-size {batch_size} is larger than this process's share of the training "
+            f"set ({num_train} images over {world_size} processes: {share} each), so an "
+            f"epoch would train 0 steps; {fix}, or run fewer processes")
 
 
 __all__ = ["DATA_BACKENDS", "NATURAL_IMAGE_SIZE", "DataBundle", "build_data"]

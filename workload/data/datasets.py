@@ -89,9 +89,11 @@ def read_cifar100_split(path: Path) -> ArrayDataset:
         raise UsageError(
             f"{path} is not a readable CIFAR-100 python file ({type(error).__name__}: {error}); "
             f"delete the folder and fetch it again with --download") from None
-    if len(images) != len(labels) or labels.size == 0 or labels.max() >= 100:
+    if (len(images) != len(labels) or labels.size == 0 or labels.max() >= 100
+            or labels.min() < 0):
+        span = f"{labels.min()}..{labels.max()}" if labels.size else "?"
         raise UsageError(f"{path} holds {len(images)} images and {len(labels)} labels in "
-                         f"0..{labels.max() if labels.size else '?'}: not CIFAR-100; "
+                         f"{span} (CIFAR-100 has labels 0..99): not CIFAR-100; "
                          "fetch it again with --download")
     return ArrayDataset(images, torch.from_numpy(labels), num_classes=100)
 

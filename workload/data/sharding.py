@@ -8,6 +8,9 @@ import torch
 _EPOCH_STRIDE = 1_000_003
 _RANK_STRIDE = 10_007
 _BATCH_STRIDE = 101
+# torch generators take seeds below 2**64: the mixed values wrap around there (a seed up to
+# --seed's limit of 2**32 - 1 would overflow otherwise; smaller ones are unchanged).
+_SEED_SPACE = 2**64
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: int,
@@ -19,7 +22,7 @@ def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: 
     that all ranks run the same number of steps.
     """
     if shuffle:
-        generator = torch.Generator().manual_seed(seed * _EPOCH_STRIDE + epoch)
+        generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
         order = torch.randperm(num_samples, generator=generator)
     else:
         order = torch.arange(num_samples)
@@ -40,4 +43,5 @@ def batch_slice(indices, batch: int, batch_size: int):
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     """Seed of the augmentation randomness of one batch: a resumed run can start mid-epoch
     and still draw exactly what the uninterrupted run drew."""
-    return ((seed * _EPOCH_STRIDE + epoch) * _RANK_STRIDE + rank) * _BATCH_STRIDE + batch
+    mixed = ((seed * _EPOCH_STRIDE + epoch) * _RANK_STRIDE + rank) * _BATCH_STRIDE + batch
+    return mixed % _SEED_SPACE

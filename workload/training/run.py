@@ -38,6 +38,17 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
     out = prepare_output_dir(cfg.logging.output_dir)
+    with checkpoint.lock_run_folder(out, info):  # one writer: before anything is written
+        summary = train_in(out, cfg, info, data, precision, flag)
+        summary["total_time_s"] = time.perf_counter() - started
+        if info.is_main:
+            write_summary(out, summary)
+    return summary
+
+
+def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
+             flag: PreemptionFlag | None) -> dict:
+    """Prepare the run folder, build and resume the state, fit: the summary."""
     checkpoint.prepare(cfg, out, info.is_main)
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     log_start(cfg, info, data, state.model, precision)
@@ -54,10 +65,7 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
                       progress=progress_hooks(cfg, info, out, len(data.train)))
         summary = Trainer(cfg, info, state, data, precision, hooks).fit()
     save_weights(state.model, out / "model.safetensors", info.is_main)
-    summary.update(total_time_s=time.perf_counter() - started,
-                   **run_facts(cfg, info, state.model, precision))
-    if info.is_main:
-        write_summary(out, summary)
+    summary.update(run_facts(cfg, info, state.model, precision))
     return summary
 
 

@@ -2,11 +2,14 @@
 checkpointing and logging attach to (passed in, called after every step and epoch).
 
 No host synchronisation inside a step: losses are summed on the device and read once per
-epoch; the clock is read after a device synchronisation at the timing boundaries only.
+epoch; the clock is read after a device synchronisation at the timing boundaries only. The
+summed loss is also read every FINITE_CHECK_EVERY steps: a loss that became NaN or infinite
+stops the run (unless --allow-nonfinite-loss) instead of burning the allocation.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,8 +20,17 @@ import torch.nn as nn
 from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
+from workload.errors import UsageError
 from workload.logs import Progress, logger
 from workload.precision import autocast
+
+
+# Steps between two reads of the summed training loss (one host synchronisation each).
+FINITE_CHECK_EVERY = 50
+
+
+class NonFiniteLoss(UsageError):
+    """The training loss became NaN or infinite: the run diverged."""
 
 
 def sync(device: torch.device) -> None:
@@ -116,6 +128,8 @@ class Trainer:
             loss_sum += loss
             steps += 1
             state.batch = batch
+            if steps % FINITE_CHECK_EVERY == 0:  # before the hooks: no save of a diverged run
+                self.check_loss(distributed.all_reduce_sum(loss_sum).item())
             for hook in self.hooks.after_step:
                 hook()
             for hook in self.hooks.progress:
@@ -131,9 +145,21 @@ class Trainer:
         progress.close()
         t_end = time.perf_counter()
         mean_loss = distributed.all_reduce_sum(loss_sum).item() / max(1, steps * self.info.world_size)
+        self.check_loss(mean_loss)
         all_images = int(distributed.all_reduce_sum(torch.tensor(float(timed_images), device=device)).item())
         return EpochStats(mean_loss, steps, t_end - t_epoch, all_images, t_end - t_window,
                           first_step_s)
+
+    def check_loss(self, loss: float) -> None:
+        """Stop a diverged run (every rank sees the same all-reduced value)."""
+        if math.isfinite(loss) or self.cfg.training.allow_nonfinite_loss:
+            return
+        t = self.cfg.training
+        raise NonFiniteLoss(f"the training loss became {loss} by step {self.state.step} "
+                            f"(epoch {self.state.epoch + 1}): training diverged; lower "
+                            f"--base-lr (now {t.base_lr}), warm up longer (--warmup-epochs, "
+                            f"now {t.warmup_epochs}), or pass --allow-nonfinite-loss to train "
+                            "on regardless")
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:

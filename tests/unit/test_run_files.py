@@ -1,0 +1,40 @@
+"""The run folder's JSON files: strict JSON on the way out (no NaN/Infinity), and a torn
+last line of metrics.jsonl dropped with a warning instead of breaking every resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from workload.checkpoint.resume import trim_metrics
+from workload.files import append_jsonl, read_jsonl_records, write_json
+
+
+def strict(text: str):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path):
+    write_json(tmp_path / "summary.json", {"loss": math.nan, "rate": [1.0, math.inf]})
+    assert strict((tmp_path / "summary.json").read_text()) == {"loss": None, "rate": [1.0, None]}
+    append_jsonl(tmp_path / "metrics.jsonl", {"epoch": 1, "train_loss": -math.inf})
+    assert strict((tmp_path / "metrics.jsonl").read_text()) == {"epoch": 1, "train_loss": None}
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epoch": 3, "train_lo')
+    records, dropped = read_jsonl_records(path)
+    assert records == [{"epoch": 1}, {"epoch": 2}] and "torn" in dropped[0]
+    trim_metrics(path, epochs_done=2)
+    assert path.read_text() == '{"epoch": 1}\n{"epoch": 2}\n'
+    assert "torn" in caplog.text
+
+
+def test_a_complete_line_that_is_not_a_record_is_dropped_too(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\nNaN garbage\n[1]\n{"epoch": 2}\n')
+    trim_metrics(path, epochs_done=1)
+    assert path.read_text() == '{"epoch": 1}\n'

@@ -1,0 +1,97 @@
+"""The run folder's lock on its own: one holder, a second refused naming it, stale locks
+(a dead process here, a stopped heartbeat elsewhere) taken over. No torch, no training."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workload.checkpoint import lock as run_lock
+from workload.checkpoint.lock import LOCK_NAME, STALE_AFTER_S, RunLock
+
+
+def write_lock(folder, **holder) -> None:
+    (folder / LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_one_holder_and_a_second_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    first = RunLock(tmp_path)
+    assert first.acquire() is None
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None
+    for words in (socket.gethostname(), f"PID {os.getpid()}", "SLURM job 4242",
+                  "--output-dir", str(tmp_path / LOCK_NAME)):
+        assert words in refusal
+    first.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    again = RunLock(tmp_path)
+    assert again.acquire() is None
+    again.release()
+
+
+def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_lock(tmp_path, host=socket.gethostname(), pid=sleeper.pid,
+                   pid_start=run_lock._start_time(sleeper.pid), pid_ns=run_lock._pid_namespace())
+        refusal = RunLock(tmp_path).acquire()
+        assert refusal is not None and f"PID {sleeper.pid}" in refusal
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The same PID gone: stale, taken over at once.
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_run_s_lock(tmp_path):
+    write_lock(tmp_path, host=socket.gethostname(), pid=os.getpid(), pid_start="1",
+               pid_ns=run_lock._pid_namespace())
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None
+    lock.release()
+
+
+def test_another_host_s_lock_is_stale_only_when_its_heartbeat_stopped(tmp_path):
+    write_lock(tmp_path, host="other-node", pid=1, job_id="7")
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and "other-node" in refusal and "SLURM job 7" in refusal
+    old = time.time() - STALE_AFTER_S - 60
+    os.utime(tmp_path / LOCK_NAME, (old, old))
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None
+    lock.release()
+
+
+def test_the_holder_refreshes_its_heartbeat(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None
+    old = time.time() - 1000
+    os.utime(tmp_path / LOCK_NAME, (old, old))
+    time.sleep(0.5)
+    assert time.time() - (tmp_path / LOCK_NAME).stat().st_mtime < 100
+    lock.release()
+
+
+def test_release_leaves_a_lock_taken_over_by_another(tmp_path):
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None
+    write_lock(tmp_path, host="other-node", pid=1, token="not-mine")
+    lock.release()
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("content", ["", "{half a"])
+def test_a_lock_being_written_is_respected(tmp_path, content):
+    (tmp_path / LOCK_NAME).write_text(content)
+    assert RunLock(tmp_path).acquire() is not None

@@ -1,0 +1,220 @@
+"""One writer per run folder: `<output-dir>/train.lock`, taken by rank 0 before anything is
+written, held until the run ends.
+
+Why a lock file made by an exclusive hard link and not flock/fcntl: the holder writes its
+details into a file of its own, then links it to `train.lock`; link() fails when the name
+exists, atomically on every file system clusters use (local disks, NFSv2 to v4, Lustre,
+GPFS, BeeGFS), and the lock is complete the moment it appears. flock is local to one client
+on many NFS and Lustre mounts (Lustre's default `localflock`, or no flock at all), and fcntl
+locks need a working lock daemon (NFSv3's NLM) and vanish silently when it restarts. The
+file says who holds it: host, PID, SLURM job id, start time.
+
+A lock left by a process that died is stale and taken over (with a warning):
+  - same host (and PID namespace): the PID no longer runs, or runs a process that started
+    at another time (a reused PID);
+  - another host: the holder refreshes the file's mtime every HEARTBEAT_S seconds; a lock
+    not refreshed for STALE_AFTER_S seconds is stale. Its age is measured against the file
+    server's clock (the mtime of a file just created beside it), so clock skew between
+    nodes does not matter.
+A stale lock is renamed away (atomic) before a new one is created, so two processes that
+judge it stale at once cannot both end up holding it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from workload.errors import UsageError
+from workload.logs import logger
+
+LOCK_NAME = "train.lock"
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0  # ten missed heartbeats: longer than NFS attribute caching (60 s)
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of a process (clock ticks since boot), None if it does not run."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def me() -> dict:
+    return dict(host=socket.gethostname(), pid=os.getpid(),
+                job_id=os.environ.get("SLURM_JOB_ID", ""),
+                started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                pid_start=_start_time(os.getpid()), pid_ns=_pid_namespace(),
+                token=uuid.uuid4().hex)
+
+
+def describe(holder: dict) -> str:
+    job = f", SLURM job {holder['job_id']}" if holder.get("job_id") else ""
+    return (f"host {holder.get('host', '?')} PID {holder.get('pid', '?')}{job}, "
+            f"started {holder.get('started', '?')}")
+
+
+def _fs_now(folder: Path) -> float:
+    """Now, by the clock of the file system holding `folder`."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".clock-") as probe:
+        return os.fstat(probe.fileno()).st_mtime
+
+
+def stale_reason(path: Path, holder: dict) -> str | None:
+    """Why the lock at `path` is stale, or None while its holder may still run."""
+    mine = me()
+    if holder.get("host") == mine["host"] and holder.get("pid_ns") == mine["pid_ns"]:
+        pid = holder.get("pid")
+        running = _start_time(pid) if isinstance(pid, int) else None
+        if running is None or (holder.get("pid_start") not in (None, running)):
+            return f"process {pid} no longer runs on {mine['host']}"
+        return None
+    age = _fs_now(path.parent) - path.stat().st_mtime
+    if age > STALE_AFTER_S:
+        return f"its heartbeat stopped {age:.0f} s ago (stale after {STALE_AFTER_S:.0f} s)"
+    return None
+
+
+def _read(path: Path) -> tuple[bytes, dict]:
+    raw = path.read_bytes()
+    try:
+        holder = json.loads(raw)
+    except ValueError:  # being written this very moment, or damaged
+        holder = {}
+    return raw, holder if isinstance(holder, dict) else {}
+
+
+def _link(draft: Path, path: Path) -> bool:
+    """Create `path` as a hard link to the written draft: atomic, and complete the moment it
+    appears. NFS may report an error for a link that was made: the link count decides."""
+    try:
+        os.link(draft, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return draft.stat().st_nlink == 2
+
+
+def _break(path: Path, seen: bytes) -> None:
+    """Rename the stale lock away; if what was renamed is not what was judged stale
+    (another process took it over meanwhile), put it back."""
+    aside = path.with_name(f".{path.name}.stale-{socket.gethostname()}-{os.getpid()}")
+    os.replace(path, aside)
+    if aside.read_bytes() != seen:
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+    aside.unlink()
+
+
+class RunLock:
+    """The lock of one run folder, held from `acquire` until `release`."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK_NAME
+        self.holder: dict | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def acquire(self) -> str | None:
+        """Take the lock: None when taken, else why not (naming the holder)."""
+        holder = me()
+        draft = self.path.with_name(f".{self.path.name}.{holder['host']}.{holder['pid']}")
+        draft.write_text(json.dumps(holder, indent=2) + "\n")
+        try:
+            for _ in range(5):
+                if _link(draft, self.path):
+                    self._hold(holder)
+                    return None
+                try:
+                    refusal = self._judge()
+                except FileNotFoundError:  # released meanwhile: try again
+                    continue
+                if refusal:
+                    return refusal
+            return f"{self.path} keeps changing hands; another run is starting in this folder"
+        finally:
+            draft.unlink()
+
+    def _judge(self) -> str | None:
+        """A refusal naming the live holder, or None after breaking a stale lock."""
+        seen, holder = _read(self.path)
+        reason = stale_reason(self.path, holder)
+        if reason is None:
+            return (f"--output-dir {self.path.parent} is in use by another run "
+                    f"({describe(holder)}; lock file {self.path}); wait for it to end, stop "
+                    "it, or pass another --output-dir. A lock whose process died is taken "
+                    f"over: on the same host at once, from another host after "
+                    f"{STALE_AFTER_S:.0f} s without its heartbeat")
+        logger.warning(f"taking over the lock of a run that ended without releasing it "
+                       f"({describe(holder)}): {reason}")
+        _break(self.path, seen)
+        return None
+
+    def _hold(self, holder: dict) -> None:
+        self.holder = holder
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat",
+                                      daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(self.path)  # no times given: the file server's clock on NFS
+            except OSError as error:
+                logger.warning(f"cannot refresh the run folder's lock {self.path}: {error}")
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock if it is still this process's."""
+        if self.holder is None:
+            return
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        try:
+            _, holder = _read(self.path)
+            if holder.get("token") == self.holder["token"]:
+                self.path.unlink()
+        except OSError:
+            pass
+        self.holder = None
+
+
+@contextmanager
+def lock_run_folder(out: Path, info):
+    """Rank 0 takes the run folder's lock; every rank learns whether it did (one
+    all-reduce) and all stop with one line when it did not, before anything is written."""
+    from workload.checkpoint.preemption import agree  # torch: only once a run starts
+
+    lock = RunLock(out)
+    refusal = lock.acquire() if info.is_main else None
+    refused = refusal is not None
+    if info.world_size > 1:
+        refused = agree([refused], info.device)[0]
+    if refused:
+        raise UsageError(refusal or f"rank 0 could not lock --output-dir {out}: see its error")
+    try:
+        yield lock
+    finally:
+        lock.release()

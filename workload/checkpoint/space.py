@@ -1,0 +1,76 @@
+"""A save that runs out of disk space: the partial folder removed, one line naming the
+folder and the space a checkpoint needs.
+
+torch.save on a full file system does not raise OSError(ENOSPC) but a RuntimeError from its
+zip writer ("unexpected pos ..."), so any failure of a save is followed by a look at the
+free space: when it is less than a checkpoint needs, the failure is a full disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from workload.checkpoint.store import Snapshot, complete_steps
+from workload.errors import UsageError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(UsageError):
+    """No space (or no quota) left for a checkpoint; the partial save is gone."""
+
+
+def tensor_bytes(value) -> int:
+    """The bytes of every tensor in nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def needed_bytes(root: Path, snapshot: Snapshot) -> int:
+    """About what one checkpoint takes: the newest complete one's size, or the tensors'."""
+    estimate = tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer,
+                             snapshot.rng])
+    steps = complete_steps(root)
+    if steps:
+        on_disk = sum(p.stat().st_size for p in steps[-1][1].rglob("*") if p.is_file())
+        estimate = max(estimate, on_disk)
+    return estimate
+
+
+def free_bytes(folder: Path) -> int:
+    stats = os.statvfs(folder)
+    return stats.f_bavail * stats.f_frsize
+
+
+def mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+@contextmanager
+def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
+    """Run a save; if it fails, remove its partial folder, and report a full disk in one
+    line (any other failure is raised as it was)."""
+    try:
+        yield
+    except Exception as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        need = needed_bytes(root, snapshot)
+        free = free_bytes(root) if root.is_dir() else 0
+        full = isinstance(error, OSError) and error.errno in _FULL
+        if not (full or free < need):
+            raise
+        raise DiskFull(f"no space left to save a checkpoint in {root}: {mib(free)} free, a "
+                       f"checkpoint of this run needs about {mib(need)}; the partial save "
+                       "was removed. Free space on that file system and start the run "
+                       "again: it resumes from the last complete checkpoint") from None
