@@ -23,7 +23,7 @@ def test_a_tar_is_unpacked_verified_and_reused(tmp_path):
     assert len(manifest["files"]) == 8
     assert "reusing" in stage_once(tar, target)
     # A staged file gone (a node's cleaned-up $TMPDIR): staged again, not reused.
-    (target / "pets" / "train" / "class0" / "0.jpg").unlink()
+    (target / "pets" / "train" / "cat" / "0.jpg").unlink()
     assert "staged" in stage_once(tar, target)
     assert listing(target / "pets") == listing(pets)
 
@@ -34,9 +34,9 @@ def test_a_folder_is_copied_and_a_changed_source_staged_again(tmp_path):
     assert "staged" in stage_once(data, target)
     assert data_root(target) == target
     assert "reusing" in stage_once(data, target)
-    (data / "train" / "class0" / "2.jpg").write_bytes(b"new")
+    (data / "train" / "cat" / "2.jpg").write_bytes(b"new")
     assert "staged" in stage_once(data, target)
-    assert (target / "train" / "class0" / "2.jpg").read_bytes() == b"new"
+    assert (target / "train" / "cat" / "2.jpg").read_bytes() == b"new"
 
 
 def test_a_broken_tar_is_refused(tmp_path):
