@@ -21,17 +21,14 @@ from typing import Mapping
 
 from workload.launch.check import notes, problems
 from workload.launch.errors import LaunchError
-from workload.launch.resolve import Resolution, resolve, resolve_for_torchrun
+from workload.launch.gpus import visible_gpu_count
+from workload.launch.resolve import Resolution, resolve
+from workload.launch.torchrun import resolve_for_torchrun
 
 TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
-
-
-def visible_gpu_count(env: Mapping[str, str], dev: Path = Path("/dev")) -> int:
-    """GPUs this process may use, without importing torch (the entrypoint runs this)."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([item for item in visible.split(",") if item.strip() not in ("", "-1")])
-    return len([p for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+# Commands of this package that pick their GPU from the resolution themselves: the
+# LOCAL_RANK pitfall note is for other programs (a user's own script).
+OWN_COMMANDS = {"train", "bench", "doctor"}
 
 
 def is_torchrun(command: str | None) -> bool:
@@ -56,6 +53,10 @@ def cmd_env(args: argparse.Namespace) -> int:
     res = resolve_for(args.command, os.environ)
     for warning in res.warnings:
         print(f"launch: warning: {warning}", file=sys.stderr)
+    pitfall = res.notes.get("local_rank_pitfall")
+    if pitfall and pitfall not in res.warnings and \
+            Path(args.command or "").name not in OWN_COMMANDS:
+        print(f"launch: warning: {pitfall}", file=sys.stderr)
     sys.stdout.write(render_env(res))
     return 0
 
