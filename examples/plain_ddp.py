@@ -83,6 +83,7 @@ def main() -> None:
     checkpoint = args.output_dir / "checkpoint.pt"
     start = resume(checkpoint, model, optimizer, me.device)
     data = torch.Generator().manual_seed(1000 + me.rank)  # each rank its own batches
+    print(f"rank {me.rank}: training from step {start} on {me.device}", flush=True)
     loss = torch.zeros(())
     for step in range(start, args.steps):
         x = torch.randn(64, 32, generator=data).to(me.device)

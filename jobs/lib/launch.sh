@@ -5,6 +5,7 @@
 #
 #   launch_train [train arguments...]              # run the training step
 #   launch_train_requeueable [train arguments...]  # the same under jobs/lib/requeue.sh
+#   launch_script [script arguments...]            # your own SCRIPT, in FORM, requeueable
 #
 # Settings come from the environment (sbatch passes it on):
 #
@@ -22,7 +23,14 @@
 #   LAUNCH_CHECK   set to 1: run `python -m workload.launch check` in the same layout
 #                  instead of training, to check a layout before a long run
 #   JOBS_DIR       this jobs/ folder (default: found from this file)
-#   MAX_REQUEUES, TRAIN_REQUEUE_FILE   for launch_train_requeueable: see jobs/lib/requeue.sh
+#   MAX_REQUEUES, TRAIN_REQUEUE_FILE   for the requeueable launches: see jobs/lib/requeue.sh
+#   SCRIPT         launch_script: your training script (a path the image sees: the submit
+#                  folder is bound, so a relative path works)
+#   FORM           launch_script: per-task (default): one task per GPU through entrypoint.sh;
+#                  torchrun: one task per node, entrypoint.sh torchrun --nproc-per-node;
+#                  no-entrypoint: one task per GPU, python SCRIPT, which calls
+#                  workload.launch.setup() itself (docs/your-script.md)
+#   PYTHON         launch_script: the Python that runs SCRIPT (default python)
 #
 # The job scripts allocate whole nodes: one task per node holding the node's GPUs
 # (--gpus-per-node) and CPUs (--cpus-per-task); this helper shapes the step from that, so
@@ -156,10 +164,8 @@ build_step() {
       if [[ -n ${node_cpus} ]]; then
         STEP+=(--cpus-per-task="${node_cpus}")
       fi
-      # torchrun dies of USR2 unless told to handle it; then it passes it on to its
-      # workers, which checkpoint (jobs/lib/requeue.sh, train's preemption handling).
-      COMMAND=("${VIA_ENTRYPOINT[@]}" torchrun --nproc-per-node="${GPUS_PER_NODE}"
-        --signals-to-handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2" --no-python "${TRAIN[@]}")
+      set_torchrun
+      COMMAND=("${VIA_ENTRYPOINT[@]}" "${TORCHRUN[@]}" --no-python "${TRAIN[@]}")
       CHECK=("${IN_IMAGE[@]}" python -m workload.launch check --command torchrun)
       ;;
     *)
@@ -167,6 +173,14 @@ build_step() {
       exit 2
       ;;
   esac
+}
+
+# Sets TORCHRUN: torchrun with GPUS_PER_NODE workers. torchrun dies of USR2 unless told
+# to handle it; then it passes it on to its workers, which checkpoint (jobs/lib/requeue.sh,
+# train's preemption handling, workload.launch.preemption in a user's script).
+set_torchrun() {
+  TORCHRUN=(torchrun --nproc-per-node="${GPUS_PER_NODE}"
+    --signals-to-handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2")
 }
 
 # Splits a node's CPUs among its GPUS_PER_NODE tasks (adds --cpus-per-task to STEP).
@@ -206,5 +220,49 @@ launch_train_requeueable() {
   # shellcheck source=jobs/lib/requeue.sh
   source "$(jobs_dir)/lib/requeue.sh"
   prepare_launch "$@"
+  run_requeueable "${LAUNCH[@]}"
+}
+
+# Sets LAUNCH for a user's own SCRIPT in FORM (see the header): the same step shapes as
+# train's layouts (per-task for per-task and no-entrypoint, torchrun for torchrun).
+prepare_script_launch() {
+  FORM=${FORM:-per-task}
+  if [[ -z ${SCRIPT:-} ]]; then
+    job_err "SCRIPT is not set: name your training script, e.g. SCRIPT=my_train.py sbatch jobs/own-script.sbatch"
+    exit 2
+  fi
+  case ${FORM} in
+    per-task | no-entrypoint) LAYOUT=per-task ;;
+    torchrun) LAYOUT=torchrun ;;
+    *)
+      job_err "FORM=${FORM}: expected per-task, torchrun or no-entrypoint"
+      exit 2
+      ;;
+  esac
+  job_settings
+  set_docker_names
+  load_preset
+  build_runtime
+  TRAIN=()
+  build_step
+  local python=${PYTHON:-python}
+  case ${FORM} in
+    per-task) COMMAND=("${VIA_ENTRYPOINT[@]}" "${python}" "${SCRIPT}" "$@") ;;
+    torchrun) COMMAND=("${VIA_ENTRYPOINT[@]}" "${TORCHRUN[@]}" "${SCRIPT}" "$@") ;;
+    no-entrypoint) COMMAND=("${IN_IMAGE[@]}" "${python}" "${SCRIPT}" "$@") ;;
+  esac
+  if [[ -n ${LAUNCH_CHECK:-} ]]; then
+    LAUNCH=("${STEP[@]}" "${CHECK[@]}")
+  else
+    LAUNCH=("${STEP[@]}" "${COMMAND[@]}")
+  fi
+}
+
+# A user's own script under jobs/lib/requeue.sh: exit status 75 (workload.launch's
+# exit_for_requeue) requeues the job; any other status is passed on.
+launch_script() {
+  # shellcheck source=jobs/lib/requeue.sh
+  source "$(jobs_dir)/lib/requeue.sh"
+  prepare_script_launch "$@"
   run_requeueable "${LAUNCH[@]}"
 }

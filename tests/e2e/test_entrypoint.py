@@ -209,3 +209,13 @@ def test_shellcheck_clean(script):
     done = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True,
                           cwd=REPO)
     assert done.returncode == 0, done.stdout
+
+
+def test_one_gpu_per_task_exports_local_gpu_and_warns_about_local_rank(stub_bin):
+    # srun --gpus-per-task=1: SLURM narrows CUDA_VISIBLE_DEVICES to the task's GPU.
+    env = clean_env(stub_bin, **slurm_env("step.3.env"), CUDA_VISIBLE_DEVICES="1")
+    done = run(env, "stub")
+    seen = report(done)["env"]
+    assert (seen["LOCAL_RANK"], seen["LOCAL_GPU"]) == ("1", "0")
+    assert "LOCAL_RANK=1 cannot index the 1 GPU(s)" in done.stderr
+    assert "LOCAL_GPU=0" in done.stderr

@@ -3,6 +3,7 @@
     python -m workload.launch env            # KEY=VALUE lines a shell can source
     python -m workload.launch env --command torchrun   # for a torchrun about to start
     python -m workload.launch check          # explain layout mistakes and their fixes
+    python -m workload.launch jobs [DEST]    # copy the job scripts out (default ./jobs)
 
 Inside a job step, for example:
     srun -N2 --ntasks-per-node=4 python -m workload.launch check
@@ -22,6 +23,7 @@ from typing import Mapping
 from workload.launch.check import notes, problems
 from workload.launch.errors import LaunchError
 from workload.launch.gpus import visible_gpu_count
+from workload.launch.jobs import copy_jobs, find_jobs
 from workload.launch.resolve import Resolution, resolve
 from workload.launch.torchrun import resolve_for_torchrun
 
@@ -77,6 +79,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def cmd_jobs(args: argparse.Namespace) -> int:
+    files = copy_jobs(Path(args.dest), force=args.force)
+    print(f"copied {len(files)} files from {find_jobs()} to {args.dest}; submit from "
+          f"{Path(args.dest).resolve().parent}, e.g. sbatch {args.dest}/multinode.sbatch")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workload.launch",
                                      description=__doc__.split("\n\n")[0])
@@ -87,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--command", default=None,
                             help="the command about to run (torchrun gets per-node values)")
         action.set_defaults(func=func)
+    jobs = sub.add_parser("jobs", help="copy the job scripts (jobs/) to DEST")
+    jobs.add_argument("dest", nargs="?", default="jobs", help="target folder (default ./jobs)")
+    jobs.add_argument("--force", action="store_true", help="overwrite files already there")
+    jobs.set_defaults(func=cmd_jobs)
     return parser
 
 

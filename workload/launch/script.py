@@ -86,7 +86,10 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     for warning in () if quiet else res.warnings:
         print(f"launch: warning: {warning}", file=sys.stderr)
     for key, value in res.values.items():
-        if not env.get(key):  # never overwrite what torchrun or the user set
+        # Never overwrite what torchrun or the user set; the thread count is the
+        # exception only in name: resolve() keeps a user's OMP_NUM_THREADS and replaces
+        # only torchrun's placeholder 1 by the worker's share of the task's CPUs.
+        if not env.get(key) or key == "OMP_NUM_THREADS":
             env[key] = value
     device = "cpu"
     if cuda is not None:
