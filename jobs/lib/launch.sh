@@ -14,7 +14,12 @@
 #                  starts GPUS_PER_NODE workers
 #   GPUS_PER_NODE  GPUs (= training processes) per node; default: the job's
 #                  --gpus-per-node (SLURM_GPUS_PER_NODE), else 1
-#   RUNTIME        apptainer (default) | docker | none (the host's Python environment)
+#   RUNTIME        apptainer (default) | docker | none (the host's Python environment) |
+#                  pyxis (srun --container-image=IMAGE, a .sqsh from `enroot import`; see
+#                  docs/sites/pyxis.md) | edf (srun --environment=EDF, the CSCS Alps
+#                  Container Engine; see docs/sites/cscs-alps.md)
+#   EDF            RUNTIME=edf: the environment definition file (a .toml path or a name
+#                  in ~/.edf; start from jobs/sites/cscs-alps.toml)
 #   IMAGE          apptainer: the .sif file (default ./hpc-train.sif); docker: the image
 #   PRESET         optional fabric preset, a file name in jobs/presets without .sh (for
 #                  example slingshot-gh200); nothing is assumed about the fabric otherwise
@@ -77,8 +82,8 @@ job_settings() {
   fi
 }
 
-# Sources the preset (its exports reach srun and the tasks) and adds its variables to
-# PASS_TO_DOCKER.
+# Sources the preset (its exports reach srun and the tasks), prints what it set (on
+# stderr, into the job log) and adds its variables to PASS_TO_DOCKER.
 load_preset() {
   [[ -z ${PRESET:-} ]] && return 0
   local file name
@@ -90,6 +95,7 @@ load_preset() {
   # shellcheck source=/dev/null
   source "${file}"
   while read -r name; do
+    printf 'preset %s: %s=%s\n' "${PRESET}" "${name}" "${!name-}" >&2
     PASS_TO_DOCKER+=("${name}")
   done < <(sed -n 's/^export \([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' "${file}")
 }
@@ -105,9 +111,11 @@ set_docker_names() {
     OMP_NUM_THREADS TRAIN_REQUEUE_FILE)
 }
 
-# Sets IN_IMAGE (runs a command in the image as is: `train` resolves SLURM by itself) and
-# VIA_ENTRYPOINT (runs a command through entrypoint.sh: for torchrun).
+# Sets IN_IMAGE (runs a command in the image as is: `train` resolves SLURM by itself),
+# VIA_ENTRYPOINT (runs a command through entrypoint.sh: for torchrun) and IN_STEP (srun
+# options that put the step in a container: pyxis and the CSCS Container Engine).
 build_runtime() {
+  IN_STEP=()
   case ${RUNTIME} in
     apptainer)
       IN_IMAGE=(apptainer exec --nv --bind "${DATA_DIR}" "${IMAGE}")
@@ -128,8 +136,22 @@ build_runtime() {
       IN_IMAGE=()
       VIA_ENTRYPOINT=("$(jobs_dir)/../entrypoint.sh")
       ;;
+    pyxis)
+      # pyxis starts in the image's WORKDIR and skips its ENTRYPOINT: start in this
+      # folder (mounted at the same path) so relative paths stay on the host.
+      IN_STEP=(--container-image="${IMAGE}" --container-mounts="${PWD},${DATA_DIR}"
+        --container-workdir="${PWD}")
+      IN_IMAGE=()
+      VIA_ENTRYPOINT=("${ENTRYPOINT}")
+      ;;
+    edf)
+      # The EDF names the image, the mounts and the working folder (and the NCCL hook).
+      IN_STEP=(--environment="${EDF:?RUNTIME=edf needs EDF, e.g. EDF=\$PWD/jobs/sites/cscs-alps.toml}")
+      IN_IMAGE=()
+      VIA_ENTRYPOINT=("${ENTRYPOINT}")
+      ;;
     *)
-      job_err "RUNTIME=${RUNTIME}: expected apptainer, docker or none"
+      job_err "RUNTIME=${RUNTIME}: expected apptainer, docker, none, pyxis or edf"
       exit 2
       ;;
   esac
@@ -149,7 +171,7 @@ set_train_command() {
 # srun does not inherit it from sbatch.
 build_step() {
   local node_cpus=${SLURM_CPUS_PER_TASK:-}
-  STEP=(srun --kill-on-bad-exit=1)
+  STEP=(srun --kill-on-bad-exit=1 "${IN_STEP[@]}")
   case ${LAYOUT} in
     per-task)
       STEP+=(--ntasks="$((SLURM_NNODES * GPUS_PER_NODE))" --ntasks-per-node="${GPUS_PER_NODE}")

@@ -197,7 +197,7 @@ def test_sourcing_defines_functions_without_running(stub_bin):
 
 
 SHELL_FILES = [ENTRYPOINT, *sorted((REPO / "jobs").rglob("*.sh")),
-               *sorted((REPO / "jobs").glob("*.sbatch"))]
+               *sorted((REPO / "jobs").rglob("*.sbatch"))]
 
 
 @pytest.mark.parametrize("script", SHELL_FILES, ids=lambda p: str(p.relative_to(REPO)))

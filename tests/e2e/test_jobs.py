@@ -261,7 +261,7 @@ def test_launch_check_runs_the_check_in_the_same_layout(stubs, layout, check):
 
 @pytest.mark.parametrize(("settings", "message"), [
     ({"LAYOUT": "mpi"}, "LAYOUT=mpi: expected per-task or torchrun"),
-    ({"RUNTIME": "podman"}, "RUNTIME=podman: expected apptainer, docker or none"),
+    ({"RUNTIME": "podman"}, "RUNTIME=podman: expected apptainer, docker, none, pyxis or edf"),
     ({"PRESET": "nope"}, "PRESET=nope: no "),
     ({"GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0: expected a whole number"),
     ({"SLURM_NTASKS_PER_NODE": "4"}, "set --gpus-per-node"),
