@@ -57,6 +57,10 @@ RUN /opt/hpc-train/install-workload.sh package .
 # The entrypoint resolves SLURM/torchrun variables, then execs NGC's own entrypoint
 # (CUDA environment, banner), which ends in exec "$@": NGC's setup is chained, not replaced.
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+# The job scripts and the example script travel with the image: copy them out with
+# `python -m workload.launch jobs DEST` (docs/your-script.md).
+COPY jobs /opt/hpc-train/jobs
+COPY examples /opt/hpc-train/examples
 
 # Caches at writable places, so the image runs as any UID with a read-only root and no
 # usable HOME (Apptainer, docker run --user --read-only): Triton and Inductor kernels,

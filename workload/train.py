@@ -65,6 +65,7 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
 
 def train(argv: list[str] | None) -> dict:
     cfg = parse_config(argv)
+    warn_container_paths(cfg)
     from workload.checkpoint import PreemptionFlag, Preempted
     from workload.training.run import run
 
@@ -88,6 +89,20 @@ def train(argv: list[str] | None) -> dict:
                          "last complete checkpoint") from None
     finally:
         flag.uninstall()
+
+
+def warn_container_paths(cfg: TrainConfig) -> None:
+    """Relative output/data folders that pyxis would put inside the container (rank 0)."""
+    import os
+
+    from workload.launch.paths import outside_submit_dir
+
+    paths = {"--output-dir": cfg.logging.output_dir}
+    if cfg.data.dataset not in ("digits", "synthetic"):  # these read no files
+        paths["--data-dir"] = cfg.data.data_dir
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        for warning in outside_submit_dir(paths, os.environ, os.getcwd()):
+            print(f"train: warning: {warning}", file=sys.stderr)
 
 
 def exit_for_requeue(stop: Exception) -> None:

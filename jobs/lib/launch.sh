@@ -5,6 +5,7 @@
 #
 #   launch_train [train arguments...]              # run the training step
 #   launch_train_requeueable [train arguments...]  # the same under jobs/lib/requeue.sh
+#   launch_script [script arguments...]            # your own SCRIPT, in FORM, requeueable
 #
 # Settings come from the environment (sbatch passes it on):
 #
@@ -13,7 +14,12 @@
 #                  starts GPUS_PER_NODE workers
 #   GPUS_PER_NODE  GPUs (= training processes) per node; default: the job's
 #                  --gpus-per-node (SLURM_GPUS_PER_NODE), else 1
-#   RUNTIME        apptainer (default) | docker | none (the host's Python environment)
+#   RUNTIME        apptainer (default) | docker | none (the host's Python environment) |
+#                  pyxis (srun --container-image=IMAGE, a .sqsh from `enroot import`; see
+#                  docs/sites/pyxis.md) | edf (srun --environment=EDF, the CSCS Alps
+#                  Container Engine; see docs/sites/cscs-alps.md)
+#   EDF            RUNTIME=edf: the environment definition file (a .toml path or a name
+#                  in ~/.edf; start from jobs/sites/cscs-alps.toml)
 #   IMAGE          apptainer: the .sif file (default ./hpc-train.sif); docker: the image
 #   PRESET         optional fabric preset, a file name in jobs/presets without .sh (for
 #                  example slingshot-gh200); nothing is assumed about the fabric otherwise
@@ -22,7 +28,14 @@
 #   LAUNCH_CHECK   set to 1: run `python -m workload.launch check` in the same layout
 #                  instead of training, to check a layout before a long run
 #   JOBS_DIR       this jobs/ folder (default: found from this file)
-#   MAX_REQUEUES, TRAIN_REQUEUE_FILE   for launch_train_requeueable: see jobs/lib/requeue.sh
+#   MAX_REQUEUES, TRAIN_REQUEUE_FILE   for the requeueable launches: see jobs/lib/requeue.sh
+#   SCRIPT         launch_script: your training script (a path the image sees: the submit
+#                  folder is bound, so a relative path works)
+#   FORM           launch_script: per-task (default): one task per GPU through entrypoint.sh;
+#                  torchrun: one task per node, entrypoint.sh torchrun --nproc-per-node;
+#                  no-entrypoint: one task per GPU, python SCRIPT, which calls
+#                  workload.launch.setup() itself (docs/your-script.md)
+#   PYTHON         launch_script: the Python that runs SCRIPT (default python)
 #
 # The job scripts allocate whole nodes: one task per node holding the node's GPUs
 # (--gpus-per-node) and CPUs (--cpus-per-task); this helper shapes the step from that, so
@@ -69,8 +82,8 @@ job_settings() {
   fi
 }
 
-# Sources the preset (its exports reach srun and the tasks) and adds its variables to
-# PASS_TO_DOCKER.
+# Sources the preset (its exports reach srun and the tasks), prints what it set (on
+# stderr, into the job log) and adds its variables to PASS_TO_DOCKER.
 load_preset() {
   [[ -z ${PRESET:-} ]] && return 0
   local file name
@@ -82,6 +95,7 @@ load_preset() {
   # shellcheck source=/dev/null
   source "${file}"
   while read -r name; do
+    printf 'preset %s: %s=%s\n' "${PRESET}" "${name}" "${!name-}" >&2
     PASS_TO_DOCKER+=("${name}")
   done < <(sed -n 's/^export \([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' "${file}")
 }
@@ -97,9 +111,11 @@ set_docker_names() {
     OMP_NUM_THREADS TRAIN_REQUEUE_FILE)
 }
 
-# Sets IN_IMAGE (runs a command in the image as is: `train` resolves SLURM by itself) and
-# VIA_ENTRYPOINT (runs a command through entrypoint.sh: for torchrun).
+# Sets IN_IMAGE (runs a command in the image as is: `train` resolves SLURM by itself),
+# VIA_ENTRYPOINT (runs a command through entrypoint.sh: for torchrun) and IN_STEP (srun
+# options that put the step in a container: pyxis and the CSCS Container Engine).
 build_runtime() {
+  IN_STEP=()
   case ${RUNTIME} in
     apptainer)
       IN_IMAGE=(apptainer exec --nv --bind "${DATA_DIR}" "${IMAGE}")
@@ -120,8 +136,22 @@ build_runtime() {
       IN_IMAGE=()
       VIA_ENTRYPOINT=("$(jobs_dir)/../entrypoint.sh")
       ;;
+    pyxis)
+      # pyxis starts in the image's WORKDIR and skips its ENTRYPOINT: start in this
+      # folder (mounted at the same path) so relative paths stay on the host.
+      IN_STEP=(--container-image="${IMAGE}" --container-mounts="${PWD},${DATA_DIR}"
+        --container-workdir="${PWD}")
+      IN_IMAGE=()
+      VIA_ENTRYPOINT=("${ENTRYPOINT}")
+      ;;
+    edf)
+      # The EDF names the image, the mounts and the working folder (and the NCCL hook).
+      IN_STEP=(--environment="${EDF:?RUNTIME=edf needs EDF, e.g. EDF=\$PWD/jobs/sites/cscs-alps.toml}")
+      IN_IMAGE=()
+      VIA_ENTRYPOINT=("${ENTRYPOINT}")
+      ;;
     *)
-      job_err "RUNTIME=${RUNTIME}: expected apptainer, docker or none"
+      job_err "RUNTIME=${RUNTIME}: expected apptainer, docker, none, pyxis or edf"
       exit 2
       ;;
   esac
@@ -141,7 +171,7 @@ set_train_command() {
 # srun does not inherit it from sbatch.
 build_step() {
   local node_cpus=${SLURM_CPUS_PER_TASK:-}
-  STEP=(srun --kill-on-bad-exit=1)
+  STEP=(srun --kill-on-bad-exit=1 "${IN_STEP[@]}")
   case ${LAYOUT} in
     per-task)
       STEP+=(--ntasks="$((SLURM_NNODES * GPUS_PER_NODE))" --ntasks-per-node="${GPUS_PER_NODE}")
@@ -156,10 +186,8 @@ build_step() {
       if [[ -n ${node_cpus} ]]; then
         STEP+=(--cpus-per-task="${node_cpus}")
       fi
-      # torchrun dies of USR2 unless told to handle it; then it passes it on to its
-      # workers, which checkpoint (jobs/lib/requeue.sh, train's preemption handling).
-      COMMAND=("${VIA_ENTRYPOINT[@]}" torchrun --nproc-per-node="${GPUS_PER_NODE}"
-        --signals-to-handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2" --no-python "${TRAIN[@]}")
+      set_torchrun
+      COMMAND=("${VIA_ENTRYPOINT[@]}" "${TORCHRUN[@]}" --no-python "${TRAIN[@]}")
       CHECK=("${IN_IMAGE[@]}" python -m workload.launch check --command torchrun)
       ;;
     *)
@@ -167,6 +195,14 @@ build_step() {
       exit 2
       ;;
   esac
+}
+
+# Sets TORCHRUN: torchrun with GPUS_PER_NODE workers. torchrun dies of USR2 unless told
+# to handle it; then it passes it on to its workers, which checkpoint (jobs/lib/requeue.sh,
+# train's preemption handling, workload.launch.preemption in a user's script).
+set_torchrun() {
+  TORCHRUN=(torchrun --nproc-per-node="${GPUS_PER_NODE}"
+    --signals-to-handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2")
 }
 
 # Splits a node's CPUs among its GPUS_PER_NODE tasks (adds --cpus-per-task to STEP).
@@ -206,5 +242,49 @@ launch_train_requeueable() {
   # shellcheck source=jobs/lib/requeue.sh
   source "$(jobs_dir)/lib/requeue.sh"
   prepare_launch "$@"
+  run_requeueable "${LAUNCH[@]}"
+}
+
+# Sets LAUNCH for a user's own SCRIPT in FORM (see the header): the same step shapes as
+# train's layouts (per-task for per-task and no-entrypoint, torchrun for torchrun).
+prepare_script_launch() {
+  FORM=${FORM:-per-task}
+  if [[ -z ${SCRIPT:-} ]]; then
+    job_err "SCRIPT is not set: name your training script, e.g. SCRIPT=my_train.py sbatch jobs/own-script.sbatch"
+    exit 2
+  fi
+  case ${FORM} in
+    per-task | no-entrypoint) LAYOUT=per-task ;;
+    torchrun) LAYOUT=torchrun ;;
+    *)
+      job_err "FORM=${FORM}: expected per-task, torchrun or no-entrypoint"
+      exit 2
+      ;;
+  esac
+  job_settings
+  set_docker_names
+  load_preset
+  build_runtime
+  TRAIN=()
+  build_step
+  local python=${PYTHON:-python}
+  case ${FORM} in
+    per-task) COMMAND=("${VIA_ENTRYPOINT[@]}" "${python}" "${SCRIPT}" "$@") ;;
+    torchrun) COMMAND=("${VIA_ENTRYPOINT[@]}" "${TORCHRUN[@]}" "${SCRIPT}" "$@") ;;
+    no-entrypoint) COMMAND=("${IN_IMAGE[@]}" "${python}" "${SCRIPT}" "$@") ;;
+  esac
+  if [[ -n ${LAUNCH_CHECK:-} ]]; then
+    LAUNCH=("${STEP[@]}" "${CHECK[@]}")
+  else
+    LAUNCH=("${STEP[@]}" "${COMMAND[@]}")
+  fi
+}
+
+# A user's own script under jobs/lib/requeue.sh: exit status 75 (workload.launch's
+# exit_for_requeue) requeues the job; any other status is passed on.
+launch_script() {
+  # shellcheck source=jobs/lib/requeue.sh
+  source "$(jobs_dir)/lib/requeue.sh"
+  prepare_script_launch "$@"
   run_requeueable "${LAUNCH[@]}"
 }

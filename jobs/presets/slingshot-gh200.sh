@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # NCCL over libfabric on HPE Slingshot (CXI), for GH200 systems such as CSCS Alps.
 # Select it with PRESET=slingshot-gh200; it assumes the image (or a site module) provides
-# the aws-ofi-nccl plugin. Values as CSCS documents them for its PyTorch environment.
+# the aws-ofi-nccl plugin. Values as CSCS documents them for its PyTorch environment
+# (https://docs.cscs.ch/software/communication/nccl/); for Sigma2 Olivia use
+# PRESET=sigma2-olivia, which follows Olivia's own page.
 export NCCL_NET="AWS Libfabric"        # NCCL's network plugin: libfabric, not sockets
 export NCCL_NET_GDR_LEVEL=PHB          # GPUDirect RDMA up to the host bridge
 export NCCL_CROSS_NIC=1

@@ -197,7 +197,7 @@ def test_sourcing_defines_functions_without_running(stub_bin):
 
 
 SHELL_FILES = [ENTRYPOINT, *sorted((REPO / "jobs").rglob("*.sh")),
-               *sorted((REPO / "jobs").glob("*.sbatch"))]
+               *sorted((REPO / "jobs").rglob("*.sbatch"))]
 
 
 @pytest.mark.parametrize("script", SHELL_FILES, ids=lambda p: str(p.relative_to(REPO)))
@@ -209,3 +209,13 @@ def test_shellcheck_clean(script):
     done = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True,
                           cwd=REPO)
     assert done.returncode == 0, done.stdout
+
+
+def test_one_gpu_per_task_exports_local_gpu_and_warns_about_local_rank(stub_bin):
+    # srun --gpus-per-task=1: SLURM narrows CUDA_VISIBLE_DEVICES to the task's GPU.
+    env = clean_env(stub_bin, **slurm_env("step.3.env"), CUDA_VISIBLE_DEVICES="1")
+    done = run(env, "stub")
+    seen = report(done)["env"]
+    assert (seen["LOCAL_RANK"], seen["LOCAL_GPU"]) == ("1", "0")
+    assert "LOCAL_RANK=1 cannot index the 1 GPU(s)" in done.stderr
+    assert "LOCAL_GPU=0" in done.stderr

@@ -24,6 +24,9 @@ JOBS = REPO / "jobs"
 LAUNCH_SH = JOBS / "lib" / "launch.sh"
 REQUEUE_SH = JOBS / "lib" / "requeue.sh"
 SCRIPTS = sorted(JOBS.glob("*.sbatch"))
+# The job script for a user's own script (FORM, SCRIPT); the others run `train`.
+OWN_SCRIPT = JOBS / "own-script.sbatch"
+TRAIN_SCRIPTS = [path for path in SCRIPTS if path != OWN_SCRIPT]
 
 # The train command of every job script, before the extra arguments.
 TRAIN = ["train", "--dataset", "cifar100", "--data-dir", "/data", "--batch-size", "256",
@@ -105,7 +108,8 @@ def test_sourcing_a_helper_runs_nothing(stubs, tmp_path, helper):
     assert new_variables == ""
     assert srun_calls(stubs) == [] and other_calls(stubs) == []
     defined = {line.split()[-1] for line in functions.splitlines()}
-    expected = {"launch_train", "launch_train_requeueable"} if helper == LAUNCH_SH \
+    expected = {"launch_train", "launch_train_requeueable", "launch_script"} \
+        if helper == LAUNCH_SH \
         else {"run_requeueable"}
     assert expected <= defined
 
@@ -124,7 +128,7 @@ def test_each_job_script_is_its_header_and_a_few_lines(script):
     assert len(body) <= 3, body
     assert body[0] == "set -Eeuo pipefail"
     assert body[1] == 'source "${JOBS_DIR:-${SLURM_SUBMIT_DIR:-.}/jobs}/lib/launch.sh"'
-    assert re.fullmatch(r'(LAYOUT=\S+ )?launch_train(_requeueable)?( --\S+ \S+)* "\$@"',
+    assert re.fullmatch(r'(LAYOUT=\S+ )?launch_(train(_requeueable)?|script)( --\S+ \S+)* "\$@"',
                         body[2]), body[2]
 
 
@@ -142,7 +146,7 @@ EXPECTED = {"1gpu.sbatch": ("per-task", []), "1node-4gpu-per-task.sbatch": ("per
             "requeue.sbatch": ("per-task", ["--checkpoint-every", "30m"])}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", TRAIN_SCRIPTS, ids=lambda p: p.name)
 def test_each_job_script_runs_the_one_train_command(stubs, script):
     settings = sbatch_settings(script)
     env = base_env(stubs, **settings)  # GPUS_PER_NODE: from the header, through sbatch
@@ -168,7 +172,7 @@ def test_each_job_script_runs_the_one_train_command(stubs, script):
 def test_the_default_layout_is_per_task_for_every_script():
     """One default, in the helper; only the torchrun example names a layout."""
     assert re.search(r"^  LAYOUT=\$\{LAYOUT:-per-task\}$", LAUNCH_SH.read_text(), re.M)
-    named = {path.name for path in SCRIPTS if "LAYOUT=" in script_body(path)[-1]}
+    named = {path.name for path in TRAIN_SCRIPTS if "LAYOUT=" in script_body(path)[-1]}
     assert named == {"1node-4gpu-per-task.sbatch", "1node-4gpu-torchrun.sbatch"}
 
 
@@ -257,7 +261,7 @@ def test_launch_check_runs_the_check_in_the_same_layout(stubs, layout, check):
 
 @pytest.mark.parametrize(("settings", "message"), [
     ({"LAYOUT": "mpi"}, "LAYOUT=mpi: expected per-task or torchrun"),
-    ({"RUNTIME": "podman"}, "RUNTIME=podman: expected apptainer, docker or none"),
+    ({"RUNTIME": "podman"}, "RUNTIME=podman: expected apptainer, docker, none, pyxis or edf"),
     ({"PRESET": "nope"}, "PRESET=nope: no "),
     ({"GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0: expected a whole number"),
     ({"SLURM_NTASKS_PER_NODE": "4"}, "set --gpus-per-node"),
@@ -293,3 +297,40 @@ def test_requeueable_launch_requeues_on_status_75(stubs):
 def test_requeueable_launch_passes_other_statuses_on(stubs):
     done, _ = launch(stubs, function="launch_train_requeueable", STUB_STATUS="3")
     assert done.returncode == 3 and other_calls(stubs) == []
+
+
+# A user's own script: the three forms ----------------------------------------------------
+
+@pytest.mark.parametrize(("form", "tasks", "command"), [
+    ("per-task", ["--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=18"],
+     [*APPTAINER, "entrypoint.sh", "python", "my_train.py"]),
+    ("torchrun", ["--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=72"],
+     [*APPTAINER, "entrypoint.sh", "torchrun", "--nproc-per-node=4", SIGNALS, "my_train.py"]),
+    ("no-entrypoint", ["--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=18"],
+     [*APPTAINER, "python", "my_train.py"]),
+])
+def test_own_script_job_runs_each_form(stubs, form, tasks, command):
+    env = base_env(stubs, SCRIPT="my_train.py", FORM=form)  # 2 nodes of 4 GPUs, 72 CPUs
+    done = subprocess.run(["bash", str(OWN_SCRIPT), "--steps", "5"], env=env,
+                          cwd=stubs.parent, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [call] = srun_calls(stubs)
+    assert call["argv"] == ["--kill-on-bad-exit=1", *tasks, *command, "--steps", "5"]
+
+
+def test_own_script_job_requeues_on_status_75(stubs):
+    done, [call] = launch(stubs, function="launch_script", SCRIPT="my_train.py",
+                          STUB_STATUS="75")
+    assert done.returncode == 0, done.stderr
+    assert other_calls(stubs) == ["scontrol requeue 77"]
+    assert call["env"]["TRAIN_REQUEUE_FILE"] == str(stubs.parent / ".train-requeue-77")
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({}, "SCRIPT is not set"),
+    ({"SCRIPT": "x.py", "FORM": "mpirun"}, "FORM=mpirun: expected per-task, torchrun or"),
+])
+def test_own_script_bad_settings_stop_before_srun(stubs, settings, message):
+    done, calls = launch(stubs, function="launch_script", **settings)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert calls == []

@@ -39,7 +39,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def clean_env() -> dict[str, str]:
     """No launch variables from the calling shell (a CI job may run inside SLURM)."""
     drop = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
-            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS")
+            "TORCHELASTIC_", "PET_", "GROUP_RANK", "NODE_RANK", "OMP_NUM_THREADS", "LOCAL_GPU")
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 

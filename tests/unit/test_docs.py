@@ -102,7 +102,8 @@ class DocsTest(unittest.TestCase):
     def test_docs_exist(self):
         for name in ("README.md", "cluster.md", "checkpoints.md", "data-and-models.md",
                      "images.md", "performance.md", "monitoring.md", "development.md",
-                     "code-map.md"):
+                     "code-map.md", "your-script.md", "sites/pyxis.md", "sites/cscs-alps.md",
+                     "sites/sigma2-olivia.md", "sites/alliance.md"):
             self.assertTrue((ROOT / "docs" / name).is_file(), f"docs/{name} is missing")
 
     def test_relative_links_resolve(self):

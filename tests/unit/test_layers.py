@@ -102,6 +102,12 @@ def test_the_config_package_imports_only_the_standard_library():
     assert heavy_imports("import workload.config") == []
 
 
+def test_the_launch_api_for_a_users_script_imports_no_torch():
+    # workload.launch.setup() imports torch only when called; the import is cheap.
+    assert heavy_imports("import workload.launch; from workload.launch import setup, "
+                         "PreemptionFlag, exit_for_requeue") == []
+
+
 @pytest.mark.parametrize("command, argv", [
     ("workload.train", ["--help"]),
     ("workload.train", ["--version"]),

@@ -3,6 +3,7 @@
     python -m workload.launch env            # KEY=VALUE lines a shell can source
     python -m workload.launch env --command torchrun   # for a torchrun about to start
     python -m workload.launch check          # explain layout mistakes and their fixes
+    python -m workload.launch jobs [DEST]    # copy the job scripts out (default ./jobs)
 
 Inside a job step, for example:
     srun -N2 --ntasks-per-node=4 python -m workload.launch check
@@ -21,17 +22,15 @@ from typing import Mapping
 
 from workload.launch.check import notes, problems
 from workload.launch.errors import LaunchError
-from workload.launch.resolve import Resolution, resolve, resolve_for_torchrun
+from workload.launch.gpus import visible_gpu_count
+from workload.launch.jobs import copy_jobs, find_jobs
+from workload.launch.resolve import Resolution, resolve
+from workload.launch.torchrun import resolve_for_torchrun
 
 TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
-
-
-def visible_gpu_count(env: Mapping[str, str], dev: Path = Path("/dev")) -> int:
-    """GPUs this process may use, without importing torch (the entrypoint runs this)."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([item for item in visible.split(",") if item.strip() not in ("", "-1")])
-    return len([p for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+# Commands of this package that pick their GPU from the resolution themselves: the
+# LOCAL_RANK pitfall note is for other programs (a user's own script).
+OWN_COMMANDS = {"train", "bench", "doctor"}
 
 
 def is_torchrun(command: str | None) -> bool:
@@ -56,6 +55,10 @@ def cmd_env(args: argparse.Namespace) -> int:
     res = resolve_for(args.command, os.environ)
     for warning in res.warnings:
         print(f"launch: warning: {warning}", file=sys.stderr)
+    pitfall = res.notes.get("local_rank_pitfall")
+    if pitfall and pitfall not in res.warnings and \
+            Path(args.command or "").name not in OWN_COMMANDS:
+        print(f"launch: warning: {pitfall}", file=sys.stderr)
     sys.stdout.write(render_env(res))
     return 0
 
@@ -76,6 +79,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def cmd_jobs(args: argparse.Namespace) -> int:
+    files = copy_jobs(Path(args.dest), force=args.force)
+    print(f"copied {len(files)} files from {find_jobs()} to {args.dest}; submit from "
+          f"{Path(args.dest).resolve().parent}, e.g. sbatch {args.dest}/multinode.sbatch")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workload.launch",
                                      description=__doc__.split("\n\n")[0])
@@ -86,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--command", default=None,
                             help="the command about to run (torchrun gets per-node values)")
         action.set_defaults(func=func)
+    jobs = sub.add_parser("jobs", help="copy the job scripts (jobs/) to DEST")
+    jobs.add_argument("dest", nargs="?", default="jobs", help="target folder (default ./jobs)")
+    jobs.add_argument("--force", action="store_true", help="overwrite files already there")
+    jobs.set_defaults(func=cmd_jobs)
     return parser
 
 

@@ -59,6 +59,9 @@ def notes(res: Resolution) -> list[str]:
     """Things worth knowing that are not errors (printed by check)."""
     lines = [f"warning: {warning}" for warning in res.warnings
              if not _is_address_guess(warning)]
+    pitfall = res.notes.get("local_rank_pitfall")
+    if pitfall and pitfall not in res.warnings:
+        lines.append(f"warning: {pitfall}")
     step, job = res.notes.get("step_tasks"), res.notes.get("job_tasks")
     if res.notes.get("in_step") == "True" and step and job and step != job:
         lines.append(f"note: this step runs {step} tasks of the job's {job} "

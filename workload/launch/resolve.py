@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from workload.launch.errors import LaunchError
+from workload.launch.gpus import GPU_VARIABLE, gpu_index, local_rank_warning
 from workload.launch.nodes import first_node, tasks_per_node
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
@@ -195,13 +196,6 @@ def _validate(values: Mapping[str, str]) -> None:
                           "unset MASTER_PORT to use the job-derived port")
 
 
-def gpu_index(visible_gpus: int, local_rank: int) -> int | None:
-    """Device 0 when each task sees exactly one GPU, else the local rank."""
-    if visible_gpus <= 0:
-        return None
-    return 0 if visible_gpus == 1 else local_rank
-
-
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask: SLURM's cgroup, taskset, ...)."""
     return len(os.sched_getaffinity(0))
@@ -264,72 +258,30 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0,
     if threads is not None:
         values["OMP_NUM_THREADS"] = str(threads)
     notes = _notes(env, values, visible_gpus)
-    return Resolution(layout, values, gpu_index(visible_gpus, local_rank), threads,
-                      tuple(warnings), notes)
+    gpu = _gpu(env, visible_gpus, local_rank, warnings, notes)
+    if gpu is not None:
+        values[GPU_VARIABLE] = str(gpu)
+    return Resolution(layout, values, gpu, threads, tuple(warnings), notes)
 
 
-# Why torchrun gets a c10d rendezvous and a store of its own per restart
-# ---------------------------------------------------------------------
-# Since torch 2.4 torchrun's agent hosts one TCPStore and hands it to the workers
-# (TORCHELASTIC_USE_AGENT_STORE=True; init_process_group's env:// then connects to it as
-# a client). The agent creates that store once and keeps it for every restart: the
-# static rendezvous (torchrun --master-addr/--master-port) always, the c10d one
-# (--standalone, --rdzv-backend=c10d) since its store is only built on the first round.
-# A restarted worker group therefore finds the keys of the dead group still in the store:
-# gloo reads the old ranks' listening addresses ("Gloo connectFullMesh failed ...
-# Connection refused", or a hang), NCCL an old unique id, whenever a peer reads before
-# the new rank 0 overwrote them -- about every second restart on one node, for any
-# script. torch keys nothing by attempt (TORCHELASTIC_RESTART_COUNT is per node and
-# differs between nodes, so it cannot be). Upstream:
-#   https://github.com/pytorch/pytorch/issues/135712 (store shared across restarts;
-#     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is the reported cure)
-#   https://github.com/pytorch/pytorch/issues/167288 (still seen with --max-restarts)
-# What avoids it: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with the c10d rendezvous. Each
-# rendezvous round then publishes a fresh port under round-scoped keys and the workers'
-# rank 0 starts a new, empty store there; the round is the same on every node (the
-# restart counter is not). The static rendezvous ignores the variable, so under SLURM
-# torchrun gets the c10d rendezvous at the job-derived address instead: the store on the
-# first node (is_host, decided by SLURM's node id rather than by host-name matching).
-# Flags on torchrun's command line still win over these PET_* defaults.
-NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[str],
+         notes: dict[str, str]) -> int | None:
+    """This process's GPU index (the user's LOCAL_GPU wins), and the LOCAL_RANK pitfall.
 
-
-def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
-    """Variables for a torchrun about to start on this node (one task per node).
-
-    torchrun assigns RANK/LOCAL_RANK/WORLD_SIZE to its workers itself; what it needs
-    from us is the node's rank, the node count and the rendezvous. torchrun reads its
-    flag defaults from PET_<FLAG> variables, so exporting PET_NNODES, PET_NODE_RANK,
-    PET_MASTER_ADDR/PORT and PET_RDZV_* makes a bare ``torchrun --nproc-per-node=4``
-    join the other nodes; flags given on its command line still win. Elastic restarts
-    (--max-restarts) need a fresh store per restart: see the note above.
+    One visible GPU and LOCAL_RANK > 0 is the normal --gpus-per-task=1 layout: only a
+    note (the entrypoint shows it to other programs, `check` prints it). Several visible
+    GPUs that LOCAL_RANK cannot index is a real oddity: a warning everyone sees.
     """
-    warnings: list[str] = []
-    values: dict[str, str] = {}
-    if in_slurm(env):
-        slurm = slurm_world(env)
-        nodes = slurm["NUM_NODES"] or 1
-        values["NODE_RANK"] = _pick(env, "NODE_RANK", slurm["NODE_RANK"], "SLURM_NODEID",
-                                    0, warnings)
-        values |= _rendezvous_values(env, warnings, nodes)
-        pet = {"PET_NNODES": str(nodes), "PET_NODE_RANK": values["NODE_RANK"],
-               "PET_MASTER_ADDR": values["MASTER_ADDR"], "PET_MASTER_PORT": values["MASTER_PORT"],
-               "PET_RDZV_BACKEND": "c10d",
-               "PET_RDZV_ENDPOINT": f"{values['MASTER_ADDR']}:{values['MASTER_PORT']}",
-               "PET_RDZV_ID": _rendezvous_id(env),
-               "PET_RDZV_CONF": f"is_host={int(values['NODE_RANK'] == '0')}"}
-        values |= {key: env.get(key) or value for key, value in pet.items()}
-    values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
-    _validate(values)
-    notes = _notes(env, values, 0)
-    return Resolution(TORCHRUN, values, None, None, tuple(warnings), notes)
-
-
-def _rendezvous_id(env: Mapping[str, str]) -> str:
-    """One id per job step, the same on every node: ``slurm-<job>-<step>``."""
-    job = _first_int(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    step = _first_int(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
-    return f"slurm-{job}-{'batch' if step is None else step}"
+    own = _int(env, GPU_VARIABLE)
+    if own is not None and visible and own >= visible:
+        raise LaunchError(GPU_VARIABLE, str(own), f"a GPU index below the {visible} visible",
+                          f"unset {GPU_VARIABLE} or pick 0-{visible - 1}")
+    pitfall = local_rank_warning(visible, local_rank)
+    if pitfall and own is None:
+        notes["local_rank_pitfall"] = pitfall
+        if visible > 1:
+            warnings.append(pitfall)
+    return own if own is not None else gpu_index(visible, local_rank)
 
 
 def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int) -> dict[str, str]:

@@ -1,0 +1,26 @@
+# shellcheck shell=bash
+# NCCL over libfabric on HPE Slingshot for Sigma2 Olivia (GH200), as Olivia's NCCL page
+# asks for them: https://documentation.sigma2.no/hpc_machines/olivia/nccl.html ("NCCL
+# runtime configuration"; the values are HPE's, shs-ccl-docs ccl_env.sh). The site's NCCL
+# modules set them on the host; a container does not see the modules, so this preset sets
+# them for it. Select it with PRESET=sigma2-olivia; bind the site's NCCL stack with
+# jobs/sites/sigma2-olivia-binds.sh (docs/sites/sigma2-olivia.md).
+#
+# Against the LL128 data corruption (GPUDirect in NCCL's LL128 protocol,
+# https://github.com/NVIDIA/nccl/issues/2001): the page requires these on Slingshot GH200
+# systems; the FI_CXI_RDZV_* lines make libfabric's rendezvous use the alternate read
+# protocol with no eager data.
+export FI_CXI_RDZV_PROTO=alt_read
+export FI_CXI_RDZV_EAGER_SIZE=0
+export FI_CXI_RDZV_THRESHOLD=0
+export FI_CXI_RDZV_GET_MIN=0
+# The rest of the page's list.
+export FI_MR_CACHE_MONITOR=userfaultfd
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_CXI_DEFAULT_TX_SIZE=2048
+export FI_CXI_RX_MATCH_MODE=hybrid
+export NCCL_CROSS_NIC=1
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+export HSA_FORCE_FINE_GRAIN_PCIE=1     # in HPE's list (an AMD ROCm setting; inert on NVIDIA)

@@ -1,0 +1,240 @@
+"""Site recipes (jobs/sites/, jobs/presets/, docs/sites/): the CSCS EDF parsed as TOML, the
+presets sourced and printed, the pyxis and Container Engine srun lines of the docs run
+with a stub `srun` that prints its arguments, enroot import, Olivia's binds, Alliance's
+staging to $SLURM_TMPDIR, and `train`'s warning for relative folders that pyxis would put
+inside the container. Shellcheck covers every file here (tests/e2e/test_entrypoint.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+SITES, PRESETS, DOCS = REPO / "jobs" / "sites", REPO / "jobs" / "presets", REPO / "docs" / "sites"
+LAUNCH_SH = REPO / "jobs" / "lib" / "launch.sh"
+
+# Prints its arguments as JSON, one line per call; with STUB_RUN=1 it then runs the
+# command after its options (a one-node srun), for the staging test.
+STUB = f"""#!{sys.executable}
+import json, os, subprocess, sys
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+if os.environ.get("STUB_RUN"):
+    args = sys.argv[1:]
+    while args and args[0].startswith("-"):
+        args.pop(0)
+    sys.exit(subprocess.call(args))
+"""
+
+
+@pytest.fixture()
+def stubs(tmp_path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("srun", "enroot", "module", "scontrol"):
+        (bin_dir / name).write_text(STUB)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def calls(stubs: Path) -> list[list[str]]:
+    log = stubs.parent / "calls.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def bash(script: str, stubs: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(stubs.parent / "calls.jsonl"),
+            "HOME": str(stubs.parent)}
+    return subprocess.run(["bash", "-c", f"set -Eeuo pipefail; {script}"], env=base | env,
+                          cwd=stubs.parent, capture_output=True, text=True, timeout=60)
+
+
+# ------------------------------------------------------------------ CSCS Alps: the EDF
+def test_the_cscs_edf_parses_with_the_documented_hook_annotations():
+    edf = tomllib.loads((SITES / "cscs-alps.toml").read_text())
+    hook = edf["annotations"]["com"]["hooks"]["aws_ofi_nccl"]
+    assert hook == {"enabled": "true", "variant": "cuda12"}
+    assert edf["image"].endswith(".sqsh") and edf["workdir"]
+    assert all(isinstance(m, str) for m in edf["mounts"])
+    assert all(isinstance(v, str) for v in edf["env"].values())  # EDF env values are strings
+
+
+# ------------------------------------------------------------------ presets
+PRESET_FILES = sorted(PRESETS.glob("*.sh"))
+# Olivia's NCCL page (documentation.sigma2.no/hpc_machines/olivia/nccl.html), as listed.
+OLIVIA = {"FI_MR_CACHE_MONITOR": "userfaultfd", "FI_CXI_DISABLE_HOST_REGISTER": "1",
+          "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_RDZV_PROTO": "alt_read",
+          "FI_CXI_RDZV_EAGER_SIZE": "0", "FI_CXI_RDZV_THRESHOLD": "0",
+          "FI_CXI_RDZV_GET_MIN": "0", "FI_CXI_DEFAULT_TX_SIZE": "2048",
+          "NCCL_CROSS_NIC": "1", "NCCL_NET_GDR_LEVEL": "PHB",
+          "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_RX_MATCH_MODE": "hybrid",
+          "HSA_FORCE_FINE_GRAIN_PCIE": "1"}
+
+
+def preset_exports(path: Path, stubs: Path) -> dict[str, str]:
+    """What sourcing the preset adds to an empty environment."""
+    done = bash(f'source "{path}"; env -0', stubs)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    after = dict(item.split("=", 1) for item in done.stdout.split("\0") if "=" in item)
+    return {k: v for k, v in after.items() if k not in ("PATH", "STUB_LOG", "HOME", "PWD",
+                                                          "SHLVL", "_", "OLDPWD")}
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.name)
+def test_each_preset_is_plain_exports_that_load_preset_prints(path, stubs):
+    exported = preset_exports(path, stubs)
+    names = re.findall(r"^export ([A-Z_0-9]+)=", path.read_text(), re.M)
+    assert sorted(exported) == sorted(names)  # no other side effect
+    done = bash(f'source "{LAUNCH_SH}"; PRESET={path.stem}; set_docker_names; load_preset',
+                stubs, JOBS_DIR=str(REPO / "jobs"))
+    assert done.returncode == 0, done.stderr
+    for name in names:
+        assert f"preset {path.stem}: {name}={exported[name]}" in done.stderr
+
+
+def test_the_olivia_preset_follows_olivias_page(stubs):
+    path = PRESETS / "sigma2-olivia.sh"
+    assert preset_exports(path, stubs) == OLIVIA
+    text = path.read_text()
+    assert "documentation.sigma2.no/hpc_machines/olivia/nccl.html" in text and "LL128" in text
+
+
+def test_slingshot_gh200_keeps_the_cscs_values(stubs):
+    exported = preset_exports(PRESETS / "slingshot-gh200.sh", stubs)
+    assert exported["NCCL_NET"] == "AWS Libfabric" and exported["FI_CXI_RX_MATCH_MODE"] == "software"
+    assert "docs.cscs.ch" in (PRESETS / "slingshot-gh200.sh").read_text()
+
+
+# ------------------------------------------------------------------ the docs' srun lines
+def srun_lines(page: Path) -> list[str]:
+    """The commands starting with srun in the page's bash blocks (continuations joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)
+    joined = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [line.strip() for line in joined if line.strip().startswith("srun ")]
+
+
+@pytest.mark.parametrize("page,expected", [
+    ("pyxis.md", ["--container-image=", "--container-mounts=", "--container-workdir="]),
+    ("cscs-alps.md", ["--environment="]),
+])
+def test_the_srun_lines_of_the_site_pages_run_as_written(stubs, page, expected):
+    lines = srun_lines(DOCS / page)
+    assert lines, f"no srun line in docs/sites/{page}"
+    for line in lines:
+        done = bash(line, stubs, SCRATCH="/scratch/me", USER="me", SLURM_NNODES="2")
+        assert done.returncode == 0, (line, done.stderr)
+    recorded = calls(stubs)
+    assert len(recorded) == len(lines)
+    for argv in recorded:
+        assert argv[0] == "srun"
+        options = [arg for arg in argv[1:] if arg.startswith("--")]
+        for prefix in expected:
+            assert any(o.startswith(prefix) for o in options), (argv, prefix)
+
+
+@pytest.mark.parametrize("runtime,settings,expected", [
+    ("pyxis", {"IMAGE": "/images/hpc-train.sqsh"},
+     ["--container-image=/images/hpc-train.sqsh", "--container-mounts={pwd},/data",
+      "--container-workdir={pwd}"]),
+    ("edf", {"EDF": "/edf/hpc-train.toml"}, ["--environment=/edf/hpc-train.toml"]),
+])
+@pytest.mark.parametrize("layout", ["per-task", "torchrun"])
+def test_container_runtimes_put_the_step_in_the_image(stubs, runtime, settings, expected,
+                                                      layout):
+    env = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_GPUS_PER_NODE": "4",
+           "SLURM_CPUS_PER_TASK": "72", "DATA_DIR": "/data", "RUNTIME": runtime,
+           "LAYOUT": layout, **settings}
+    done = bash(f'source "{LAUNCH_SH}"; launch_train --epochs 1', stubs, **env)
+    assert done.returncode == 0, done.stderr
+    [argv] = calls(stubs)
+    pwd = str(stubs.parent)
+    for option in expected:
+        assert option.format(pwd=pwd) in argv, argv
+    first = next(i for i, arg in enumerate(argv[1:], 1) if not arg.startswith("--"))
+    command = argv[first:]
+    # In the container: train itself, or entrypoint.sh before torchrun.
+    assert command[:2] == (["train", "--dataset"] if layout == "per-task"
+                           else ["entrypoint.sh", "torchrun"])
+
+
+def test_pyxis_import_runs_enroot_import_of_the_published_image(stubs, tmp_path):
+    done = bash(f'"{SITES / "pyxis-import.sh"}"', stubs)
+    assert done.returncode == 0, done.stderr
+    assert calls(stubs) == [["enroot", "import", "--output", str(tmp_path / "hpc-train.sqsh"),
+                             "docker://ghcr.io#hpc-train/hpc-train:0.1.0"]]
+    (tmp_path / "hpc-train.sqsh").touch()
+    done = bash(f'"{SITES / "pyxis-import.sh"}"', stubs)
+    assert done.returncode == 2 and "exists" in done.stderr
+
+
+# ------------------------------------------------------------------ Olivia and Alliance
+def test_olivia_binds_the_module_libraries_only(stubs, tmp_path):
+    dirs = {name: tmp_path / name for name in ("NCCL-2.26/lib", "aws-ofi-nccl/lib",
+                                               "libfabric/lib64", "GCCcore/lib64")}
+    for folder in dirs.values():
+        folder.mkdir(parents=True)
+    ld = ":".join(str(folder) for folder in dirs.values())
+    done = bash(f'source "{SITES / "sigma2-olivia-binds.sh"}"; olivia_bind_nccl; '
+                'echo "$APPTAINER_BIND"; echo "$APPTAINERENV_LD_LIBRARY_PATH"', stubs,
+                LD_LIBRARY_PATH=ld)
+    assert done.returncode == 0, done.stderr
+    bind, libs = done.stdout.splitlines()
+    wanted = [str(dirs[n]) for n in ("NCCL-2.26/lib", "aws-ofi-nccl/lib", "libfabric/lib64")]
+    assert bind == ",".join(f"{d}:{d}:ro" for d in wanted) and libs == ":".join(wanted)
+    assert "olivia: APPTAINER_BIND=" in done.stderr
+    done = bash(f'source "{SITES / "sigma2-olivia-binds.sh"}"; olivia_bind_nccl', stubs)
+    assert done.returncode == 2 and "load an NCCL module first" in done.stderr
+
+
+def test_alliance_stages_the_dataset_once_per_node_to_slurm_tmpdir(stubs, tmp_path):
+    archive = tmp_path / "cifar.tar.gz"
+    (tmp_path / "cifar-100-python").mkdir()
+    (tmp_path / "cifar-100-python" / "train").write_text("data")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "cifar-100-python", arcname="cifar-100-python")
+    local = tmp_path / "localscratch"
+    done = bash(f'source "{SITES / "alliance-stage-data.sh"}"; stage_dataset "{archive}"; '
+                'echo "$DATA_DIR"', stubs, SLURM_TMPDIR=str(local), SLURM_NNODES="2",
+                STUB_RUN="1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(local / "data")
+    assert (local / "data" / "cifar-100-python" / "train").read_text() == "data"
+    [argv] = calls(stubs)
+    assert argv[:3] == ["srun", "--ntasks=2", "--ntasks-per-node=1"]
+
+
+# ------------------------------------------------------------------ train under pyxis
+def test_train_warns_when_relative_folders_would_land_in_the_container(tmp_path, capsys,
+                                                                        monkeypatch):
+    from workload.train import parse_config, warn_container_paths
+
+    image_workdir, submit = tmp_path / "workspace", tmp_path / "home"
+    image_workdir.mkdir()
+    submit.mkdir()
+    monkeypatch.chdir(image_workdir)  # where pyxis starts: the image's WORKDIR
+    for key, value in {"SLURM_JOB_ID": "5", "SLURM_SUBMIT_DIR": str(submit),
+                       "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RANK", raising=False)
+    warn_container_paths(parse_config(["--dataset", "cifar100", "--device", "cpu"]))
+    err = capsys.readouterr().err
+    assert "--output-dir runs/" in err and "--data-dir data is relative" in err
+    assert f"--data-dir {submit / 'data'}" in err and "--container-workdir" in err
+    # Started in the submit folder (Apptainer, or pyxis with --container-workdir): quiet.
+    monkeypatch.chdir(submit)
+    warn_container_paths(parse_config(["--dataset", "cifar100", "--device", "cpu"]))
+    assert capsys.readouterr().err == ""
+    # Absolute folders are where the user said.
+    monkeypatch.chdir(image_workdir)
+    warn_container_paths(parse_config(["--dataset", "digits", "--device", "cpu",
+                                       "--output-dir", str(submit / "runs" / "x")]))
+    assert capsys.readouterr().err == ""
+

@@ -1,0 +1,54 @@
+"""The job scripts (jobs/) wherever this package runs: a source checkout or the image.
+
+The image carries them under /opt/hpc-train/jobs (and the example scripts under
+/opt/hpc-train/examples), so someone who only pulled the image gets them with
+
+    apptainer exec hpc-train.sif python -m workload.launch jobs ./jobs
+
+and then submits ``sbatch jobs/multinode.sbatch`` from that folder's parent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from workload.launch.errors import LaunchError
+
+# Where the Dockerfile and apptainer/*.def put jobs/; HPC_TRAIN_JOBS overrides both.
+IMAGE_JOBS = Path("/opt/hpc-train/jobs")
+JOBS_ENV = "HPC_TRAIN_JOBS"
+MARKER = Path("lib") / "launch.sh"  # a folder holding this is a jobs/ folder
+
+
+def candidates() -> list[Path]:
+    """Where jobs/ may be, in order: the override, the source checkout, the image."""
+    found = [Path(os.environ[JOBS_ENV])] if os.environ.get(JOBS_ENV) else []
+    checkout = Path(__file__).resolve().parents[2] / "jobs"  # workload/launch/ is two down
+    return found + [checkout, IMAGE_JOBS]
+
+
+def find_jobs() -> Path:
+    for folder in candidates():
+        if (folder / MARKER).is_file():
+            return folder
+    places = ", ".join(str(path) for path in candidates())
+    raise LaunchError(JOBS_ENV, os.environ.get(JOBS_ENV, ""), f"a jobs/ folder (looked in "
+                      f"{places})", f"set {JOBS_ENV} to the jobs/ folder of a checkout")
+
+
+def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
+    """Copy jobs/ to `dest`; existing files are kept unless `force`. Returns the files."""
+    source = find_jobs()
+    files = sorted(path for path in source.rglob("*") if path.is_file())
+    clashes = [dest / path.relative_to(source) for path in files
+               if (dest / path.relative_to(source)).exists()]
+    if clashes and not force:
+        raise LaunchError("DEST", str(dest), f"a folder without the job scripts (it already "
+                          f"has {clashes[0]})", "pass --force to overwrite, or another DEST")
+    for path in files:
+        target = dest / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return [dest / path.relative_to(source) for path in files]

@@ -1,0 +1,82 @@
+"""Preemption for any training loop: a signal sets a flag, the loop saves and exits 75.
+
+Torch-free, so a user's own script can use it as well as ``train``::
+
+    from workload.launch.preemption import PreemptionFlag, exit_for_requeue
+
+    flag = PreemptionFlag().install(("USR2", "TERM"))
+    for step in range(start, steps):
+        ...                                   # one training step
+        if any_rank(flag.is_set()):           # your all-reduce: every rank stops together
+            save_checkpoint(step)             # once (rank 0), then a barrier
+            exit_for_requeue(step, flag.signal_name)   # exit status 75
+
+The handler only records the signal (nothing else is safe inside a signal handler, least
+of all a collective or a file write). jobs/lib/requeue.sh sees status 75, or the file
+named by TRAIN_REQUEUE_FILE that every preempted rank writes, and requeues the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+# "Requeue me": 75 is EX_TEMPFAIL in sysexits.h ("temporary failure, the user is invited to
+# retry"). Python uses 1 (uncaught exception) and 2 (usage), shells 126, 127 and 128+N for
+# a death by signal N, torchrun and srun pass a task's status through, and SLURM reports
+# statuses as they are: none of them gives 75 another meaning.
+REQUEUE_EXIT_STATUS = 75
+
+# Set by jobs/lib/requeue.sh: a file every preempted rank writes after the checkpoint. The
+# batch shell cannot always see status 75: `srun --kill-on-bad-exit=1` kills the ranks that
+# exit a moment later than the first, and torchrun reports any failed worker as 1.
+REQUEUE_FILE_ENV = "TRAIN_REQUEUE_FILE"
+
+# The signals SLURM sends before a time limit or preemption (sbatch --signal=B:USR2@300
+# through jobs/lib/requeue.sh; TERM when the job is cancelled or preempted).
+DEFAULT_SIGNALS = ("USR2", "TERM")
+
+
+class PreemptionFlag:
+    """Set by the signal handlers; read by the training loop at step boundaries."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self, names: tuple[str, ...] = DEFAULT_SIGNALS) -> "PreemptionFlag":
+        for name in dict.fromkeys(names):  # dict: unique, in order
+            number = getattr(signal, "SIG" + name)
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number: int, frame) -> None:
+        if number == signal.SIGINT and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
+        self.signal_name = signal.Signals(number).name
+
+    def is_set(self) -> bool:
+        return self.signal_name is not None
+
+
+def request_requeue(step: int, signal_name: str | None) -> None:
+    """Tell the batch shell (jobs/lib/requeue.sh) that this job wants a requeue."""
+    path = os.environ.get(REQUEUE_FILE_ENV)
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    tmp.write_text(f"preempted by {signal_name or 'a signal to another rank'} at step {step}\n")
+    os.replace(tmp, target)  # atomic: several ranks may write it
+
+
+def exit_for_requeue(step: int, signal_name: str | None = None) -> None:
+    """After the checkpoint: ask for the requeue and exit with REQUEUE_EXIT_STATUS."""
+    request_requeue(step, signal_name)
+    raise SystemExit(REQUEUE_EXIT_STATUS)
