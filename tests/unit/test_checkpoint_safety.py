@@ -159,3 +159,20 @@ def test_a_full_disk_is_one_message_and_leaves_no_partial_folder(small_tmpfs):
     assert str(root) in message and "MiB free" in message and "needs about" in message
     assert sorted(os.listdir(root)) == ["latest", step_name(1)]
     assert verify(root / step_name(1))
+
+
+def test_a_symlinked_checkpoints_folder_is_refused_and_left_alone(tmp_path):
+    from types import SimpleNamespace
+
+    from workload.checkpoint.resume import prepare
+    from workload.errors import UsageError
+
+    elsewhere = tmp_path / "scratch-checkpoints"
+    (elsewhere / "step-000000004").mkdir(parents=True)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").symlink_to(elsewhere)
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(resume="auto", overwrite=False))
+    with pytest.raises(UsageError, match="symbolic link.*--output-dir"):
+        prepare(cfg, out, is_main=True)
+    assert (out / "checkpoints").is_symlink() and (elsewhere / "step-000000004").is_dir()

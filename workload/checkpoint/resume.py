@@ -7,9 +7,7 @@ aside and the one before is tried.
 
 from __future__ import annotations
 
-import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -39,14 +37,14 @@ MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init
 
 def prepare(cfg, out: Path, is_main: bool) -> None:
     """--resume never: refuse an output directory holding checkpoints, unless --overwrite.
-    A `checkpoints` that is a symbolic link is renamed aside, never followed."""
+    A `checkpoints` that is a symbolic link is refused: it is never followed (a run prunes
+    and replaces folders there), and nothing it points at is moved or lost."""
     root = checkpoints_dir(out)
-    if root.is_symlink() and is_main:
-        moved = root.with_name(f"{root.name}.symlink-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(root, moved)
-        logger.warning(f"{root} was a symbolic link (to {moved.resolve()}): checkpoints live "
-                       f"in the run folder itself; the link is renamed to {moved.name}, "
-                       "not followed, and this run saves into a new folder")
+    if root.is_symlink():
+        raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
+                         "pruned and replaced inside the run folder, so they must live "
+                         "there: pass --output-dir on the file system you want instead, or "
+                         "replace the link with a folder")
     if cfg.checkpoint.resume != "never" or not (root.is_dir() and any(root.iterdir())):
         return
     if not cfg.checkpoint.overwrite:
