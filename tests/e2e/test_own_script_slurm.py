@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, job_field, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -56,22 +56,6 @@ def test_own_script_in_each_form_on_two_nodes(slurm_cluster, tmp_path, form):
                                               re.M))
     assert ranks == [0, 1, 2, 3], text[-4000:]
     assert "done: 3 steps on 4 processes" in text
-
-
-def job_field(cluster, job: int, name: str) -> str:
-    done = cluster.run(["scontrol", "show", "job", str(job)])
-    match = re.search(rf"\b{name}=(\S+)", done.stdout)
-    return match.group(1) if match else ""
-
-
-def wait_for(predicate, what: str, log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    text = log.read_text() if log.exists() else "(no log)"
-    raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
 
 
 def rank_pid(marker: str, procid: str) -> int | None:

@@ -9,12 +9,11 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY
+from tests.helpers import TINY, job_field, wait_for
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -46,22 +45,6 @@ def submit(cluster, folder: Path, out: Path, max_requeues: int) -> tuple[int, Pa
                        cwd=folder)
     assert done.returncode == 0, done.stderr
     return int(done.stdout.strip().split(";")[0]), log
-
-
-def job_field(cluster, job: int, name: str) -> str:
-    done = cluster.run(["scontrol", "show", "job", str(job)])
-    match = re.search(rf"\b{name}=(\S+)", done.stdout)
-    return match.group(1) if match else ""
-
-
-def wait_for(predicate, what: str, log: Path, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    text = log.read_text() if log.exists() else "(no log)"
-    raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
 
 
 def log_count(log: Path, words: str) -> int:

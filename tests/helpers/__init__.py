@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +94,21 @@ def tar_folder(folder: Path, tar_path: Path) -> Path:
     with tarfile.open(tar_path, "w") as tar:
         tar.add(folder, arcname=folder.name)
     return tar_path
+
+
+def job_field(cluster, job: int, name: str) -> str:
+    """One field of `scontrol show job` on the test cluster ("" when absent)."""
+    done = cluster.run(["scontrol", "show", "job", str(job)])
+    match = re.search(rf"\b{name}=(\S+)", done.stdout)
+    return match.group(1) if match else ""
+
+
+def wait_for(predicate, what: str, log: Path, timeout: float = 240) -> None:
+    """Poll `predicate` until it holds; on timeout fail with the end of the job's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    text = log.read_text() if log.exists() else "(no log)"
+    raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
