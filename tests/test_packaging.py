@@ -72,3 +72,16 @@ def test_wheel_carries_the_digits_licence_and_notice(tmp_path):
     assert "workload/data/digits.csv.gz" in names
     licences = {Path(n).name for n in names if ".dist-info/" in n and "licen" in n.lower()}
     assert {"LICENSE", "NOTICE"} <= licences, names
+
+
+def test_install_hints_name_what_the_report_extra_holds():
+    """The package is not on PyPI: hints name the extra's packages, never 'hpc-train[...]'."""
+    from workload import report, tensorboard
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["report"]
+    assert report.INSTALL_HINT.split()[2:] == extra
+    hint_sources = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("workload/**/*.py")]
+    offenders = [str(p) for p in hint_sources if "install 'hpc-train[" in p.read_text()
+                 or 'install "hpc-train[' in p.read_text() or "install hpc-train" in p.read_text()]
+    assert offenders == []
+    assert tensorboard  # imports without tensorboard installed

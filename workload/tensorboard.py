@@ -22,7 +22,7 @@ def require_tensorboard() -> None:
     """Fail before any work when --tensorboard is asked for but cannot write."""
     if importlib.util.find_spec("tensorboard") is None:
         raise UsageError("--tensorboard needs the tensorboard package, which is not "
-                         "installed; pip install 'hpc-train[report]' or leave out --tensorboard")
+                         "installed; pip install matplotlib tensorboard or leave out --tensorboard")
 
 
 class Board:
