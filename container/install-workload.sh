@@ -64,7 +64,7 @@ installed() { python -m pip list --format=freeze 2>/dev/null | sort; }
 # What a step added or changed, as one line.
 report_installed() {
   local before="$1" added
-  added=$(comm -13 "${before}" <(installed) | tr '\n' ' ')
+  added=$(comm -13 "${before}" <(installed) | paste -sd ' ' -)
   say "installed: ${added:-nothing new}"
 }
 
