@@ -104,7 +104,9 @@ ensure_dali() {
     say "DALI: skipped (INSTALL_DALI=no); the wheel for CUDA ${major} is ${wheel}"
     return
   fi
-  say "DALI: installing ${wheel} (CUDA ${major}, from ${CUDA_VERSION:+CUDA_VERSION}${CUDA_VERSION:-torch})"
+  local source="torch's build"
+  [[ -z "${CUDA_VERSION:-}" ]] || source="CUDA_VERSION=${CUDA_VERSION}"
+  say "DALI: installing ${wheel} (CUDA ${major}, from ${source})"
   pip_install "${wheel}"
 }
 
