@@ -104,9 +104,9 @@ ensure_dali() {
     say "DALI: skipped (INSTALL_DALI=no); the wheel for CUDA ${major} is ${wheel}"
     return
   fi
-  local source="torch's build"
-  [[ -z "${CUDA_VERSION:-}" ]] || source="CUDA_VERSION=${CUDA_VERSION}"
-  say "DALI: installing ${wheel} (CUDA ${major}, from ${source})"
+  local origin="torch's build"
+  [[ -z "${CUDA_VERSION:-}" ]] || origin="CUDA_VERSION=${CUDA_VERSION}"
+  say "DALI: installing ${wheel} (CUDA ${major}, from ${origin})"
   pip_install "${wheel}"
 }
 
