@@ -2,6 +2,7 @@
 # Builds the project's Dockerfile, unchanged, on a given base image (podman, vfs).
 #
 #   tests/image/build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]   # extra --build-arg values
+#   BUILD_PLATFORM=linux/arm64 tests/image/build_image.sh ...      # another architecture (QEMU)
 #
 # The local package mirrors and CA bundle are mounted into RUN steps read-only (see
 # containers.sh), never copied. --layers=false commits the project's steps as one layer
@@ -21,6 +22,7 @@ main() {
   local base="$1" tag="$2" digest arg extra=()
   shift 2
   for arg in "$@"; do extra+=(--build-arg "${arg}"); done
+  [[ -z "${BUILD_PLATFORM:-}" ]] || extra+=(--platform "${BUILD_PLATFORM}")
   write_storage_conf
   write_pip_mount
   pip_build_volumes
