@@ -15,9 +15,11 @@
 #     drivers. Chosen because NGC releases before 26.02 ship a torch older than 2.10, and
 #     2.10.0 fixes GHSA-63cw-57p8-fm3p (torch.load(weights_only=True) let a crafted
 #     checkpoint SETITEM into objects that are not dicts).
-#   cuda12: NGC PyTorch 25.06, CUDA 12.9, for R5xx drivers (R565 and R570 run it in
-#     forward-compatibility mode on data-centre GPUs; Olivia uses it). Its torch
-#     (2.8.0a0) predates that fix: load only checkpoints you trust there.
+#   cuda12: NGC PyTorch 25.06, CUDA 12.9, for R5xx drivers: R575+ natively, older R5xx
+#     (Olivia's R565) through CUDA 12 minor-version compatibility and NGC's forward-
+#     compatibility libraries on data-centre GPUs (check NVIDIA's 25.06 release notes for
+#     the supported branches). Its torch (2.8.0a0) predates that fix: load only
+#     checkpoints you trust there.
 # NGC ships X.Y.0a0 builds, so check the fix in the image, not by the version number: the
 # weights-only unpickler (torch/_weights_only_unpickler.py) must call
 # _check_set_item_target before SETITEM/SETITEMS, and refuse a SETITEM on a list:
