@@ -3,20 +3,37 @@
 # NCCL, PyTorch and DALI stay NVIDIA's builds; this file adds the `workload` package, its
 # few pure-Python dependencies and entrypoint.sh.
 #
-#   docker buildx bake gh200          # linux/arm64 (Grace Hopper), see docker-bake.hcl
-#   docker buildx bake a100           # linux/amd64 (A100 hosts)
-#   docker build -t hpc-train .       # the builder's own architecture
+#   docker buildx bake                # both flavours, both architectures (docker-bake.hcl)
+#   docker buildx bake gh200-cuda13   # linux/arm64 (Grace Hopper), CUDA 13 flavour
+#   docker buildx bake a100-cuda12    # linux/amd64 (A100/H100 hosts), CUDA 12 flavour
+#   docker build -t hpc-train .       # the builder's own architecture, CUDA 13 flavour
 #
 # Runs as any user on a read-only root filesystem (Apptainer): caches go under /tmp.
 
-# NGC PyTorch 25.03: CUDA 12.8, Python 3.12, one multi-arch tag for amd64 and arm64
-# (NVIDIA's release notes; 25.03 is the first release with /etc/pip/constraint.txt).
-# Its digest is NOT recorded here: NGC could not be reached where this file was written,
-# so no digest has been verified. Before a release, resolve it with
-#   docker buildx imagetools inspect nvcr.io/nvidia/pytorch:25.03-py3
-# and pin BASE_IMAGE to name@sha256:... or pass BASE_DIGEST. The publish workflow resolves
-# the digest at build time and passes it, so published images carry it in a label.
-ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.03-py3
+# Two flavours, which differ only by this base (docker-bake.hcl sets it per target):
+#   cuda13 (the default, and the plain X.Y.Z tag): NGC PyTorch 26.02, CUDA 13, for R580+
+#     drivers. Chosen because NGC releases before 26.02 ship a torch older than 2.10, and
+#     2.10.0 fixes GHSA-63cw-57p8-fm3p (torch.load(weights_only=True) let a crafted
+#     checkpoint SETITEM into objects that are not dicts).
+#   cuda12: NGC PyTorch 25.06, CUDA 12.9, for R5xx drivers: R575+ natively, older R5xx
+#     (Olivia's R565) through CUDA 12 minor-version compatibility and NGC's forward-
+#     compatibility libraries on data-centre GPUs (check NVIDIA's 25.06 release notes for
+#     the supported branches). Its torch (2.8.0a0) predates that fix: load only
+#     checkpoints you trust there.
+# NGC ships X.Y.0a0 builds, so check the fix in the image, not by the version number: the
+# weights-only unpickler (torch/_weights_only_unpickler.py) must call
+# _check_set_item_target before SETITEM/SETITEMS, and refuse a SETITEM on a list:
+#   docker run --rm IMAGE python -c "import io, torch._weights_only_unpickler as u; \
+#     u.load(io.BytesIO(b'\x80\x02]K\x00aK\x00K\x05s.'))"
+# must fail with "UnpicklingError: Can only SETITEM for dict, ..." (an unfixed torch
+# prints nothing and returns [5]). NOT VERIFIED HERE: NGC could not be reached where this
+# file was written, so neither 26.02's torch source nor either digest has been checked;
+# the check above was run only on PyPI's torch 2.14.1 (fixed). Before a release, run it
+# in both flavours and resolve the digests with
+#   docker buildx imagetools inspect nvcr.io/nvidia/pytorch:26.02-py3
+# The publish workflow resolves the digests at build time and passes them (BASE_DIGEST),
+# so published images carry them in a label, and it runs the check in each image.
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.02-py3
 
 FROM ${BASE_IMAGE}
 
@@ -33,8 +50,11 @@ ARG CREATED=unknown
 # Where the source lives, for the OCI source label.
 ARG SOURCE=https://github.com/hpc-train/hpc-train
 # GPU architectures for any CUDA extension built at run time (TORCH_CUDA_ARCH_LIST):
-# 9.0 for GH200 (Hopper, arm64), 8.0 for A100 (amd64); bake sets one per target.
+# 9.0 for GH200 (Hopper, arm64), 8.0;9.0 for A100 and H100 (amd64); bake sets it per target.
 ARG CUDA_ARCH="8.0;9.0"
+# DALI when the base lacks it: auto installs the wheel for the base's CUDA major (none for
+# a CPU-only torch), no skips it (container/install-workload.sh).
+ARG INSTALL_DALI=auto
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -43,14 +63,14 @@ WORKDIR /opt/hpc-train/src
 # Dependencies first, from the metadata alone, so code edits reuse this layer. The script
 # keeps the base's torch, torchvision and DALI (NGC's pip constraint file plus one made
 # from what the base has installed), adds DALI if the base lacks it, and fails the build
-# if torch's version changed.
+# if torch's version changed. It needs nothing NGC-only: any base with torch builds.
 COPY container/install-workload.sh /opt/hpc-train/
 COPY pyproject.toml ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     PIP_CACHE_DIR=/root/.cache/pip /opt/hpc-train/install-workload.sh deps .
 
 # The code, installed without dependencies so it cannot touch anything resolved above.
-COPY README.md ./
+COPY README.md LICENSE NOTICE ./
 COPY workload ./workload
 RUN /opt/hpc-train/install-workload.sh package .
 

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Installs the workload into an NGC PyTorch image without replacing NVIDIA's builds of
-# torch, torchvision or DALI. Shared by the Dockerfile and apptainer/hpc-train-ngc.def.
+# Installs the workload into an image that has torch, without replacing the base's builds
+# of torch, torchvision or DALI. Shared by the Dockerfile and apptainer/hpc-train-ngc.def.
 #
 #   install-workload.sh deps SRC      # dependencies listed in SRC/pyproject.toml, DALI
 #   install-workload.sh package SRC   # the package itself, without dependencies
 #
-# pip is held to NGC's constraint file (/etc/pip/constraint.txt, NGC 25.03 and later) and
-# to one written here from what the base has installed; the step fails if torch's version
-# changed all the same.
+# Made for NGC PyTorch, and needs nothing of it: any base whose `python` has torch works
+# (the official PyTorch images, a plain Python image with torch).
+#   - pip is held to NGC's constraint file when there is one (/etc/pip/constraint.txt, NGC
+#     25.03 and later) and always to one written here from what the base has installed;
+#     the step fails if torch's version changed all the same.
+#   - DALI: the base's when it has one; else the wheel for the CUDA major of
+#     CUDA_VERSION (NGC sets it) or of torch's own build; none for a CPU-only torch.
+#     INSTALL_DALI=no skips it (the data backends then fall back to torch).
+#   - A Python marked "externally managed" (PEP 668, e.g. Debian's): the base's torch lives
+#     in its system site-packages, so the workload is installed there too, and it says so.
+# Each step ends by printing what it installed.
 set -Eeuo pipefail
 
 STATE_DIR=/opt/hpc-train
@@ -15,6 +23,9 @@ BASE_TORCH="${STATE_DIR}/base-torch-version"
 BASE_CONSTRAINT="${STATE_DIR}/base-constraint.txt"
 
 err() { echo "install-workload: $*" >&2; }
+say() { echo "install-workload: $*"; }
+
+python() { command "${PYTHON}" "$@"; }
 
 torch_version() { python -c 'import torch; print(torch.__version__)'; }
 
@@ -22,27 +33,81 @@ pip_install() {
   python -m pip install --no-warn-script-location --root-user-action=ignore "$@"
 }
 
+# `python` or, on bases without that name, `python3`; and it must have torch.
+find_python() {
+  PYTHON=$(type -P python || type -P python3 || true)
+  if [[ -z "${PYTHON}" ]]; then
+    err "no python or python3 on PATH; the base image needs Python with torch installed"
+    exit 1
+  fi
+  if ! python -c 'import torch' 2>/dev/null; then
+    err "${PYTHON} cannot import torch; use a base image with torch (e.g. nvcr.io/nvidia/pytorch)"
+    exit 1
+  fi
+}
+
+# PEP 668: pip refuses system-wide installs when the interpreter's stdlib folder holds an
+# EXTERNALLY-MANAGED file and no virtual environment is active.
+allow_externally_managed() {
+  local marker
+  marker=$(python -c 'import os, sys, sysconfig
+m = os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")
+print(m if sys.prefix == sys.base_prefix and os.path.isfile(m) else "")')
+  [[ -n "${marker}" ]] || return 0
+  export PIP_BREAK_SYSTEM_PACKAGES=1
+  say "${marker} marks this Python externally managed (PEP 668); installing into its" \
+    "site-packages anyway, where the base's torch is (pip --break-system-packages)"
+}
+
+installed() { python -m pip list --format=freeze 2>/dev/null | sort; }
+
+# What a step added or changed, as one line.
+report_installed() {
+  local before="$1" added
+  added=$(comm -13 "${before}" <(installed) | paste -sd ' ' -)
+  say "installed: ${added:-nothing new}"
+}
+
 # What the base ships, recorded once, before anything is installed.
 record_base() {
   mkdir -p "${STATE_DIR}"
   [[ -s "${BASE_TORCH}" ]] || torch_version >"${BASE_TORCH}"
   [[ -s "${BASE_CONSTRAINT}" ]] || python -m pip list --format=freeze |
-    grep -iE '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' >"${BASE_CONSTRAINT}"
+    { grep -iE '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' || true; } >"${BASE_CONSTRAINT}"
   local constraints="${PIP_CONSTRAINT:-} ${BASE_CONSTRAINT}"
   [[ ! -f /etc/pip/constraint.txt ]] || constraints+=" /etc/pip/constraint.txt"
   export PIP_CONSTRAINT="${constraints}"
 }
 
+# The CUDA major DALI must match: CUDA_VERSION (NGC's images set it), else torch's build;
+# empty for a CPU-only torch.
+cuda_major() {
+  local version="${CUDA_VERSION:-}"
+  [[ -n "${version}" ]] || version=$(python -c 'import torch; print(torch.version.cuda or "")')
+  echo "${version%%.*}"
+}
+
 # DALI from the base when it has one, else the wheel for the base's CUDA major.
 ensure_dali() {
+  local major wheel
   if python -c 'import nvidia.dali' 2>/dev/null; then
-    echo "install-workload: DALI from the base image"
+    say "DALI from the base image"
     return
   fi
-  local major="${CUDA_VERSION%%.*}"
-  [[ -n "${major}" ]] ||
-    major=$(python -c 'import torch; print((torch.version.cuda or "12").split(".")[0])')
-  pip_install "nvidia-dali-cuda${major}0"
+  major=$(cuda_major)
+  if [[ -z "${major}" ]]; then
+    say "DALI: none (torch is a CPU-only build and DALI's wheels are CUDA builds)"
+    return
+  fi
+  wheel="nvidia-dali-cuda${major}0"
+  if [[ "${INSTALL_DALI:-auto}" == no ]]; then
+    say "DALI: skipped (INSTALL_DALI=no); the wheel for CUDA ${major} is ${wheel}"
+    return
+  fi
+  local origin="torch's build"
+  [[ -z "${CUDA_VERSION:-}" ]] || origin="CUDA_VERSION=${CUDA_VERSION}"
+  say "DALI: installing ${wheel} (CUDA ${major}, from ${origin})"
+  pip_install "${wheel}"
 }
 
 check_torch_kept() {
@@ -56,20 +121,27 @@ check_torch_kept() {
 }
 
 install_deps() {
-  local src="$1" reqs
+  local src="$1" reqs before
   reqs=$(mktemp)
+  before=$(mktemp)
+  installed >"${before}"
   python -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
     "${src}/pyproject.toml" >"${reqs}"
   pip_install -r "${reqs}"
-  rm -f "${reqs}"
   ensure_dali
+  report_installed "${before}"
+  rm -f "${reqs}" "${before}"
 }
 
 install_package() {
-  local src="$1"
+  local src="$1" before
+  before=$(mktemp)
+  installed >"${before}"
   pip_install --no-cache-dir --no-deps --no-build-isolation "${src}"
   rm -rf "${src}/build" "${src}/"*.egg-info
   command -v train >/dev/null || { err "train is not on PATH after the install"; exit 1; }
+  report_installed "${before}"
+  rm -f "${before}"
 }
 
 main() {
@@ -77,6 +149,8 @@ main() {
     err "expected 'deps SRC' or 'package SRC', got: $*"
     exit 2
   fi
+  find_python
+  allow_externally_managed
   record_base
   case "$1" in
     deps) install_deps "$2" ;;

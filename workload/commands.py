@@ -12,16 +12,7 @@ import sys
 from typing import Callable
 
 from workload.errors import UsageError, exit_with_usage_error
-
-
-class _Version(argparse.Action):
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from workload.version import version_text
-        print(f"{parser.prog} {version_text()}")
-        parser.exit()
+from workload.version import add_version_argument
 
 
 def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
@@ -31,7 +22,7 @@ def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=first,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=rest.strip("\n"), **kwargs)
-    p.add_argument("--version", action=_Version)
+    add_version_argument(p)
     return p
 
 

@@ -35,7 +35,9 @@ from workload.commands import command_parser, main_of
 from workload.errors import UsageError
 
 PROG = "report"
-INSTALL_HINT = "pip install 'hpc-train[report]'"
+# The packages of the `report` extra (pyproject.toml), named directly: the package is not
+# on PyPI, so an install of the extra by the package's name would find nothing or a stranger's.
+INSTALL_HINT = "pip install matplotlib tensorboard"
 WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
 
 

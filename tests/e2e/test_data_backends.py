@@ -17,6 +17,40 @@ def test_dali_is_registered_when_it_imports():
     assert {"device", "torch", "dali"} <= available().keys()
 
 
+def test_dali_is_the_build_for_torchs_cuda_major():
+    """requirements/test.txt must pair torch with the DALI wheel of the same CUDA major
+    (nvidia-dali-cuda130 for torch 2.14.1+cu130); doctor warns when they differ."""
+    import nvidia.dali.backend as backend
+    assert torch.version.cuda, "the test environment's torch is a CUDA build"
+    dali_major = backend.__cuda_version__ // 1000
+    assert dali_major == int(torch.version.cuda.split(".")[0]), (
+        f"DALI built for CUDA {dali_major}, torch {torch.__version__} for CUDA "
+        f"{torch.version.cuda}: pip install nvidia-dali-cuda{torch.version.cuda.split('.')[0]}0")
+
+
+def test_dali_cpu_pipeline_feeds_torch():
+    """A CPU-only DALI pipeline (device_id=None: no GPU needed) through the PyTorch
+    iterator: external source, flip, crop-mirror-normalize to float CHW."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    images = np.arange(8 * 4 * 4 * 3, dtype=np.uint8).reshape(8, 4, 4, 3)
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def pipeline():
+        x = fn.external_source(source=[list(images[:4]), list(images[4:])], cycle=True)
+        x = fn.flip(x, horizontal=1)
+        return fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
+                                        mean=[0.0] * 3, std=[255.0] * 3)
+
+    batches = [b[0]["x"] for b in DALIGenericIterator([pipeline()], ["x"], size=8)]
+    assert [tuple(b.shape) for b in batches] == [(4, 3, 4, 4)] * 2
+    assert all(b.device.type == "cpu" and b.dtype == torch.float32 for b in batches)
+    expected = torch.from_numpy(images[:4, :, ::-1].copy()).permute(0, 3, 1, 2) / 255.0
+    assert torch.allclose(batches[0], expected)
+
+
 @pytest.mark.parametrize("dataset, device, backend, why", [
     ("cifar100", CPU, "device", "fits in memory"),
     ("digits", GPU, "device", "fits in memory"),

@@ -103,10 +103,15 @@ def test_every_dockerfile_arg_has_a_comment_above_it():
     assert bare == []
 
 
-def test_dockerfile_extends_a_pinned_cuda12_ngc_pytorch_tag():
+def test_dockerfile_extends_the_pinned_cuda13_ngc_pytorch_tag():
+    """The default base is the CUDA 13 flavour's, and the file says how to check its torch."""
     base = dockerfile_recipe().fromHeader
-    assert re.fullmatch(r"nvcr\.io/nvidia/pytorch:2[5-9]\.\d\d-py3", base), base
-    assert "digest" in DOCKERFILE.read_text().lower()
+    assert re.fullmatch(r"nvcr\.io/nvidia/pytorch:2[6-9]\.\d\d-py3", base), base
+    assert base == expand(target("_cuda13")["args"]["BASE_IMAGE"])
+    text = DOCKERFILE.read_text()
+    assert "digest" in text.lower()
+    assert "GHSA-63cw-57p8-fm3p" in text and "_check_set_item_target" in text
+    assert "NOT VERIFIED HERE" in text
 
 
 def test_dockerfile_labels_carry_source_revision_version_created_and_base():
@@ -199,22 +204,49 @@ def target(name: str) -> dict:
     return merged
 
 
-@pytest.mark.parametrize("name, platform, arch", [("gh200", "linux/arm64", "9.0"),
-                                                  ("a100", "linux/amd64", "8.0")])
-def test_bake_site_targets(name, platform, arch):
+# name: (platform, CUDA arch, base tag, its own tag)
+SITE_TARGETS = {
+    "gh200-cuda13": ("linux/arm64", "9.0", "26.02-py3", "dev-cuda13-gh200"),
+    "a100-cuda13": ("linux/amd64", "8.0;9.0", "26.02-py3", "dev-cuda13-a100"),
+    "gh200-cuda12": ("linux/arm64", "9.0", "25.06-py3", "dev-cuda12-gh200"),
+    "a100-cuda12": ("linux/amd64", "8.0;9.0", "25.06-py3", "dev-cuda12-a100"),
+}
+
+
+def image_tags(t: dict) -> list[str]:
+    prefix = bake_variable("REGISTRY") + "/" + bake_variable("IMAGE") + ":"
+    tags = [expand(tag) for tag in t["tags"]]
+    assert all(tag.startswith(prefix) for tag in tags), tags
+    return [tag[len(prefix):] for tag in tags]
+
+
+@pytest.mark.parametrize("name", SITE_TARGETS)
+def test_bake_site_targets(name):
+    platform, arch, base_tag, tag = SITE_TARGETS[name]
     t = target(name)
     assert t["platforms"] == [platform]
     assert t["args"]["CUDA_ARCH"] == arch
-    assert expand(t["args"]["BASE_IMAGE"]) == dockerfile_recipe().fromHeader
+    assert expand(t["args"]["BASE_IMAGE"]) == f"nvcr.io/nvidia/pytorch:{base_tag}"
+    flavour = name.rsplit("-", 1)[1]
+    assert t["args"]["BASE_DIGEST"] == f"${{{flavour.upper()}_BASE_DIGEST}}"
+    assert image_tags(t) == [tag]
     assert {"type=provenance,mode=max", "type=sbom"} <= set(t["attest"])
     assert t["cache-from"] and t["cache-to"]
+    assert len({expand(c) for n in SITE_TARGETS for c in target(n)["cache-to"]}) == 4
 
 
-def test_bake_default_group_yields_one_multiarch_tag():
+def test_bake_sites_group_is_the_four_targets():
+    sites = next(g["sites"] for g in bake()["group"] if "sites" in g)
+    assert sorted(sites["targets"]) == sorted(SITE_TARGETS)
+
+
+def test_bake_default_group_yields_one_multiarch_tag_per_flavour_and_plain_is_cuda13():
     default = next(g["default"] for g in bake()["group"] if "default" in g)
-    targets = [target(n) for n in default["targets"]]
-    platforms = {p for t in targets for p in t["platforms"]}
-    tags = {expand(tag) for t in targets for tag in t["tags"]}
-    assert platforms == {"linux/arm64", "linux/amd64"}
-    assert len(tags) == 1
-    assert all({"type=provenance,mode=max", "type=sbom"} <= set(t["attest"]) for t in targets)
+    by_name = {n: target(n) for n in default["targets"]}
+    assert set(by_name) == {"cuda12", "cuda13"}
+    for name, t in by_name.items():
+        assert set(t["platforms"]) == {"linux/arm64", "linux/amd64"}
+        assert {"type=provenance,mode=max", "type=sbom"} <= set(t["attest"])
+        assert t["args"]["BASE_IMAGE"] == target(f"gh200-{name}")["args"]["BASE_IMAGE"]
+    assert image_tags(by_name["cuda12"]) == ["dev-cuda12"]
+    assert image_tags(by_name["cuda13"]) == ["dev-cuda13", "dev"]

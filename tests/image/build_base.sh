@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Builds the stand-in NGC base image once per recipe and prints its name.
+# Builds the stand-in base images once per recipe and prints the name of the one asked for.
 #
 #   tests/image/build_base.sh        # -> localhost/hpc-train/ngc-standin:<recipe hash>
+#   tests/image/build_base.sh ngc    # the same: the NGC stand-in (standin-base/)
+#   tests/image/build_base.sh bare   # -> localhost/hpc-train/torch-standin:<recipe hash>
 #
-# The tag is a hash of this script and standin-base/, so a changed recipe builds a new
-# image and an unchanged one is reused from the private store (containers.sh). A fresh
-# machine builds it from scratch: debootstrap (about 1 min) and pip (about 5 min).
+# bare (bare-base/) is Debian's Python with torch and torchvision only; ngc is built on
+# top of it, so torch is installed once for both. The tag is a hash of this script,
+# standin-base/ and bare-base/, so a changed recipe builds new images and an unchanged one
+# is reused from the private store (containers.sh). A fresh machine builds them from
+# scratch: debootstrap (about 1 min) and pip (about 5 min).
 set -Eeuo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tests/image/containers.sh
@@ -13,10 +17,11 @@ source "${HERE}/containers.sh"
 
 SUITE=bookworm
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-REPO=localhost/hpc-train/ngc-standin
+NGC_REPO=localhost/hpc-train/ngc-standin
+BARE_REPO=localhost/hpc-train/torch-standin
 
 recipe_hash() {
-  cat "${HERE}/build_base.sh" "${HERE}/standin-base/"* | sha256sum | cut -c1-12
+  cat "${HERE}/build_base.sh" "${HERE}/standin-base/"* "${HERE}/bare-base/"* | sha256sum | cut -c1-12
 }
 
 image_exists() { podman image exists "$1"; }
@@ -38,39 +43,50 @@ import_rootfs() {
   rm -rf "${work}"
 }
 
+# build_standin IMAGE RECIPE_DIR BUILD_ARG: one Containerfile, committed as one layer.
 build_standin() {
-  local image="$1" rootfs="$2"
+  local image="$1" recipe="$2" arg="$3"
   write_pip_mount
   pip_build_volumes
-  echo "build_base: installing torch, torchvision and DALI into ${image}" >&2
+  echo "build_base: building ${image} from ${recipe}/ (${arg})" >&2
   podman build --quiet --format docker --pull=never --layers=false "${PIP_VOLUMES[@]}" \
-    --build-arg "ROOTFS=${rootfs}" --tag "${image}" "${HERE}/standin-base" >/dev/null
+    --build-arg "${arg}" --tag "${image}" "${HERE}/${recipe}" >/dev/null
 }
 
 # Old stand-ins (other recipe hashes) only take disk space: vfs stores whole copies.
 remove_stale() {
-  local keep="$1" ref
-  for ref in $(podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=${REPO}"); do
-    [[ "${ref}" == "${keep}" ]] || podman rmi --force "${ref}" >/dev/null
+  local hash="$1" repo ref
+  for repo in "${NGC_REPO}" "${BARE_REPO}"; do
+    for ref in $(podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=${repo}"); do
+      [[ "${ref}" == "${repo}:${hash}" ]] || podman rmi --force "${ref}" >/dev/null
+    done
   done
 }
 
 main() {
-  local hash image rootfs
+  local which="${1:-ngc}" hash ngc bare rootfs
+  if [[ "${which}" != ngc && "${which}" != bare ]]; then
+    err "expected 'ngc' or 'bare', got '${which}'"
+    exit 2
+  fi
   write_storage_conf
   hash=$(recipe_hash)
-  image="${REPO}:${hash}"
+  ngc="${NGC_REPO}:${hash}"
+  bare="${BARE_REPO}:${hash}"
   rootfs="localhost/hpc-train/standin-rootfs:${hash}"
   exec 9>"${CONTAINERS_DIR}/build_base.lock"
   flock 9
-  if ! image_exists "${image}"; then
-    echo "build_base: building ${image} (${STORAGE_DRIVER} storage)" >&2
+  if ! image_exists "${bare}"; then
+    echo "build_base: building ${bare} (${STORAGE_DRIVER} storage)" >&2
     image_exists "${rootfs}" || import_rootfs "${rootfs}"
-    build_standin "${image}" "${rootfs}"
+    build_standin "${bare}" bare-base "ROOTFS=${rootfs}"
     podman rmi "${rootfs}" >/dev/null
-    remove_stale "${image}"
   fi
-  echo "${image}"
+  if ! image_exists "${ngc}"; then
+    build_standin "${ngc}" standin-base "TORCH_BASE=${bare}"
+  fi
+  remove_stale "${hash}"
+  if [[ "${which}" == ngc ]]; then echo "${ngc}"; else echo "${bare}"; fi
 }
 
 main "$@"

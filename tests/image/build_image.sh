@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the project's Dockerfile, unchanged, on a given base image (podman, vfs).
 #
-#   tests/image/build_image.sh BASE_IMAGE TAG
+#   tests/image/build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]   # extra --build-arg values
+#   BUILD_PLATFORM=linux/arm64 tests/image/build_image.sh ...      # another architecture (QEMU)
 #
 # The local package mirrors and CA bundle are mounted into RUN steps read-only (see
 # containers.sh), never copied. --layers=false commits the project's steps as one layer
@@ -14,11 +15,14 @@ ROOT="$(cd "${HERE}/../.." && pwd)"
 source "${HERE}/containers.sh"
 
 main() {
-  if (($# != 2)); then
-    err "expected BASE_IMAGE and TAG, got $# arguments; usage: build_image.sh BASE_IMAGE TAG"
+  if (($# < 2)); then
+    err "expected BASE_IMAGE and TAG, got $# arguments; usage: build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]"
     exit 2
   fi
-  local base="$1" tag="$2" digest
+  local base="$1" tag="$2" digest arg extra=()
+  shift 2
+  for arg in "$@"; do extra+=(--build-arg "${arg}"); done
+  [[ -z "${BUILD_PLATFORM:-}" ]] || extra+=(--platform "${BUILD_PLATFORM}")
   write_storage_conf
   write_pip_mount
   pip_build_volumes
@@ -29,7 +33,7 @@ main() {
     --build-arg "REVISION=$(git -C "${ROOT}" rev-parse HEAD)" \
     --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     --build-arg "VERSION=$(sed -nE 's/^version = "(.*)"/\1/p' "${ROOT}/pyproject.toml")" \
-    --tag "${tag}" --file "${ROOT}/Dockerfile" "${ROOT}"
+    "${extra[@]}" --tag "${tag}" --file "${ROOT}/Dockerfile" "${ROOT}"
 }
 
 main "$@"

@@ -170,7 +170,7 @@ def test_config_file_values_and_their_checks(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb installed")
 def test_wandb_without_the_extra_is_a_usage_error():
-    with pytest.raises(UsageError, match=r"--wandb needs the wandb package.*hpc-train\[wandb\]"):
+    with pytest.raises(UsageError, match=r"--wandb needs the wandb package.*pip install wandb"):
         build_config({"wandb": True})
 
 

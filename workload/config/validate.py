@@ -122,10 +122,10 @@ def _check_checkpoint(c: dict) -> None:
 def _check_optional_packages(c: dict) -> None:
     _require(not c["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
              "--tensorboard needs the tensorboard package, which is not installed; "
-             "pip install 'hpc-train[report]' or leave out --tensorboard")
+             "pip install tensorboard or leave out --tensorboard")
     _require(not c["wandb"] or importlib.util.find_spec("wandb") is not None,
              "--wandb needs the wandb package, which is not installed; "
-             "pip install 'hpc-train[wandb]' or leave out --wandb")
+             "pip install wandb or leave out --wandb")
 
 
 def _check_model(c: dict) -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import fabric, local, ranks
+from workload.doctor import driver, fabric, local, ranks
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
 
 def local_findings(args, info) -> list[Finding]:
     """This process's own checks (every rank runs them: nodes and containers differ)."""
-    found = [local.gpu_visibility(args.device)]
+    found = [local.gpu_visibility(args.device), driver.driver_check()]
     every_gpu = info.world_size == 1
     found += [local.matmul_check(d) for d in local.devices_to_check(info.device, every_gpu)]
     found += [local.shm_check(args.shm_path), local.dali_check(), local.tf32_check(),

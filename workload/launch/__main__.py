@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from workload.version import add_version_argument
 from workload.launch.check import notes, problems
 from workload.launch.errors import LaunchError
 from workload.launch.gpus import visible_gpu_count
@@ -89,6 +90,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workload.launch",
                                      description=__doc__.split("\n\n")[0])
+    add_version_argument(parser)
     sub = parser.add_subparsers(dest="action", required=True)
     for name, func, text in (("env", cmd_env, "print KEY=VALUE lines to source"),
                              ("check", cmd_check, "explain layout problems and fixes")):

@@ -1,0 +1,117 @@
+"""What the image tests share: building with podman/buildah on the stand-in bases, running
+commands inside a built image, and reading what changed in its filesystem."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.helpers import REPO
+
+ROOT = REPO
+SCRIPTS = ROOT / "tests" / "image"
+CACHE = Path(os.environ.get("HPC_TRAIN_CACHE", Path.home() / ".cache" / "hpc-train"))
+UNPRIVILEGED = "4242:4242"
+# The most the project's layers may add over the base (issue 14: the digits data ships in
+# the package, so scipy and scikit-learn no longer come along).
+MAX_ADDED_BYTES = 50e6
+STEPS = 3
+TRAIN = ["train", "--dataset", "digits", "--device", "cpu", "--epochs", "1",
+         "--max-steps", str(STEPS), "--output-dir", "/out/run"]
+# Paths that buildah run mounts or generates for every command: not the image's rootfs.
+RUNTIME_PATHS = ("proc", "sys", "dev", "run", "tmp", "out", "etc/hosts", "etc/resolv.conf",
+                 "etc/hostname", ".marker")
+
+
+def containers_env() -> dict[str, str]:
+    return dict(os.environ,
+                CONTAINERS_STORAGE_CONF=str(CACHE / "containers" / "storage.conf"),
+                BUILDAH_ISOLATION="chroot")
+
+
+def run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], env=containers_env(), text=True,
+                          capture_output=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+                             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@dataclass
+class Built:
+    tag: str
+    base: str
+    container: str
+    rootfs: Path
+    config: dict
+    base_config: dict
+    seconds: dict
+    log: str = ""
+
+
+def remove_leftovers() -> None:
+    """Images and containers of earlier runs that were killed: 7 GB each with vfs.
+
+    Named after the pid of the run that made them; those of live runs stay.
+    """
+    def dead(name: str) -> bool:
+        pid = int(name.rsplit("-", 1)[-1].rsplit(":", 1)[-1])
+        return not Path(f"/proc/{pid}").exists()
+
+    containers = run(["buildah", "containers", "--format", "{{.ContainerName}}"]).stdout.split()
+    for name in containers:
+        if name.startswith("hpc-train-test-") and dead(name):
+            run(["buildah", "rm", name], check=False)
+    images = run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                  "--filter", "reference=localhost/hpc-train/test-image"]).stdout.split()
+    for ref in images:
+        if dead(ref):
+            run(["podman", "rmi", "--force", ref], check=False)
+
+
+def inspect(ref: str) -> dict:
+    return json.loads(run(["podman", "image", "inspect", ref]).stdout)[0]
+
+
+def run_inside(image: Built, argv: list[str], out: Path, user: str | None = None):
+    """Runs argv in the image with HOME unset, out at /out and a fresh /tmp.
+
+    Returns the process and the paths of the image's own filesystem that changed.
+    """
+    tmp = out.parent / f"{out.name}-tmp"
+    for folder, mode in ((out, 0o777), (tmp, 0o1777)):
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(mode)
+    mounts = ["-v", f"{out}:/out", "-v", f"{tmp}:/tmp"]
+    run(["buildah", "run", *mounts, image.container, "--", "true"])  # mount points exist now
+    marker = image.rootfs / ".marker"
+    marker.touch()
+    time.sleep(1.1)  # mtimes have one-second resolution on some filesystems
+    user_flag = ["--user", user] if user else []
+    proc = run(["buildah", "run", *user_flag, *mounts, image.container, "--",
+                "env", "-u", "HOME", *argv], check=False)
+    return proc, changed_paths(image.rootfs, marker)
+
+
+def changed_paths(rootfs: Path, marker: Path) -> list[str]:
+    since = marker.stat().st_mtime
+    changed = []
+    for folder, dirs, files in os.walk(rootfs):
+        rel = Path(folder).relative_to(rootfs)
+        dirs[:] = [d for d in dirs if str(rel / d) not in RUNTIME_PATHS]
+        for name in files + dirs:
+            path = Path(folder) / name
+            if str(rel / name) not in RUNTIME_PATHS and path.lstat().st_mtime > since:
+                changed.append(str(rel / name))
+    return changed
+
+
+def entrypoint(image: Built) -> list[str]:
+    return image.config["Config"]["Entrypoint"]
+
+
