@@ -1,7 +1,7 @@
 """The GH200 (linux/arm64) image built and run, not only parsed: the project's Dockerfile
 on an arm64 stand-in base, under QEMU user emulation on the x86_64 CI machine.
 
-    python -m pytest -m image tests/test_image_arm64.py
+    python -m pytest -m image tests/e2e/test_image_arm64.py
 
 tests/image/qemu.sh registers the aarch64 handler (qemu-user-static, binfmt-support),
 build_arm64_base.sh makes the base (Debian arm64 with PyPI's CPU-only aarch64 torch 2.5.1,

@@ -1,7 +1,7 @@
 """What the package ships: the digits data read with numpy alone, the licence files, and
 runtime dependencies without scikit-learn or scipy.
 
-    python -m pytest tests/test_packaging.py
+    python -m pytest tests/unit/test_packaging.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Does the node's NVIDIA driver run the CUDA this image's torch was built for?
 
-The image comes in two flavours (docs/images-flavours.md): `-cuda13` (NGC 26.02, needs an
+The image comes in two flavours (docs/images.md): `-cuda13` (NGC 26.02, needs an
 R580+ driver) and `-cuda12` (NGC 25.06, CUDA 12.9: R575+, or older R5xx drivers through
 CUDA's compatibility paths). A driver older than the image's CUDA shows up as
 "CUDA driver version is insufficient" deep inside the first job; this check says it up
@@ -123,7 +123,7 @@ def driver_finding(driver: tuple[int, ...] | None, source: str,
     if driver >= needs:
         return Finding("driver", OK, detail)
     best = tag_for(driver)
-    use = (f"use the -{best} image (e.g. hpc-train:X.Y.Z-{best}; docs/images-flavours.md)"
+    use = (f"use the -{best} image (e.g. hpc-train:X.Y.Z-{best}; docs/images.md)"
            if best else "no published flavour runs on it: ask the site for an R525+ driver")
     if driver >= required_driver((cuda[0], 0)):
         # Same CUDA major: minor-version compatibility runs torch's kernels (not PTX JIT),
