@@ -109,7 +109,7 @@ def test_predict_gives_the_class_the_model_gives(digits_run, tmp_path, capsys):
     from PIL import Image
 
     from workload.data.datasets import load_digits
-    from workload.models import load_trained
+    from workload.models import load_trained, model_input
 
     images = load_digits(16).test.images[:12]
     folder = tmp_path / "pngs"
@@ -117,6 +117,7 @@ def test_predict_gives_the_class_the_model_gives(digits_run, tmp_path, capsys):
     for i, image in enumerate(images):
         Image.fromarray(image.permute(1, 2, 0).numpy()).save(folder / f"{i:02d}.png")
     card = json.loads((digits_run / "model.json").read_text())
+    assert torch.equal(model_input(str(digits_run))(images), normalised(images, card))
     with torch.no_grad():
         expected = load_trained(str(digits_run))(normalised(images, card)).softmax(1)
     status, out, err = predict([digits_run, folder, "--batch-size", "5", "--top-k", "3"],

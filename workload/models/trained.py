@@ -1,8 +1,10 @@
 """A trained model back from its run folder: the architecture model.json describes, the
 weights of model.safetensors, every tensor matching by name and shape.
 
-    from workload.models import load_trained
+    from workload.models import load_trained, model_input
     model = load_trained("runs/digits")   # eval mode, on the CPU
+    prepare = model_input("runs/digits")  # uint8 RGB N x 3 x H x W -> normalised floats
+    probabilities = model(prepare(images)).softmax(1)
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ def load_trained(path: str, device: str | torch.device = "cpu") -> nn.Module:
     files = locate(str(path))
     _, model = load_described(files)
     return model.to(device).eval()
+
+
+def model_input(path: str):
+    """The normalisation model.json names, as a function of uint8 RGB batches (N x 3 x H x W,
+    already at the model's input size) on any device."""
+    description = read_description(locate(str(path)).description)
+    mean = torch.tensor(description.mean).view(1, 3, 1, 1)
+    std = torch.tensor(description.std).view(1, 3, 1, 1)
+
+    def prepare(images: torch.Tensor) -> torch.Tensor:
+        shift, scale = mean.to(images.device), std.to(images.device)
+        return (images.float() / 255 - shift) / scale
+
+    return prepare
 
 
 def load_described(files: ModelFiles) -> tuple[ModelDescription, nn.Module]:
