@@ -9,7 +9,8 @@ imports a command-line module.
     3 runtime   distributed, precision, caches                   torch
     4 parts     models, data, checkpoint, records, tensorboard
     5 training  training
-    6 commands  train, bench, doctor, report, launch.__main__    (the console scripts)
+    6 commands  train, bench, doctor, report, evaluate, predict, launch.__main__
+                (the console scripts)
 
 Commands parse and validate with layers 1-2 only, then import the rest: `--help`,
 `--version` and every usage error answer before torch is imported.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TESTS, clean_env
+from tests.helpers import TESTS, clean_env, parameter_digest
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,8 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, single, 
     digests = run_probe(out, "--batch-size", "32", "--strategy", strategy, nproc=2)
     assert set(digests) == {0, 1}
     assert digests[0] == digests[1], "ranks ended with different parameters"
+    from workload.models import load_trained  # the full weights, FSDP shards gathered
+    assert parameter_digest(load_trained(str(out))) == digests[0]
     two, one = losses(out), losses(single)
     assert len(two) == len(one) == 2
     assert all(abs(a - b) <= LOSS_TOLERANCE for a, b in zip(two, one)), (two, one)

@@ -34,6 +34,20 @@ def run_train(args: list[str], out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def parameter_digest(model) -> str:
+    """sha256 over a plain model's parameters by name: what rank_probe.py prints per rank
+    (it runs as a script under torchrun, so it keeps its own copy, which gathers shards)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(name.encode() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -19,10 +19,11 @@ LAYERS = {
     3: {"distributed", "precision", "caches"},
     4: {"models", "data", "checkpoint", "records", "tensorboard"},
     5: {"training"},
-    6: {"train", "bench", "doctor", "report", "launch.__main__"},
+    6: {"train", "bench", "doctor", "report", "evaluate", "predict", "launch.__main__"},
 }
 COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor.cli",
-                   "workload.report", "workload.launch.__main__"}
+                   "workload.report", "workload.evaluate", "workload.predict",
+                   "workload.launch.__main__"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
 
 
@@ -118,6 +119,14 @@ def test_the_launch_api_for_a_users_script_imports_no_torch():
     ("workload.doctor.cli", ["--help"]),
     ("workload.doctor.cli", ["--probe-iters", "0"]),
     ("workload.report", ["--help"]),
+    ("workload.evaluate", ["--help"]),
+    ("workload.evaluate", ["--version"]),
+    ("workload.evaluate", ["runs/x", "--batch-size", "0"]),
+    ("workload.evaluate", ["no/such/run"]),
+    ("workload.predict", ["--help"]),
+    ("workload.predict", ["--version"]),
+    ("workload.predict", ["runs/x", "a.png", "--top-k", "0"]),
+    ("workload.predict", ["no/such/run", "a.png"]),
 ])
 def test_help_version_and_usage_errors_import_no_torch(command, argv):
     code = (f"import sys; from {command} import main; sys.argv[0] = 'x'; main({argv!r})")

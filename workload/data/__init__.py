@@ -17,15 +17,19 @@ from workload.errors import UsageError
 
 
 def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,
-               local_world_size: int = 1) -> DataBundle:
+               local_world_size: int = 1, for_training: bool = True) -> DataBundle:
+    """The loaders of both splits for this rank; `for_training` also requires at least one
+    training step per epoch (evaluation reads the test split only)."""
     name, reason = choose(cfg.data.data_backend, cfg.data.dataset, device)
     req = DataRequest(cfg, device, rank, world_size, local_world_size)
-    train, test, num_classes, num_train = available()[name](req)
+    built = available()[name](req)
     if name == "torch":
         reason += f" ({req.workers} DataLoader workers)"
-    if len(train) == 0:
-        raise UsageError(no_steps_message(cfg.training.batch_size, num_train, world_size))
-    return DataBundle(train, test, num_classes, num_train, name, reason)
+    if for_training and len(built.train) == 0:
+        raise UsageError(no_steps_message(cfg.training.batch_size, built.num_train, world_size))
+    return DataBundle(built.train, built.test, built.num_classes, built.num_train, name,
+                      reason, built.normalizer.mean, built.normalizer.std,
+                      list(built.classes) if built.classes is not None else None)
 
 
 def no_steps_message(batch_size: int, num_train: int, world_size: int) -> str:

@@ -8,7 +8,7 @@ everything else works without DALI and runs that never ask pay nothing for impor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -32,6 +32,19 @@ class DataBundle:
     num_train_samples: int
     backend: str
     reason: str
+    mean: tuple[float, ...] = ()   # the normalisation every split gets (model.json)
+    std: tuple[float, ...] = ()
+    classes: list[str] | None = None  # class names where the data has them (image folders)
+
+
+class Loaders(NamedTuple):
+    """What a backend builder returns."""
+    train: object
+    test: object
+    num_classes: int
+    num_train: int
+    normalizer: Normalizer
+    classes: list[str] | None = None
 
 
 @dataclass
@@ -57,7 +70,7 @@ class DataRequest:
         return workers if workers >= 0 else default_workers(self.local_world_size)
 
 
-Builder = Callable[[DataRequest], tuple[object, object, int, int]]
+Builder = Callable[[DataRequest], Loaders]
 BACKENDS: dict[str, Builder] = {}
 _dali_error: str | None = None  # why DALI is unavailable, once we tried
 
@@ -86,24 +99,26 @@ def _normalizer(req: DataRequest, split: SplitDataset | None) -> Normalizer:
 @register("device")
 def build_device(req: DataRequest):
     split = read_in_memory(req)
+    normalizer = _normalizer(req, split)
     make = lambda data, train: DeviceLoader(data, req.cfg.training.batch_size, req.device,
-                                            _normalizer(req, split), train=train, **req.shard)
-    return make(split.train, True), make(split.test, False), split.train.num_classes, len(split.train)
+                                            normalizer, train=train, **req.shard)
+    return Loaders(make(split.train, True), make(split.test, False), split.train.num_classes,
+                   len(split.train), normalizer)
 
 
 @register("torch")
 def build_torch(req: DataRequest):
     if req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
-        normalizer, classes = _normalizer(req, None), len(train.classes)
+        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
     else:
-        split = read_in_memory(req)
+        split, names = read_in_memory(req), None
         train, test = ArrayImages(split.train, train=True), ArrayImages(split.test, train=False)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
     make = lambda data, is_train: TorchLoader(data, req.cfg.training.batch_size, req.device,
                                               normalizer, train=is_train, workers=req.workers,
                                               **req.shard)
-    return make(train, True), make(test, False), classes, len(train)
+    return Loaders(make(train, True), make(test, False), classes, len(train), normalizer, names)
 
 
 def build_dali(req: DataRequest):
@@ -112,14 +127,14 @@ def build_dali(req: DataRequest):
     if req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
-        normalizer, classes = _normalizer(req, None), len(train.classes)
+        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
     else:
-        split = read_in_memory(req)
+        split, names = read_in_memory(req), None
         sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
     loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
                                  max(1, req.workers), **req.shard)
-    return (*loaders, classes, len(sources[0].labels))
+    return Loaders(*loaders, classes, len(sources[0].labels), normalizer, names)
 
 
 def available() -> dict[str, Builder]:

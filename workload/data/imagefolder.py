@@ -86,8 +86,18 @@ def _transforms(image_size: int, train: bool) -> T.Compose:
     # uint8 tensors leave the workers; normalisation runs batched on the training device.
     if train:
         steps = [T.RandomResizedCrop(image_size, antialias=True), T.RandomHorizontalFlip()]
-    else:
+        return T.Compose([T.PILToTensor(), *steps])
+    return eval_transform(image_size, "resize-crop")
+
+
+def eval_transform(image_size: int, resize: str) -> T.Compose:
+    """A PIL image to the model's uint8 input, as the test split is read: `resize-crop`
+    (image folders: the shorter side to 8/7 of the size, then the centre square) or
+    `stretch` (the whole image to size x size: the in-memory datasets' square images)."""
+    if resize == "resize-crop":
         steps = [T.Resize(image_size * 8 // 7, antialias=True), T.CenterCrop(image_size)]
+    else:
+        steps = [T.Resize((image_size, image_size), antialias=True)]
     return T.Compose([T.PILToTensor(), *steps])
 
 

@@ -4,6 +4,8 @@ model by name, with the stem for the image size; weights in and out as safetenso
     wrn.py      the Wide ResNet of the Olivia guide
     zoo.py      torchvision's models by name (close matches for a wrong one), the stems
     weights.py  --init-from FILE.safetensors, and model.safetensors at the end of a run
+    trained.py  load_trained(RUN_DIR), model_input(RUN_DIR): a finished run's model
+                (model.json + its weights) and the normalisation of its input
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from workload.config import TrainConfig
 from workload.config.derived import image_size_of, resolve_stem
 from workload.models.wrn import ResidualBlock, WideResNet, conv_bn_relu
 from workload.models.zoo import check_model_name, small_image_stem, torchvision_model
+from workload.models.trained import load_trained, model_input
 
 
 def build_model(name: str, num_classes: int, width: int = 160, blocks_per_stage: int = 2,
@@ -38,4 +41,4 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["ResidualBlock", "WideResNet", "build_model", "check_model_name", "conv_bn_relu",
-           "count_parameters", "model_for", "small_image_stem"]
+           "count_parameters", "load_trained", "model_for", "model_input", "small_image_stem"]

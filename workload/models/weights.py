@@ -39,7 +39,7 @@ def _read(path: str) -> dict[str, torch.Tensor]:
                          f"({error})") from None
 
 
-def _first_problem(own: dict, theirs: dict, skip: set[str], head: set[str]) -> str | None:
+def first_mismatch(own: dict, theirs: dict, skip: set[str], head: set[str]) -> str | None:
     for name, tensor in own.items():
         if name not in theirs:
             return f"tensor {name!r} of the model is missing from the file"
@@ -58,7 +58,7 @@ def load_initial_weights(model: nn.Module, path: str, reinit_head: bool = False)
     except (with `reinit_head`) a head of another size. What was done, in words."""
     theirs, own, head = _read(path), model.state_dict(), head_names(model)
     skip = {n for n in head if reinit_head and n in theirs and theirs[n].shape != own[n].shape}
-    problem = _first_problem(own, theirs, skip, head)
+    problem = first_mismatch(own, theirs, skip, head)
     if problem:
         raise UsageError(f"--init-from {path}: {problem}; refusing to start from it")
     model.load_state_dict({k: v for k, v in theirs.items() if k not in skip}, strict=not skip)

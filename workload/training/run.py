@@ -13,6 +13,7 @@ from workload.caches import ensure_writable_caches
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig
 from workload.config.derived import describe_stem
+from workload.config.trained import MODEL_JSON, WEIGHTS, describe_model
 from workload.data import build_data
 from workload.data.staging import stage_data
 from workload.distributed import DistInfo
@@ -34,7 +35,7 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     info, precision = start_process(cfg)
     data_dir = stage_data(cfg, info)
     data = build_data(cfg.replace(data_dir=data_dir), info.device, info.rank, info.world_size,
-                      info.local_world_size)
+                      info.local_world_size, for_training=not cfg.data.prepare_data)
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
     out = prepare_output_dir(cfg.logging.output_dir)
@@ -64,9 +65,18 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
                                    checkpointer.after_epoch],
                       progress=progress_hooks(cfg, info, out, len(data.train)))
         summary = Trainer(cfg, info, state, data, precision, hooks).fit()
-    save_weights(state.model, out / "model.safetensors", info.is_main)
+    save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
+    """The final model: model.safetensors (FSDP shards gathered on every rank; rank 0
+    writes) and model.json, its architecture, classes and input, both written atomically."""
+    save_weights(model, out / WEIGHTS, write)
+    if write:
+        write_json(out / MODEL_JSON, describe_model(cfg, data.num_classes, data.classes,
+                                                    data.mean, data.std))
 
 
 def start_process(cfg: TrainConfig) -> tuple[DistInfo, str]:

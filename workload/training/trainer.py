@@ -23,6 +23,7 @@ from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.logs import Progress, logger
 from workload.precision import autocast
+from workload.training.evaluation import evaluate_model
 
 
 # Steps between two reads of the summed training loss (one host synchronisation each).
@@ -161,20 +162,11 @@ class Trainer:
                             f"now {t.warmup_epochs}), or pass --allow-nonfinite-loss to train "
                             "on regardless")
 
-    @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
         """Accuracy and mean loss over the whole test set, summed across ranks."""
-        model, device = self.state.model, self.info.device
-        model.eval()
-        totals = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
-        for images, labels in self.data.test.batches(0):
-            with autocast(self.precision, device):
-                logits = model(images)
-            totals[0] += (logits.argmax(1) == labels).sum()
-            totals[1] += nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            totals[2] += len(labels)
-        correct, loss_sum, count = distributed.all_reduce_sum(totals).tolist()
-        return correct / max(1, count), loss_sum / max(1, count)
+        result = evaluate_model(self.state.model, self.data.test, self.precision,
+                                self.info.device)
+        return result.accuracy, result.loss
 
     def done_stepping(self) -> bool:
         limit = self.cfg.training.max_steps
