@@ -92,7 +92,7 @@ def test_config_file_starts_the_same_run_again(tmp_path):
 
 
 def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):
-    tar = tar_folder(write_image_folder(tmp_path / "pets"), tmp_path / "pets.tar")
+    tar = tar_folder(write_image_folder(tmp_path / "pets", per_class=4), tmp_path / "pets.tar")
     data = ["--dataset", "imagefolder", "--data-dir", str(tar), "--stage-to",
             str(tmp_path / "local"), "--image-size", "16", "--workers", "0"]
     from workload.train import main
