@@ -205,8 +205,8 @@ def read_part(folder: Path, name: str):
             raise ValueError(f"not a part of format {PART_FORMAT}")
         return decode(data["data"], tensors)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CorruptCheckpoint(f"{folder.name}/{name}.json does not fit "
-                                f"{file.name}: {error}") from None
+        raise CorruptCheckpoint(f"{folder.name}/{name}.json is not a checkpoint part "
+                                f"(with {file.name}): {error}") from None
 
 
 def json_bytes(data) -> bytes:

@@ -1,14 +1,14 @@
 """A checkpoint of the live training state: taken from it (`take_snapshot`, a collective),
 written (`save_checkpoint`), read back (`read_checkpoint`) and put back (`restore`).
 
-The files and their safety rules are workload.checkpoint.store's; FSDP shards are
+The files and their safety rules are workload.checkpoint.store's and formats'; FSDP
+shards, and putting full tensors into a live model of any world size, are
 workload.checkpoint.sharded's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
 
 from workload import distributed
 from workload.checkpoint import rng
