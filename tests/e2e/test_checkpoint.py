@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.helpers import CHECKPOINT_ARGS as ARGS
-from tests.helpers import run_train
+from tests.helpers import pickles_and_zips, run_train
+from workload.checkpoint.formats import read_part
 from workload.checkpoint.store import MANIFEST
 from workload.files import sha256_file
 from workload.train import main as train_main
@@ -44,16 +45,18 @@ def test_layout_manifest_and_latest_pointer(reference):
     newest = root / "step-000000016"
     manifest = json.loads((newest / MANIFEST).read_text())
     files = {p.name for p in newest.iterdir()} - {MANIFEST}
-    assert set(manifest["files"]) == files == {"model.pt", "optimizer.pt", "trainer.pt",
-                                                "rng.pt", "config.json"}
+    assert set(manifest["files"]) == files == {
+        "model.safetensors", "optimizer.json", "optimizer.safetensors", "trainer.json",
+        "rng.json", "rng.safetensors", "config.json"}
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == sha256_file(newest / name)
         assert entry["bytes"] == (newest / name).stat().st_size
-    trainer = torch.load(newest / "trainer.pt", weights_only=True)
+    trainer = read_part(newest, "trainer")
     assert (trainer["epoch"], trainer["batch"], trainer["step"]) == (2, 0, 16)
     assert len(trainer["accuracies"]) == 2 and trainer["scaler"] is not None
     assert json.loads((newest / "config.json").read_text())["seed"] == 5
-    assert {"torch", "numpy", "python"} <= torch.load(newest / "rng.pt", weights_only=True)[0].keys()
+    assert {"torch", "numpy", "python"} <= read_part(newest, "rng")[0].keys()
+    assert pickles_and_zips(reference[0]) == [], "every file is safetensors, JSON or text"
 
 
 def test_keeps_the_last_n_checkpoints(tmp_path):
@@ -81,9 +84,9 @@ def test_resume_from_a_given_checkpoint_is_exact(step, reference, tmp_path):
 # --- bad files: each rejected with a clear message, the previous checkpoint used ----------
 
 def truncate(folder: Path, payload: Path) -> str:
-    model = folder / "model.pt"
+    model = folder / "model.safetensors"
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
-    return "model.pt has"
+    return "model.safetensors has"
 
 
 def drop_manifest(folder: Path, payload: Path) -> str:
@@ -92,11 +95,11 @@ def drop_manifest(folder: Path, payload: Path) -> str:
 
 
 def flip_a_byte(folder: Path, payload: Path) -> str:
-    optimizer = folder / "optimizer.pt"
+    optimizer = folder / "optimizer.safetensors"
     data = bytearray(optimizer.read_bytes())
     data[len(data) // 2] ^= 0x01
     optimizer.write_bytes(bytes(data))
-    return "optimizer.pt does not match its sha256"
+    return "optimizer.safetensors does not match its sha256"
 
 
 class CreatesAFile:
@@ -109,20 +112,43 @@ class CreatesAFile:
         return open, (self.path, "w")
 
 
+def relist(folder: Path, name: str) -> None:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"][name] = dict(bytes=(folder / name).stat().st_size,
+                                   sha256=sha256_file(folder / name))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
 def plant_malicious_pickle(folder: Path, payload: Path) -> str:
     # An attacker who can write the file can rewrite the manifest too: the hashes match,
-    # and only weights_only=True stands between the file and the payload.
-    trainer = folder / "trainer.pt"
-    torch.save({"step": 16, "innocent": CreatesAFile(payload)}, trainer)
-    manifest = json.loads((folder / MANIFEST).read_text())
-    manifest["files"]["trainer.pt"] = dict(bytes=trainer.stat().st_size,
-                                           sha256=sha256_file(trainer))
-    (folder / MANIFEST).write_text(json.dumps(manifest))
-    return "trainer.pt cannot be loaded safely"
+    # and only the formats (JSON, safetensors: no unpickler) stand between it and the payload.
+    (folder / "trainer.json").write_bytes(pickle.dumps({"step": 16, "x": CreatesAFile(payload)}))
+    relist(folder, "trainer.json")
+    return "trainer.json is a pickle"
+
+
+def plant_torch_save(folder: Path, payload: Path) -> str:
+    torch.save({"innocent": CreatesAFile(payload)}, folder / "model.safetensors")
+    relist(folder, "model.safetensors")
+    return "model.safetensors is a zip"
+
+
+def plant_text_pickle(folder: Path, payload: Path) -> str:
+    # Protocol 0 has no magic byte: the safetensors reader refuses it as a file.
+    (folder / "rng.safetensors").write_bytes(pickle.dumps(CreatesAFile(payload), protocol=0))
+    relist(folder, "rng.safetensors")
+    return "rng.safetensors is not a readable safetensors file"
+
+
+def plant_unlisted_file(folder: Path, payload: Path) -> str:
+    torch.save({"innocent": CreatesAFile(payload)}, folder / "extra.pt")
+    return "extra.pt is not listed in the manifest"
 
 
 @pytest.mark.parametrize("damage", [truncate, drop_manifest, flip_a_byte,
-                                    plant_malicious_pickle], ids=lambda f: f.__name__)
+                                    plant_malicious_pickle, plant_torch_save,
+                                    plant_text_pickle, plant_unlisted_file],
+                         ids=lambda f: f.__name__)
 def test_a_bad_newest_checkpoint_is_moved_aside_and_the_previous_used(
         damage, reference, tmp_path, capsys):
     out = copy_run(reference, tmp_path / "run")
@@ -152,7 +178,7 @@ def test_an_explicit_bad_checkpoint_exits_2_and_is_left_in_place(reference, tmp_
         train_main([*ARGS, "--resume", str(bad), "--output-dir", str(tmp_path / "new")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "--resume" in err and "trainer.pt cannot be loaded safely" in err
+    assert "--resume" in err and "trainer.json is a pickle" in err
     assert not payload.exists() and bad.is_dir()
 
 
@@ -164,15 +190,32 @@ def test_the_planted_payload_is_real(tmp_path):
     assert payload.exists()
 
 
-def test_fsdp_shard_metadata_is_read_without_running_code(tmp_path):
-    # DCP itself reads .metadata with pickle.load; ours refuses anything but DCP's classes.
-    from workload.checkpoint.sharded import UnsafeMetadata, read_metadata_safely
+def old_format_checkpoint(folder: Path, payload: Path) -> Path:
+    """A checkpoint as earlier versions wrote it: torch.save files, manifest format 1."""
+    folder.mkdir()
+    for name in ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt"):
+        torch.save({"innocent": CreatesAFile(payload)}, folder / name)
+    files = {p.name: dict(bytes=p.stat().st_size, sha256=sha256_file(p))
+             for p in folder.iterdir()}
+    (folder / MANIFEST).write_text(json.dumps({"format": 1, "step": 99, "files": files}))
+    return folder
 
-    payload = tmp_path / "payload-ran"
-    (tmp_path / ".metadata").write_bytes(pickle.dumps({"x": CreatesAFile(payload)}))
-    with pytest.raises(UnsafeMetadata, match="io.open|builtins.open"):
-        read_metadata_safely(tmp_path)
-    assert not payload.exists()
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "path"])
+def test_an_old_torch_save_checkpoint_is_refused_in_one_line_and_kept(
+        explicit, reference, tmp_path, capsys):
+    out = copy_run(reference, tmp_path / "run")
+    old = old_format_checkpoint(out / "checkpoints" / "step-000000099", tmp_path / "payload")
+    before = sorted(p.name for p in old.iterdir())
+    resume = ["--resume", str(old)] if explicit else []
+    with pytest.raises(SystemExit) as exit_info:
+        train_main([*ARGS, *resume, "--output-dir", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "earlier version in the torch.save format" in err and "--resume never" in err
+    assert sorted(p.name for p in old.iterdir()) == before, "never moved or changed"
+    assert not (tmp_path / "payload").exists()
 
 
 def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_path, capsys):

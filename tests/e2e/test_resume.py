@@ -136,8 +136,9 @@ def forge(path, name: str, write) -> None:
 
 @pytest.mark.parametrize("name, write", [
     ("config.json", lambda f: f.write_text("not json")),
-    ("trainer.pt", lambda f: __import__("torch").save({"step": 8}, f)),
-    ("model.pt", lambda f: __import__("torch").save({"other.weight": __import__("torch").ones(2)}, f)),
+    ("trainer.json", lambda f: f.write_text('{"format": 2, "data": {"step": 8}}')),
+    ("model.safetensors", lambda f: f.write_bytes(__import__("safetensors.torch").torch.save(
+        {"other.weight": __import__("torch").ones(2)}))),
 ])
 def test_auto_moves_bad_content_aside_and_falls_back(finished_run, name, write, capsys):
     out, first = finished_run

@@ -48,6 +48,19 @@ def parameter_digest(model) -> str:
     return digest.hexdigest()
 
 
+def pickles_and_zips(folder: Path) -> list[str]:
+    """Files under `folder` that start like a pickle (0x80, protocol 2 and later) or a zip
+    archive (what torch.save writes): a run folder holds none."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                head = f.read(4)
+            if head[:1] == b"\x80" or head == b"PK\x03\x04":
+                found.append(str(path.relative_to(folder)))
+    return found
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from workload.checkpoint import rng
+from workload.checkpoint.formats import tensor_bytes
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.snapshot import read_checkpoint, save_checkpoint
 from workload.checkpoint.space import DiskFull
@@ -57,14 +58,22 @@ def test_a_good_checkpoint_reads_and_fits(tmp_path):
     check_fits(read_checkpoint(path, "cpu"), state, path)
 
 
+def part(data) -> str:
+    return json.dumps({"format": 2, "data": data})
+
+
 @pytest.mark.parametrize("damage, words", [
     (lambda p: (p / "config.json").write_text("{not json"), "config.json is not a JSON object"),
     (lambda p: (p / "config.json").write_text("[1, 2]"), "config.json is not a JSON object"),
-    (lambda p: torch.save({"step": 3}, p / "trainer.pt"), "trainer.pt"),
-    (lambda p: torch.save([1, 2], p / "trainer.pt"), "trainer.pt"),
-    (lambda p: torch.save({"w": 1}, p / "model.pt"), "model.pt"),
-    (lambda p: torch.save([{}], p / "rng.pt"), "rng.pt"),
-    (lambda p: torch.save({"state": 1}, p / "optimizer.pt"), "optimizer.pt"),
+    (lambda p: (p / "trainer.json").write_text(part({"step": 3})), "trainer.json"),
+    (lambda p: (p / "trainer.json").write_text(part([1, 2])), "trainer.json"),
+    (lambda p: (p / "trainer.json").write_text('{"format": 2, "data": NaN}'), "trainer.json"),
+    (lambda p: (p / "trainer.json").write_text(part({"__tensor__": "x"})), "trainer.json"),
+    (lambda p: (p / "model.safetensors").write_bytes(tensor_bytes({})), "model.safetensors"),
+    (lambda p: (p / "model.safetensors").write_bytes(b"\x08" + bytes(7) + b"{}      "),
+     "model.safetensors"),
+    (lambda p: (p / "rng.json").write_text(part([{}])), "rng.json"),
+    (lambda p: (p / "optimizer.json").write_text(part({"state": 1})), "optimizer.json"),
 ])
 def test_bad_content_that_passes_the_manifest_is_corrupt(tmp_path, damage, words):
     path = save(tmp_path, 4)
@@ -82,7 +91,8 @@ def test_another_model_s_weights_do_not_fit(tmp_path):
 
 
 @pytest.mark.parametrize("files", [
-    [], {"model.pt": "abc"}, {"model.pt": {"bytes": "12", "sha256": "x"}}, "files",
+    [], {"model.safetensors": "abc"}, {"model.safetensors": {"bytes": "12", "sha256": "x"}},
+    "files",
 ])
 def test_a_manifest_with_files_of_the_wrong_types_is_corrupt(tmp_path, files):
     path = save(tmp_path, 4)
@@ -104,8 +114,8 @@ def test_names_outside_the_checkpoint_are_refused(tmp_path):
         (path / MANIFEST).write_text(json.dumps(manifest))
         with pytest.raises(CorruptCheckpoint, match="not a file inside"):
             verify(path)
-    (path / "rng.pt").unlink()
-    (path / "rng.pt").symlink_to(outside)
+    (path / "rng.json").unlink()
+    (path / "rng.json").symlink_to(outside)
     remanifest(path)
     with pytest.raises(CorruptCheckpoint, match="outside the checkpoint folder"):
         verify(path)

@@ -1,5 +1,5 @@
 """The checkpoint store on its own: atomic layout, manifest verification, pruning, moving
-bad checkpoints aside, and loading that never runs code. No training here."""
+bad checkpoints aside, and loading that never runs code (safetensors and JSON only). No training here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pickle
 import pytest
 import torch
 
-from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
-                                       finish_checkpoint, move_aside, prune, safe_load,
+from workload.checkpoint.formats import read_part, read_tensors
+from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
+                                       complete_steps, finish_checkpoint, move_aside, prune,
                                        step_name, verify)
 
 
@@ -33,11 +34,12 @@ def test_a_save_is_complete_verified_and_pointed_to(tmp_path):
     path = save(tmp_path, 7)
     manifest = verify(path)
     assert manifest["step"] == 7
-    assert set(manifest["files"]) == {"model.pt", "optimizer.pt", "trainer.pt", "rng.pt",
-                                      "config.json"}
+    assert set(manifest["files"]) == {"model.safetensors", "optimizer.json", "trainer.json",
+                                      "rng.json", "rng.safetensors", "config.json"}
     assert (tmp_path / "latest").read_text().strip() == "step-000000007"
     assert not list(tmp_path.glob(".tmp-*"))
-    assert torch.equal(safe_load(path / "model.pt", "cpu")["w"], torch.full((3,), 7.0))
+    assert torch.equal(read_tensors(path / "model.safetensors")["w"], torch.full((3,), 7.0))
+    assert read_part(path, "trainer") == snapshot(7).trainer
 
 
 def test_pruning_keeps_the_newest(tmp_path):
@@ -53,8 +55,9 @@ def test_pruning_keeps_the_newest(tmp_path):
 @pytest.mark.parametrize("damage, words", [
     (lambda p: (p / MANIFEST).unlink(), "no MANIFEST.json"),
     (lambda p: (p / MANIFEST).write_text("{not json"), "not a readable manifest"),
-    (lambda p: (p / "model.pt").unlink(), "model.pt is missing"),
-    (lambda p: (p / "rng.pt").write_bytes(b"short"), "rng.pt has 5 bytes"),
+    (lambda p: (p / "model.safetensors").unlink(), "model.safetensors is missing"),
+    (lambda p: (p / "rng.json").write_bytes(b"short"), "rng.json has 5 bytes"),
+    (lambda p: (p / MANIFEST).write_text('{"format": 3, "files": {}}'), "format 3"),
     (lambda p: (p / "config.json").write_text('{\n  "seed": 2\n}\n'), "sha256"),
 ])
 def test_damage_is_found_and_named(tmp_path, damage, words):
@@ -76,12 +79,37 @@ class RunsCode:
         return (print, ("this ran",))
 
 
-def test_a_pickle_with_code_is_refused_without_running(tmp_path, capsys):
-    evil = tmp_path / "evil.pt"
-    evil.write_bytes(pickle.dumps({"x": RunsCode()}))
-    with pytest.raises(CorruptCheckpoint, match="weights_only"):
-        safe_load(evil, "cpu")
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+@pytest.mark.parametrize("name", ["model.safetensors", "rng.json", "evil.pkl"])
+def test_a_pickle_anywhere_is_refused_without_running(tmp_path, capsys, protocol, name):
+    # Protocols 2 and later start with 0x80 and are refused by their first byte; protocol
+    # 0 is text, and neither the safetensors nor the JSON reader makes sense of it.
+    path = save(tmp_path, 3)
+    (path / name).write_bytes(pickle.dumps({"x": RunsCode()}, protocol=protocol))
+    with pytest.raises(CorruptCheckpoint, match=name):
+        verify(path)
+        read_tensors(path / "model.safetensors")
+        read_part(path, "rng")
     assert "this ran" not in capsys.readouterr().out
+
+
+def test_a_torch_save_file_is_refused_by_its_first_bytes(tmp_path):
+    path = save(tmp_path, 3)
+    torch.save({"w": torch.ones(3)}, path / "model.safetensors")
+    with pytest.raises(CorruptCheckpoint, match="model.safetensors is a zip"):
+        verify(path)
+
+
+def test_a_checkpoint_of_the_torch_save_format_is_old_not_corrupt(tmp_path):
+    path = tmp_path / step_name(4)
+    path.mkdir()
+    torch.save({"w": torch.ones(3)}, path / "model.pt")
+    (path / MANIFEST).write_text(json.dumps({"format": 1, "files": {}}))
+    with pytest.raises(OldFormat, match="earlier version.*--resume never --overwrite"):
+        verify(path)
+    (path / MANIFEST).unlink()  # an unfinished save of that format: the same answer
+    with pytest.raises(OldFormat):
+        verify(path)
 
 
 def test_manifest_is_plain_json(tmp_path):

@@ -1,10 +1,11 @@
 """Checkpoints: atomic, verified saves of the whole training state, exact resume, and
 preemption (a signal -> one checkpoint -> exit status 75 -> the job script requeues).
 
-    store.py       the files: layout, atomic save with a manifest, verify, safe load,
+    formats.py     the file formats: state trees as JSON + safetensors, pickles refused
+    store.py       the files: layout, atomic save with a manifest, verify,
                    moving bad ones aside, pruning
     snapshot.py    the live training state <-> a checkpoint (take, save, read, restore)
-    sharded.py     FSDP2 shards through torch.distributed.checkpoint
+    sharded.py     FSDP2 shards as safetensors per rank, joined on load for any world size
     rng.py         the random states an exact resume needs
     resume.py      which checkpoint a run continues from (--resume, --overwrite)
     content.py     what a loaded checkpoint must hold, and that it fits the live model

@@ -15,8 +15,9 @@ import torch
 from workload import distributed
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.snapshot import read_checkpoint, restore
-from workload.checkpoint.store import (CorruptCheckpoint, Snapshot, checkpoints_dir,
-                                       complete_steps, move_aside, step_name, symlinked_steps)
+from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
+                                       checkpoints_dir, complete_steps, move_aside,
+                                       old_format_message, step_name, symlinked_steps)
 from workload.errors import UsageError
 from workload.files import json_text, read_jsonl_records
 from workload.logs import logger
@@ -67,11 +68,17 @@ def resume(cfg, info, state, out: Path) -> None:
         path = Path(cfg.checkpoint.resume)
         snapshot = _read_explicit(path, current, state, info.device)
     else:
-        root, snapshot = checkpoints_dir(out), None
+        root, snapshot, refused = checkpoints_dir(out), None, None
         if info.is_main:
-            snapshot = newest_loadable(root, info.device,
-                                       lambda s, p: _fits_unless_other_run(s, p, current, state))
-        step = _agree_on_step(snapshot.trainer["step"] if snapshot else -1, info)
+            try:
+                snapshot = newest_loadable(
+                    root, info.device, lambda s, p: _fits_unless_other_run(s, p, current, state))
+            except OldFormat as error:  # never moved aside: the run stops, nothing is lost
+                refused = str(error)
+        step = _agree_on_step(-2 if refused else snapshot.trainer["step"] if snapshot else -1,
+                              info)
+        if step == -2:
+            raise UsageError(refused or old_format_message(root))
         if step < 0:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
@@ -94,6 +101,8 @@ def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
         snapshot = read_checkpoint(path, device)
         listed = differences(snapshot.config, current)
         check_fits(snapshot, state, path)
+    except OldFormat as error:
+        raise UsageError(f"--resume {error}") from None
     except CorruptCheckpoint as error:
         settings = f" (it was written with other settings: {listed})" if listed else ""
         raise UsageError(f"--resume {path}: {error}{settings}; pass a checkpoint of this "

@@ -1,12 +1,14 @@
 """The global random states a checkpoint carries, as plain tensors, lists and numbers.
 
 Dropout draws from torch's global generator, so an exact resume needs it back; numpy and
-python `random` are saved too for user code. Everything is converted to types that
-torch.load(weights_only=True) accepts (no numpy arrays, no arbitrary objects).
+python `random` are saved too for user code. Everything is converted to tensors (torch's
+states are uint8 tensors, numpy's key an int64 tensor), numbers, strings and lists, so that
+they go into rng.safetensors and rng.json (workload.checkpoint.formats).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import numpy as np
@@ -40,6 +42,17 @@ def set_states(states: dict) -> None:
         cuda = [s.cpu() for s in states["cuda"]]
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
+
+
+def derive_states(seed: int, step: int, rank: int) -> None:
+    """Random states for a rank the checkpoint has none of (it was written by fewer
+    ranks): torch (CPU and CUDA), numpy and python seeded from (seed, step, rank), the
+    same in every run that resumes the same way."""
+    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+    value = int.from_bytes(digest[:8], "little") >> 1
+    torch.manual_seed(value)
+    np.random.seed(value % 2**32)
+    random.seed(value)
 
 
 def gather_states(world_size: int) -> list[dict]:

@@ -1,7 +1,8 @@
 """A checkpoint of the live training state: taken from it (`take_snapshot`, a collective),
 written (`save_checkpoint`), read back (`read_checkpoint`) and put back (`restore`).
 
-The files and their safety rules are workload.checkpoint.store's; FSDP shards are
+The files and their safety rules are workload.checkpoint.store's and formats'; FSDP
+shards, and putting full tensors into a live model of any world size, are
 workload.checkpoint.sharded's.
 """
 
@@ -9,17 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from workload import distributed
 from workload.checkpoint import rng
-from workload.checkpoint.content import check_loaded, read_config
-from workload.checkpoint.sharded import (METADATA, SHARDED_DIR, load_sharded,
-                                         read_metadata_safely, save_sharded)
+from workload.checkpoint.content import check_loaded, check_state, read_config
+from workload.checkpoint.formats import read_part, read_tensors
+from workload.checkpoint.sharded import load_model, load_optimizer, read_shards, save_shards
 from workload.checkpoint.space import guarded_save
-from workload.checkpoint.store import (FORMAT_VERSION, CorruptCheckpoint, Snapshot,
-                                       finish_checkpoint, move_aside, safe_load, step_name,
-                                       verify)
+from workload.checkpoint.store import (FORMAT_VERSION, MODEL_FILE, SHARDS_DIR, Snapshot,
+                                       finish_checkpoint, move_aside, step_name, verify)
 from workload.distributed import unwrap
 from workload.logs import logger
 
@@ -29,11 +27,7 @@ def take_snapshot(state, cfg, world_size: int, sharded: bool) -> Snapshot:
     trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
                    scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
                    step=state.step, accuracies=list(state.accuracies), world_size=world_size)
-    if sharded:
-        # FSDP keeps buffers (BatchNorm statistics) per rank and DCP saves one copy of
-        # them: every rank's own are kept here so that each gets its own back.
-        buffers = {name: b for name, b in state.model.named_buffers()}
-        trainer["rank_buffers"] = distributed.gather_objects(buffers, world_size)
+    if sharded:  # every rank writes its own shard (its buffers included) in save_checkpoint
         return Snapshot(None, None, trainer, rng.gather_states(world_size), cfg.to_dict())
     return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
                     rng.gather_states(world_size), cfg.to_dict())
@@ -50,9 +44,13 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
             move_aside(tmp, "incomplete")
         with guarded_save(root, tmp, snapshot):
             tmp.mkdir()
+            if sharded_state is not None:
+                (tmp / SHARDS_DIR).mkdir()
     if sharded_state is not None:
         distributed.barrier()  # the folder exists before anyone writes into it
-        save_sharded(sharded_state.model, sharded_state.optimizer, tmp / SHARDED_DIR)
+        with guarded_save(root, tmp, snapshot):
+            save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
+                        snapshot.trainer["world_size"])
     final = root / step_name(snapshot.trainer["step"])
     if is_main:
         with guarded_save(root, tmp, snapshot):
@@ -62,47 +60,40 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
 
 
 
-def read_checkpoint(path: Path, device) -> Snapshot:
-    """Verify and load every file of one checkpoint (tensors onto `device`); FSDP shards
-    are only checked here and read by every rank in `restore`."""
+def read_checkpoint(path: Path, device=None) -> Snapshot:
+    """Verify and read every file of one checkpoint, onto the CPU (`restore` copies the
+    tensors to the device); FSDP shards are joined into full tensors. `device` is unused."""
     manifest = verify(path)
-    names = ["trainer.pt", "rng.pt"]
+    trainer, states = read_part(path, "trainer"), read_part(path, "rng")
+    check_loaded(path, trainer, states)
+    buffers = None
     if manifest.get("sharded"):
-        try:
-            read_metadata_safely(path / SHARDED_DIR)
-        except Exception as error:  # UnsafeMetadata, UnpicklingError, EOFError, ...
-            raise CorruptCheckpoint(f"{path.name}/{SHARDED_DIR}/{METADATA} cannot be read "
-                                    f"safely: {error}") from None
+        model, optimizer, buffers = read_shards(path / SHARDS_DIR, trainer["world_size"],
+                                                manifest["files"])
+        where = f"{SHARDS_DIR}/"
     else:
-        names = ["model.pt", "optimizer.pt", *names]
-    loaded = {name: safe_load(path / name, "cpu" if name == "rng.pt" else device)
-              for name in names}
-    config = read_config(path)
-    check_loaded(path, loaded["trainer.pt"], loaded["rng.pt"], loaded.get("model.pt"),
-                 loaded.get("optimizer.pt"), bool(manifest.get("sharded")))
-    return Snapshot(loaded.get("model.pt"), loaded.get("optimizer.pt"), loaded["trainer.pt"],
-                    loaded["rng.pt"], config)
+        model, optimizer = read_tensors(path / MODEL_FILE), read_part(path, "optimizer")
+        where = MODEL_FILE
+    check_state(path, where, model, optimizer)
+    return Snapshot(model, optimizer, trainer, states, read_config(path), buffers)
 
 
 def restore(snapshot: Snapshot, state, rank: int, world_size: int, path: Path) -> None:
     """Put a loaded checkpoint into the live training state of this rank (a collective
-    for FSDP shards)."""
-    trainer = snapshot.trainer
-    if snapshot.model is None:
-        load_sharded(state.model, state.optimizer, path / SHARDED_DIR)
-        own = trainer["rank_buffers"][rank % len(trainer["rank_buffers"])]
-        with torch.no_grad():
-            for name, buffer in state.model.named_buffers():
-                buffer.copy_(own[name])
-    else:
-        unwrap(state.model).load_state_dict(snapshot.model)
-        state.optimizer.load_state_dict(snapshot.optimizer)
+    when the live model is sharded), whatever the world size that wrote it."""
+    trainer, buffers = snapshot.trainer, snapshot.rank_buffers
+    own = buffers[rank] if buffers and rank < len(buffers) else None
+    load_model(state.model, snapshot.model, own)
+    load_optimizer(state.optimizer, snapshot.optimizer)
     state.schedule.load_state_dict(trainer["schedule"])
     state.scaler.load_state_dict(trainer["scaler"])
     state.epoch, state.batch, state.step = trainer["epoch"], trainer["batch"], trainer["step"]
     state.accuracies[:] = trainer["accuracies"]
     if trainer["world_size"] != world_size:
-        logger.warning(f"the checkpoint was written by {trainer['world_size']} processes, this "
-                       f"run has {world_size}: training continues, but the data order from "
-                       "here differs from an uninterrupted run")
-    rng.set_states(snapshot.rng[rank % len(snapshot.rng)])
+        logger.info(f"the checkpoint was written by {trainer['world_size']} processes, this "
+                       f"run has {world_size}: the full parameters and optimizer state carry "
+                       "over, but the data order from here differs from an uninterrupted run")
+    if rank < len(snapshot.rng):
+        rng.set_states(snapshot.rng[rank])
+    else:  # a rank the checkpoint has no states of: its own, derived from the seed
+        rng.derive_states(snapshot.config.get("seed", 0), trainer["step"], rank)

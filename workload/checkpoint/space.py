@@ -1,9 +1,9 @@
 """A save that runs out of disk space: the partial folder removed, one line naming the
 folder and the space a checkpoint needs.
 
-torch.save on a full file system does not raise OSError(ENOSPC) but a RuntimeError from its
-zip writer ("unexpected pos ..."), so any failure of a save is followed by a look at the
-free space: when it is less than a checkpoint needs, the failure is a full disk.
+A writer need not report a full file system as OSError(ENOSPC) (torch.save's zip writer
+raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a look
+at the free space: when it is less than a checkpoint needs, the failure is a full disk.
 """
 
 from __future__ import annotations

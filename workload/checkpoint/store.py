@@ -1,24 +1,27 @@
 """Atomic, verified checkpoints, and finding the one to resume from.
 
-Layout of `<output-dir>/checkpoints/`:
-    step-000000120/        one complete checkpoint (the name is the optimizer step)
-        model.pt           the model's state dict
-        optimizer.pt       the optimizer's state dict
-        trainer.pt         LR schedule, grad scaler, epoch, batch within the epoch, step,
-                           accuracies so far, world size
-        rng.pt             RNG states of every rank: torch CPU, CUDA, numpy, python random
-        config.json        the resolved config
-        MANIFEST.json      size and sha256 of every file above: written last
-    latest                 the name of the newest complete checkpoint (replaced atomically)
-    step-000000100.corrupt-20261122-161500/   a bad one, moved aside and never deleted
+Layout of `<output-dir>/checkpoints/` (every file safetensors, JSON or text):
+    step-000000120/         one complete checkpoint (the name is the optimizer step)
+        model.safetensors   the model's state dict (single process, DDP)
+        optimizer.json      the optimizer's state dict, tensors as references into
+        optimizer.safetensors   its tensors (SGD's momentum buffers ...)
+        trainer.json        LR schedule, grad scaler, epoch, batch within the epoch, step,
+                            accuracies so far, world size
+        rng.json            RNG states of every rank: torch CPU and CUDA (uint8 tensors in
+        rng.safetensors     rng.safetensors), numpy, python random
+        config.json         the resolved config
+        MANIFEST.json       size and sha256 of every file above: written last
+    latest                  the name of the newest complete checkpoint (replaced atomically)
+    step-000000100.corrupt-20261122-161500/   a bad one, moved aside
 
-With FSDP, `sharded/` holds DCP's files (every rank writes its shard) in place of model.pt
-and optimizer.pt. A save writes into `.tmp-step-...` beside the others (same filesystem, so the rename is
-atomic), fsyncs every file, writes the manifest, renames the directory into place, fsyncs
-the parent, replaces `latest`, and only then prunes the oldest beyond --keep-checkpoints.
-A crash at any moment leaves either the previous checkpoints or the new one complete.
-Loading verifies the manifest, then reads every file with torch.load(weights_only=True):
-no code in a checkpoint ever runs.
+With FSDP, `shards/rank-NNNNN.safetensors` and `shards/rank-NNNNN.json` (every rank writes
+its own: its rows of each parameter and optimizer state, and the layout) take the place of
+model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the others
+(same filesystem, so the rename is atomic), fsyncs every file, writes the manifest, renames
+the directory into place, fsyncs the parent, replaces `latest`, and only then prunes the
+oldest beyond --keep-checkpoints. A crash at any moment leaves either the previous
+checkpoints or the new one complete. Loading verifies the manifest and refuses any file
+that starts like a pickle or a zip archive; nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -31,16 +34,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from workload.checkpoint.sharded import METADATA, SHARDED_DIR
+from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, sniff, tensor_bytes,
+                                         write_durably, write_part)
 from workload.files import json_text, sha256_file
 
 MANIFEST = "MANIFEST.json"
-REQUIRED_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt", "config.json")
-# FSDP: model and optimizer as DCP shards instead of model.pt and optimizer.pt.
-SHARDED_REQUIRED_FILES = (f"{SHARDED_DIR}/{METADATA}", "trainer.pt", "rng.pt", "config.json")
-FORMAT_VERSION = 1
+SHARDS_DIR = "shards"
+MODEL_FILE = "model.safetensors"
+COMMON_FILES = ("trainer.json", "rng.json", "config.json")
+REQUIRED_FILES = (MODEL_FILE, "optimizer.json", *COMMON_FILES)
+# FSDP: every rank's shard file instead of model.safetensors and optimizer.*.
+SHARDED_REQUIRED_FILES = (f"{SHARDS_DIR}/rank-00000.json", *COMMON_FILES)
+# 1: torch.save files (model.pt, ...), refused since; 2: safetensors and JSON.
+FORMAT_VERSION = 2
+OLD_FORMAT_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
 _ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
@@ -49,8 +56,8 @@ _ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?
 KEEP_ASIDE = 3
 
 
-class CorruptCheckpoint(Exception):
-    """A checkpoint that is incomplete, altered or unsafe; the message says which file."""
+class OldFormat(Exception):
+    """A checkpoint written by an earlier version in the torch.save format."""
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -80,32 +87,15 @@ def symlinked_steps(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_symlink())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, write) -> dict:
-    """Write through `write(file)`, fsync, and return the manifest entry of the file."""
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    return dict(bytes=path.stat().st_size, sha256=sha256_file(path))
-
-
 def _json_bytes(data: dict) -> bytes:
     return (json_text(data, indent=2) + "\n").encode()
 
 
 def _replace_latest(root: Path, name: str) -> None:
     tmp = root / f".latest.tmp-{os.getpid()}"
-    _write_durably(tmp, lambda f: f.write(name.encode() + b"\n"))
+    write_durably(tmp, name.encode() + b"\n")
     os.replace(tmp, root / "latest")
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def move_aside(path: Path, why: str) -> Path:
@@ -127,33 +117,40 @@ def move_aside(path: Path, why: str) -> Path:
 @dataclass
 class Snapshot:
     """What a checkpoint holds, gathered on rank 0 (RNG states come from every rank).
-    `model` and `optimizer` are None when FSDP shards are written through DCP instead."""
+    `model` and `optimizer` are None when every rank writes its FSDP shard instead; read
+    back, they are the full state dicts, and `rank_buffers` each rank's own buffers
+    (BatchNorm statistics, which FSDP keeps per rank)."""
     model: dict | None
     optimizer: dict | None
     trainer: dict
     rng: list[dict]
     config: dict
+    rank_buffers: list[dict] | None = None
 
 
 def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> None:
     """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning."""
     root = final.parent
-    parts = [("trainer.pt", snapshot.trainer), ("rng.pt", snapshot.rng)]
     if snapshot.model is not None:
-        parts = [("model.pt", snapshot.model), ("optimizer.pt", snapshot.optimizer), *parts]
-    for name, obj in parts:
-        _write_durably(tmp / name, lambda f, obj=obj: torch.save(obj, f))
-    _write_durably(tmp / "config.json", lambda f: f.write(_json_bytes(snapshot.config)))
+        write_durably(tmp / MODEL_FILE, tensor_bytes(
+            {k: v.detach().to("cpu", copy=True).contiguous() for k, v in snapshot.model.items()}))
+        write_part(tmp, "optimizer", snapshot.optimizer)
+    elif (tmp / SHARDS_DIR).is_dir():
+        fsync_dir(tmp / SHARDS_DIR)
+    write_part(tmp, "trainer", snapshot.trainer)
+    write_part(tmp, "rng", snapshot.rng)
+    write_durably(tmp / "config.json", _json_bytes(snapshot.config))
     files = {str(p.relative_to(tmp)): dict(bytes=p.stat().st_size, sha256=sha256_file(p))
              for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = dict(format=FORMAT_VERSION, step=snapshot.trainer["step"],
                     epoch=snapshot.trainer["epoch"], batch=snapshot.trainer["batch"],
                     sharded=snapshot.model is None,
+                    world_size=snapshot.trainer["world_size"],
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=files)
-    _write_durably(tmp / MANIFEST, lambda f: f.write(_json_bytes(manifest)))
-    _fsync_dir(tmp)
+    write_durably(tmp / MANIFEST, _json_bytes(manifest))
+    fsync_dir(tmp)
     _rename_into_place(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _replace_latest(root, final.name)
     prune(root, keep, newest=snapshot.trainer["step"])
 
@@ -203,15 +200,9 @@ def prune_aside(root: Path, keep: int = KEEP_ASIDE) -> None:
 # --- loading -------------------------------------------------------------------------------
 
 def verify(path: Path) -> dict:
-    """The manifest of a complete, unaltered checkpoint, or CorruptCheckpoint saying why."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CorruptCheckpoint(f"{path.name} has no {MANIFEST} (a save that did not finish)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest") from None
+    """The manifest of a complete, unaltered checkpoint, or CorruptCheckpoint saying why
+    (OldFormat for one of the torch.save format)."""
+    manifest, files = _read_manifest(path)
     if not _well_typed(files):
         raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a manifest: `files` must map "
                                 "file names to their bytes (a number) and sha256 (text)")
@@ -221,7 +212,47 @@ def verify(path: Path) -> dict:
             raise CorruptCheckpoint(f"{path.name}/{MANIFEST} does not list {name}")
     for name, entry in files.items():
         _verify_file(path, name, entry)
+    _only_listed(path, files)
     return manifest
+
+
+def _only_listed(path: Path, files: dict) -> None:
+    """A checkpoint holds the files of its manifest and nothing else: a file planted
+    beside them is refused, as is any that starts like a pickle or a zip archive."""
+    for folder, _, names in os.walk(path):
+        for file in (Path(folder) / name for name in names):
+            name = file.relative_to(path).as_posix()
+            if name != MANIFEST and name not in files:
+                raise CorruptCheckpoint(f"{path.name}/{name} is not listed in the manifest "
+                                        "(a checkpoint holds nothing else); refusing it")
+            if file.is_file() and not file.is_symlink():
+                sniff(file)
+
+
+def _read_manifest(path: Path) -> tuple[dict, object]:
+    manifest_path = path / MANIFEST
+    old_files = any((path / name).exists() for name in OLD_FORMAT_FILES)
+    if not manifest_path.is_file():
+        if old_files:  # an unfinished save of the old format: not resumable either
+            raise OldFormat(old_format_message(path))
+        raise CorruptCheckpoint(f"{path.name} has no {MANIFEST} (a save that did not finish)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files, version = manifest["files"], manifest.get("format")
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest") from None
+    if version != FORMAT_VERSION:
+        if version == 1 or old_files:
+            raise OldFormat(old_format_message(path))
+        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} says format {version!r}; this "
+                                f"version reads format {FORMAT_VERSION}")
+    return manifest, files
+
+
+def old_format_message(path: Path) -> str:
+    return (f"{path} was written by an earlier version in the torch.save format, which is "
+            "no longer read (it would need an unpickler); start afresh with --resume never "
+            "--overwrite or a new --output-dir (nothing was moved or deleted)")
 
 
 def _well_typed(files) -> bool:
@@ -249,6 +280,7 @@ def _verify_file(path: Path, name: str, entry: dict) -> None:
     file = inside(path, name)
     if not file.is_file():
         raise CorruptCheckpoint(f"{path.name}/{name} is missing")
+    sniff(file)  # a pickle or a zip archive is named as such, whatever its size
     size = file.stat().st_size
     if size != entry.get("bytes"):
         raise CorruptCheckpoint(f"{path.name}/{name} has {size} bytes, the manifest says "
@@ -256,16 +288,3 @@ def _verify_file(path: Path, name: str, entry: dict) -> None:
     if sha256_file(file) != entry.get("sha256"):
         raise CorruptCheckpoint(f"{path.name}/{name} does not match its sha256 in the "
                                 "manifest (changed after it was written)")
-
-
-def safe_load(file: Path, device) -> object:
-    """torch.load with weights_only=True, and nothing else: a file holding anything but
-    tensors, numbers, strings and containers is refused before any of it runs."""
-    try:
-        return torch.load(file, map_location=device, weights_only=True)
-    except Exception as error:  # UnpicklingError, RuntimeError (bad zip), EOFError, ...
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} cannot be loaded safely "
-                                f"(torch.load weights_only=True refused it: {first})") from None
-
-

@@ -1,0 +1,245 @@
+"""The two file formats of a checkpoint: safetensors for tensors, JSON for the rest.
+
+A part of the training state (the optimizer, the trainer state, the random states) is a
+tree of dicts, lists, tuples, numbers, strings and tensors. `encode` turns it into JSON
+in which every tensor is a reference, `{"__tensor__": "<key>"}`, to a tensor of the
+part's safetensors file; `decode` puts it back together. JSON cannot say everything Python
+can, so a few values carry a tag: a tuple is `{"__tuple__": [...]}`, a dict whose keys are
+not all strings (the optimizer's state is keyed by parameter index) is
+`{"__items__": [[key, value], ...]}`, a non-finite float is `{"__float__": "nan"}`. An
+FSDP2 shard (a DTensor split along dim 0) is `{"__shard__": key, "shape": [global shape],
+"offset": first row, "length": rows}`; `assemble` joins the shards of every rank.
+
+Reading either format runs no code: safetensors is an 8-byte header length, a JSON header
+(names, dtypes, shapes, offsets) and raw bytes; JSON is parsed strictly. A file that is a
+pickle or a zip archive (what torch.save writes) is refused by its first bytes, before
+anything else reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workload.files import sha256_file
+
+PART_FORMAT = 2
+_TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
+# First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
+# start with the PROTO opcode 0x80) and a zip archive (torch.save since 1.6).
+PICKLE_MAGIC, ZIP_MAGIC = b"\x80", b"PK\x03\x04"
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint that is incomplete, altered or unsafe; the message says which file."""
+
+
+@dataclass
+class Shard:
+    """One rank's rows [offset, offset + length) of a tensor of `shape`, split on dim 0."""
+    tensor: torch.Tensor
+    offset: int
+    shape: list[int]
+
+
+def sniff(file: Path) -> None:
+    """CorruptCheckpoint when `file` starts like a pickle or a zip (torch.save) archive."""
+    with open(file, "rb") as f:
+        head = f.read(4)
+    if head.startswith(PICKLE_MAGIC) or head == ZIP_MAGIC:
+        kind = "a pickle" if head.startswith(PICKLE_MAGIC) else "a zip (torch.save) archive"
+        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is {kind}, which a "
+                                "checkpoint never holds; refusing to read it")
+
+
+def _is_dtensor(value) -> bool:
+    return hasattr(value, "to_local") and hasattr(value, "placements")
+
+
+def _shard_entry(value, key: str, tensors: dict) -> dict:
+    """An FSDP2 parameter or optimizer state: this rank's rows of it (FSDP2 splits dim 0
+    like torch.chunk: ceil(rows / ranks) each, the last ranks with fewer or none)."""
+    from torch.distributed.tensor import Shard as Placement
+
+    if tuple(value.placements) != (Placement(0),):
+        raise ValueError(f"{key}: only tensors sharded on dim 0 are saved, not "
+                         f"{value.placements}")
+    mesh, rows = value.device_mesh, value.shape[0]
+    chunk = -(-rows // mesh.size())
+    local = value.to_local()
+    key = _put(tensors, key, local)
+    return {"__shard__": key, "shape": list(value.shape),
+            "offset": min(mesh.get_local_rank() * chunk, rows), "length": local.shape[0]}
+
+
+def _put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
+    """A copy of `tensor` on the CPU into `tensors`, under `key` or a unique variant."""
+    while key in tensors:  # {"a.b": x} and {"a": {"b": y}} would both be "t.a.b"
+        key += "~"
+    tensors[key] = tensor.detach().to("cpu", copy=True).contiguous()
+    return key
+
+
+def encode(value, tensors: dict, key: str = "t"):
+    """`value` as JSON-ready data; its tensors go into `tensors` under unique keys."""
+    if _is_dtensor(value):
+        return _shard_entry(value, key, tensors)
+    if isinstance(value, torch.Tensor):
+        return {"__tensor__": _put(tensors, key, value)}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": str(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [encode(v, tensors, f"{key}.{i}") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else {"__tuple__": items}
+    if isinstance(value, dict):
+        plain = all(isinstance(k, str) for k in value) and not set(value) & set(_TAGS)
+        if plain:
+            return {k: encode(v, tensors, f"{key}.{k}") for k, v in value.items()}
+        return {"__items__": [[encode(k, tensors, f"{key}.k{i}"), encode(v, tensors,
+                                                                          f"{key}.{i}")]
+                              for i, (k, v) in enumerate(value.items())]}
+    raise TypeError(f"{key}: a {type(value).__name__} cannot go into a checkpoint")
+
+
+def decode(data, tensors: dict):
+    """The tree `encode` was given (shards as `Shard`); KeyError/TypeError/ValueError when
+    the data does not fit the tensors."""
+    if isinstance(data, list):
+        return [decode(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if len(data) == 1 and next(iter(data)) in _TAGS:
+        tag, inner = next(iter(data.items()))
+        if tag == "__tensor__":
+            return tensors[inner]
+        if tag == "__tuple__":
+            return tuple(decode(v, tensors) for v in inner)
+        if tag == "__float__":
+            return float(inner)
+        if tag == "__items__":
+            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
+    if "__shard__" in data:
+        shard = Shard(tensors[data["__shard__"]], int(data["offset"]), list(data["shape"]))
+        if shard.tensor.shape[0] != data["length"]:
+            raise ValueError(f"shard {data['__shard__']} has {shard.tensor.shape[0]} rows, "
+                             f"its layout says {data['length']}")
+        return shard
+    return {k: decode(v, tensors) for k, v in data.items()}
+
+
+def _hashable(key):
+    if isinstance(key, (list, dict, torch.Tensor)):
+        raise TypeError(f"a dictionary key cannot be {type(key).__name__}")
+    return key
+
+
+def assemble(trees: list):
+    """One tree from every rank's: shards joined in order of their rows (they must tile
+    the whole tensor), everything else taken from the first rank's tree."""
+    first = trees[0]
+    if isinstance(first, Shard):
+        if not all(isinstance(t, Shard) for t in trees):
+            raise ValueError("a tensor is sharded in one rank's file and not in another's")
+        parts, row = sorted(trees, key=lambda s: s.offset), 0
+        for part in parts:
+            if part.offset != row or list(part.shape) != list(first.shape):
+                raise ValueError(f"shards of a {first.shape} tensor do not tile it")
+            row += part.tensor.shape[0]
+        full = torch.cat([p.tensor for p in parts])
+        if row != first.shape[0] or list(full.shape) != list(first.shape):
+            raise ValueError(f"shards of a {first.shape} tensor do not tile it")
+        return full
+    if isinstance(first, dict):
+        if any(not isinstance(t, dict) or t.keys() != first.keys() for t in trees):
+            raise ValueError("the ranks' files hold different names")
+        return {k: assemble([t[k] for t in trees]) for k in first}
+    if isinstance(first, (list, tuple)):
+        if any(not isinstance(t, (list, tuple)) or len(t) != len(first) for t in trees):
+            raise ValueError("the ranks' files hold lists of different lengths")
+        joined = [assemble([t[i] for t in trees]) for i in range(len(first))]
+        return joined if isinstance(first, list) else tuple(joined)
+    return first
+
+
+def write_durably(path: Path, data: bytes) -> dict:
+    """Write `data`, fsync, and return the file's manifest entry."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return dict(bytes=path.stat().st_size, sha256=sha256_file(path))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_part(folder: Path, name: str, value) -> None:
+    """`<name>.json` (the tree, tensors as references) and, when it holds tensors,
+    `<name>.safetensors`."""
+    tensors: dict = {}
+    data = dict(format=PART_FORMAT, data=encode(value, tensors))
+    if tensors:
+        write_durably(folder / f"{name}.safetensors", tensor_bytes(tensors))
+    write_durably(folder / f"{name}.json", json_bytes(data))
+
+
+def read_part(folder: Path, name: str):
+    """What `write_part` wrote, or CorruptCheckpoint naming the file."""
+    data = read_json(folder / f"{name}.json")
+    file = folder / f"{name}.safetensors"
+    tensors = read_tensors(file) if file.is_file() else {}
+    try:
+        if not (isinstance(data, dict) and data.get("format") == PART_FORMAT):
+            raise ValueError(f"not a part of format {PART_FORMAT}")
+        return decode(data["data"], tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CorruptCheckpoint(f"{folder.name}/{name}.json is not a checkpoint part "
+                                f"(with {file.name}): {error}") from None
+
+
+def json_bytes(data) -> bytes:
+    return (json.dumps(data, indent=1, allow_nan=False) + "\n").encode()
+
+
+def tensor_bytes(tensors: dict) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors, metadata={"format": "pt"})
+
+
+def read_json(file: Path):
+    """Strict JSON (no NaN or Infinity literals), or CorruptCheckpoint naming the file."""
+    sniff(file)
+
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+    try:
+        return json.loads(file.read_bytes().decode(), parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is not readable JSON "
+                                f"({error})") from None
+
+
+def read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors (on the CPU), or CorruptCheckpoint naming the file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    sniff(file)
+    try:
+        return load(file.read_bytes())
+    except (SafetensorError, ValueError, OSError) as error:
+        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is not a readable "
+                                f"safetensors file ({error})") from None
