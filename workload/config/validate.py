@@ -122,7 +122,8 @@ def _check_checkpoint(c: dict) -> None:
 def _check_optional_packages(c: dict) -> None:
     _require(not c["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
              "--tensorboard needs the tensorboard package, which is not installed; "
-             "pip install tensorboard or leave out --tensorboard")
+             "pip install matplotlib tensorboard (the report extra) or leave out "
+             "--tensorboard")
     _require(not c["wandb"] or importlib.util.find_spec("wandb") is not None,
              "--wandb needs the wandb package, which is not installed; "
              "pip install wandb or leave out --wandb")
