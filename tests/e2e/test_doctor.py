@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from tests.helpers import DOCTOR_FAST as FAST
-from tests.helpers import by_check, clean_env
+from tests.helpers import by_check, clean_env, tmpfs
 from workload.doctor.ranks import cpu_ranges
 
 
@@ -26,18 +25,6 @@ def doctor(args, tmp_path, env=None, cmd=("-m", "workload.doctor")):
                           text=True, env={**clean, **(env or {})}, cwd=tmp_path, timeout=300)
     data = json.loads(report.read_text()) if report.exists() else None
     return done.returncode, done.stdout, done.stderr, data
-
-
-@contextmanager
-def tmpfs(path, *options):
-    """A real tmpfs mounted for the test (CI runs as root), unmounted afterwards."""
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
-                   check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def test_one_cpu_process_is_ready_and_writes_the_same_as_json(tmp_path):

@@ -4,10 +4,12 @@ from each other. (The scripts beside this file run under torchrun as separate pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -139,3 +141,15 @@ def wait_for(predicate, what: str, log: Path, timeout: float = 240) -> None:
         time.sleep(0.5)
     text = log.read_text() if log.exists() else "(no log)"
     raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, *options: str):
+    """A real tmpfs mounted for the test (CI runs as root), unmounted afterwards."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from tests.helpers import tmpfs
 from workload.checkpoint import rng
 from workload.checkpoint.formats import tensor_bytes
 from workload.checkpoint.content import check_fits
@@ -149,14 +149,8 @@ def test_folders_moved_aside_keep_the_newest_three_of_each_kind(tmp_path):
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    folder = tmp_path / "tmpfs"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)],
-                             capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "tmpfs", "size=256k") as folder:
+        yield folder
 
 
 def test_a_full_disk_is_one_message_and_leaves_no_partial_folder(small_tmpfs):
