@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ import torch.nn as nn
 from workload.distributed import unwrap
 from workload.errors import UsageError
 from workload.files import unwritable_reason
+from workload.version import DISTRIBUTION, dali_versions, distribution_version
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -39,15 +39,9 @@ def model_sha256(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def versions() -> dict:
-    """Versions of what the numbers depend on; DALI read from metadata without importing it."""
+    """Versions of what the numbers depend on; DALI's read as `--version` reads it, without
+    importing it."""
     import torchvision
 
     found = {
@@ -55,8 +49,7 @@ def versions() -> dict:
         "torchvision": torchvision.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "dali": _package_version("nvidia-dali-cuda120") or _package_version("nvidia-dali-cuda130")
-        or _package_version("nvidia-dali"),
-        "workload": _package_version("hpc-train"),
+        "dali": dali_versions()[0],
+        "workload": distribution_version(DISTRIBUTION),
     }
     return {k: v for k, v in found.items() if v is not None}
