@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,12 +41,20 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def say(line: str) -> None:
+    """Print one whole line in one write. The image sets PYTHONUNBUFFERED, under which
+    print() writes the text and the newline separately: the lines of ranks that share a
+    node's output would interleave mid-line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def check_all_reduce(rank: int, world: int, device: str) -> None:
     total = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(total)
     expected = world * (world + 1) / 2
     assert total.item() == expected, f"rank {rank}: all_reduce gave {total.item()}"
-    print(f"rank {rank} of {world}: all_reduce {total.item():g} ok", flush=True)
+    say(f"rank {rank} of {world}: all_reduce {total.item():g} ok")
 
 
 def save(path: Path, step: int, model: nn.Module, optimizer) -> None:
@@ -55,7 +64,7 @@ def save(path: Path, step: int, model: nn.Module, optimizer) -> None:
     torch.save({"step": step, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict()}, tmp)
     os.replace(tmp, path)
-    print(f"saved checkpoint at step {step}", flush=True)
+    say(f"saved checkpoint at step {step}")
 
 
 def resume(path: Path, model: nn.Module, optimizer, device: str) -> int:
@@ -65,7 +74,7 @@ def resume(path: Path, model: nn.Module, optimizer, device: str) -> int:
     state = torch.load(path, map_location=device, weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    print(f"resumed from step {state['step']}", flush=True)
+    say(f"resumed from step {state['step']}")
     return state["step"] + 1
 
 
@@ -83,7 +92,7 @@ def main() -> None:
     checkpoint = args.output_dir / "checkpoint.pt"
     start = resume(checkpoint, model, optimizer, me.device)
     data = torch.Generator().manual_seed(1000 + me.rank)  # each rank its own batches
-    print(f"rank {me.rank}: training from step {start} on {me.device}", flush=True)
+    say(f"rank {me.rank}: training from step {start} on {me.device}")
     loss = torch.zeros(())
     for step in range(start, args.steps):
         x = torch.randn(64, 32, generator=data).to(me.device)
@@ -98,12 +107,11 @@ def main() -> None:
             if me.is_main:
                 save(checkpoint, step, model, optimizer)
             dist.barrier()        # nobody exits before the checkpoint is complete
-            print(f"rank {me.rank}: preempted at step {step}, exiting 75", flush=True)
+            say(f"rank {me.rank}: preempted at step {step}, exiting 75")
             dist.destroy_process_group()
             exit_for_requeue(step, flag.signal_name)
     if me.is_main:
-        print(f"done: {args.steps} steps on {me.world_size} processes, loss {loss.item():.4f}",
-              flush=True)
+        say(f"done: {args.steps} steps on {me.world_size} processes, loss {loss.item():.4f}")
     dist.destroy_process_group()
 
 

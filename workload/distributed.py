@@ -23,6 +23,7 @@ from torch import nn
 
 from workload.errors import UsageError
 from workload.launch import SINGLE, LaunchError, Resolution, resolve
+from workload.logs import warn
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def apply_launch_env(env=os.environ) -> Resolution:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     res = resolve(env, visible_gpus=gpus)
     for warning in res.warnings:
-        print(f"launch: warning: {warning}", file=sys.stderr)
+        warn("launch", warning)
     if int(res.values["WORLD_SIZE"]) > 1:
         env.update(res.values)
     if res.threads is not None:
@@ -173,10 +174,10 @@ def elastic_store(timeout: timedelta, env=os.environ) -> dist.Store | None:
         return None  # no torchrun, or torchrun gives every round a fresh store
     if env.get("GROUP_WORLD_SIZE", "1") != "1":
         if int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0:
-            print("launch: warning: torchrun shares one store across restarts of several "
-                  "nodes, so a restart may not reconnect (pytorch/pytorch#135712); start "
-                  "torchrun through entrypoint.sh, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
-                  "and use --rdzv-backend=c10d", file=sys.stderr)
+            warn("launch", "torchrun shares one store across restarts of several nodes, so a "
+                 "restart may not reconnect (pytorch/pytorch#135712); start torchrun through "
+                 "entrypoint.sh, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and use "
+                 "--rdzv-backend=c10d")
         return None
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                           timeout=timeout)

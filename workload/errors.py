@@ -2,6 +2,8 @@
 
 import sys
 
+from workload.logs import say
+
 # Exit status for bad input, the same as argparse uses for a bad flag.
 USAGE_EXIT_STATUS = 2
 
@@ -12,5 +14,5 @@ class UsageError(Exception):
 
 def exit_with_usage_error(prog: str, error: Exception) -> None:
     """Print one line on stderr and exit with the usage status, before any work starts."""
-    print(f"{prog}: error: {error}", file=sys.stderr)
+    say(f"{prog}: error: {error}", sys.stderr)
     sys.exit(USAGE_EXIT_STATUS)

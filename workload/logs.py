@@ -4,8 +4,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 logger = logging.getLogger("workload")
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write `line` and its newline in one call. With PYTHONUNBUFFERED (the image sets it)
+    print() writes the text and the newline separately, and the lines of ranks that share a
+    node's output (torchrun's workers, srun's tasks) interleave mid-line."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def warn(source: str, message: str) -> None:
+    """`source: warning: message` on stderr, as one line, from whichever rank has it."""
+    say(f"{source}: warning: {message}", sys.stderr)
 
 
 def setup_logging(rank: int = 0) -> logging.Logger:

@@ -31,6 +31,7 @@ from workload.config import TrainConfig, add_flags, build_config, given
 from workload.config.derived import resolve_stem
 from workload.config.file import read_config_file
 from workload.errors import UsageError
+from workload.logs import say, warn
 
 PROG = "train"
 
@@ -77,8 +78,8 @@ def train(argv: list[str] | None) -> dict:
     except Preempted as stop:
         exit_for_requeue(stop)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes "
-              "from its last one", file=sys.stderr)
+        say(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes from "
+            "its last one", sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -102,7 +103,7 @@ def warn_container_paths(cfg: TrainConfig) -> None:
         paths["--data-dir"] = cfg.data.data_dir
     if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         for warning in outside_submit_dir(paths, os.environ, os.getcwd()):
-            print(f"train: warning: {warning}", file=sys.stderr)
+            warn("train", warning)
 
 
 def exit_for_requeue(stop: Exception) -> None:

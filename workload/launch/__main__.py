@@ -27,6 +27,7 @@ from workload.launch.gpus import visible_gpu_count
 from workload.launch.jobs import copy_jobs, find_jobs
 from workload.launch.resolve import Resolution, resolve
 from workload.launch.torchrun import resolve_for_torchrun
+from workload.logs import say, warn
 
 TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
 # Commands of this package that pick their GPU from the resolution themselves: the
@@ -55,11 +56,11 @@ def render_env(res: Resolution) -> str:
 def cmd_env(args: argparse.Namespace) -> int:
     res = resolve_for(args.command, os.environ)
     for warning in res.warnings:
-        print(f"launch: warning: {warning}", file=sys.stderr)
+        warn("launch", warning)
     pitfall = res.notes.get("local_rank_pitfall")
     if pitfall and pitfall not in res.warnings and \
             Path(args.command or "").name not in OWN_COMMANDS:
-        print(f"launch: warning: {pitfall}", file=sys.stderr)
+        warn("launch", pitfall)
     sys.stdout.write(render_env(res))
     return 0
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LaunchError as exc:
-        print(f"launch: error: {exc}", file=sys.stderr)
+        say(f"launch: error: {exc}", sys.stderr)
         return 2
 
 

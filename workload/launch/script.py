@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from typing import Callable, MutableMapping
 
 from workload.launch.gpus import visible_gpu_count
 from workload.launch.resolve import SINGLE, resolve
+from workload.logs import warn
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     visible = cuda.count if cuda is not None else visible_gpu_count(env)
     res = resolve(env, visible_gpus=visible)
     for warning in () if quiet else res.warnings:
-        print(f"launch: warning: {warning}", file=sys.stderr)
+        warn("launch", warning)
     for key, value in res.values.items():
         # Never overwrite what torchrun or the user set; the thread count is the
         # exception only in name: resolve() keeps a user's OMP_NUM_THREADS and replaces
