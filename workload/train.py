@@ -64,7 +64,7 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     return cfg.replace(stem=resolve_stem(cfg))  # config.json records the stem used
 
 
-def train(argv: list[str] | None) -> dict:
+def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     cfg = parse_config(argv)
     warn_container_paths(cfg)
     from workload.checkpoint import PreemptionFlag, Preempted
@@ -89,7 +89,8 @@ def train(argv: list[str] | None) -> dict:
                          "free space there and start the run again: it resumes from its "
                          "last complete checkpoint") from None
     finally:
-        flag.uninstall()
+        if not keep_signal_handlers:
+            flag.uninstall()
 
 
 def warn_container_paths(cfg: TrainConfig) -> None:
@@ -116,8 +117,17 @@ def exit_for_requeue(stop: Exception) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train in this process (the tests do): its signal handlers are restored afterwards."""
     run_command(PROG, lambda: train(argv))
 
 
+def cli() -> None:
+    """The `train` program. Its preemption handlers stay until the process ends: a signal
+    that comes after the last step (while the process group is torn down and torch unloads,
+    a second or more) finds nothing left to save, and must not kill a finished run and fail
+    its job."""
+    run_command(PROG, lambda: train(None, keep_signal_handlers=True))
+
+
 if __name__ == "__main__":
-    main()
+    cli()

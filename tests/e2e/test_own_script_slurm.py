@@ -93,7 +93,7 @@ def test_usr2_to_one_rank_saves_once_exits_75_and_the_requeued_job_continues(
     os.kill(pid, signal.SIGUSR2)  # to rank 1 only
     wait_for(lambda: job_field(slurm_cluster, job, "Restarts") == "1"
              and job_field(slurm_cluster, job, "JobState") in ("COMPLETED", "FAILED"),
-             "the requeued job to end", log, timeout=480)  # SLURM holds a requeue ~2 min
+             "the requeued job to end", log, timeout=480)  # held back cred_expire (cluster.py)
     text = log.read_text()
     [step] = re.findall(r"^saved checkpoint at step (\d+)$", text, re.M)
     for rank in (0, 1):

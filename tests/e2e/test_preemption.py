@@ -72,6 +72,24 @@ def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
     assert finish(out)["model_sha256"] == reference["model_sha256"]
 
 
+def test_a_signal_after_the_last_step_leaves_a_finished_run_finished(tmp_path):
+    """--signal=B:USR2@300 can come while a finished run exits (the process group's teardown
+    and torch's unloading take a second or more here): nothing is left to save, and the run
+    must not die of the signal and fail its job."""
+    proc = train(tmp_path / "run")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "train: done:" in line:
+            time.sleep(0.05)
+            assert proc.poll() is None, "the run exited before the late signal"
+            proc.send_signal(signal.SIGUSR2)
+            break
+    lines.extend(proc.stdout)
+    assert proc.wait(timeout=60) == 0, "".join(lines)
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
 def test_requeue_status_is_the_documented_constant(tmp_path):
     proc = train(tmp_path / "run")
     signal_when_training(proc, signal.SIGUSR2, delay=0)

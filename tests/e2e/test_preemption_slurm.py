@@ -18,7 +18,9 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+# 2 epochs of 24 steps: long enough (seconds) that a signal sent once training has begun
+# arrives before the run ends, even on a loaded machine.
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "768", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "4",
         "--precision", "fp32", "--checkpoint-every", "0", "--dist-timeout", "120"]
 
@@ -116,7 +118,7 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
     preempt_run_number(slurm_cluster, job, log, 1)
     wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ("FAILED", "COMPLETED")
              and job_field(slurm_cluster, job, "Restarts") == "1", "the requeued run", log,
-             timeout=480)  # SLURM holds a requeued job back for about 2 minutes
+             timeout=480)  # SLURM holds a requeued job back for cred_expire (cluster.py)
     text = log.read_text()
     step = int(re.search(r"preempted by SIGUSR2 at step (\d+)", text).group(1))
     out = tmp_path / "runs" / str(job)

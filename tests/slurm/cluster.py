@@ -41,7 +41,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+# cred_expire is also how long a requeued job waits before it may start again: 120 s by
+# default, and this suite requeues half a dozen jobs. Step launches here take a second.
+AuthInfo=socket={munge_socket},cred_expire=15
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
