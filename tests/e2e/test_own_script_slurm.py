@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, job_field, wait_for
+from tests.helpers import REPO, job_field, sbatch, wait_for, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -46,12 +46,13 @@ def job_env(cluster, **settings: str) -> dict[str, str]:
 @pytest.mark.parametrize("form", ["per-task", "torchrun", "no-entrypoint"])
 def test_own_script_in_each_form_on_two_nodes(slurm_cluster, tmp_path, form):
     log = tmp_path / "job.out"
-    done = slurm_cluster.run(["sbatch", "--wait", "--nodes=2", "--cpus-per-task=2",
-                              "--time=10", f"--output={log}", str(job_script(tmp_path)),
-                              "--steps", "3", "--output-dir", str(tmp_path / "run")],
-                             env=job_env(slurm_cluster, FORM=form), cwd=tmp_path)
+    job = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--time=10",
+                                 f"--output={log}", str(job_script(tmp_path)), "--steps", "3",
+                                 "--output-dir", str(tmp_path / "run")],
+                 env=job_env(slurm_cluster, FORM=form), cwd=tmp_path)
+    state = wait_until_ended(slurm_cluster, job, log)
     text = log.read_text() if log.exists() else ""
-    assert done.returncode == 0, done.stderr + text[-4000:]
+    assert state == "COMPLETED", text[-4000:]
     ranks = sorted(int(r) for r in re.findall(r"^rank (\d) of 4: all_reduce 10 ok$", text,
                                               re.M))
     assert ranks == [0, 1, 2, 3], text[-4000:]
@@ -78,13 +79,11 @@ def rank_pid(marker: str, procid: str) -> int | None:
 def test_usr2_to_one_rank_saves_once_exits_75_and_the_requeued_job_continues(
         slurm_cluster, tmp_path):
     out, log = tmp_path / "run", tmp_path / "job.out"
-    done = slurm_cluster.run(
-        ["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=2", "--time=15",
-         f"--output={log}", str(job_script(tmp_path)), "--steps", "40", "--step-time",
-         "0.5", "--output-dir", str(out)],
-        env=job_env(slurm_cluster, FORM="no-entrypoint", MAX_REQUEUES="1"), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    job = int(done.stdout.strip().split(";")[0])
+    job = sbatch(slurm_cluster, ["--nodes=1", "--cpus-per-task=2", "--time=15",
+                                 f"--output={log}", str(job_script(tmp_path)), "--steps", "40",
+                                 "--step-time", "0.5", "--output-dir", str(out)],
+                 env=job_env(slurm_cluster, FORM="no-entrypoint", MAX_REQUEUES="1"),
+                 cwd=tmp_path)
     wait_for(lambda: log.exists() and "rank 1: training from step 0" in log.read_text(),
              "rank 1 to train", log)
     time.sleep(2)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, job_field, wait_for
+from tests.helpers import TINY, job_field, sbatch, wait_for
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -43,10 +43,7 @@ def submit(cluster, folder: Path, out: Path, max_requeues: int) -> tuple[int, Pa
     script.write_text(JOB.format(repo=REPO, args=" ".join(ARGS), out=out))
     env = {**cluster.env, "MAX_REQUEUES": str(max_requeues), "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    done = cluster.run(["sbatch", "--parsable", f"--output={log}", str(script)], env=env,
-                       cwd=folder)
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.strip().split(";")[0]), log
+    return sbatch(cluster, [f"--output={log}", str(script)], env=env, cwd=folder), log
 
 
 def log_count(log: Path, words: str) -> int:
@@ -111,10 +108,8 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
            "GPUS_PER_NODE": "2", "LAYOUT": layout, "MAX_REQUEUES": "1",
            "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    done = slurm_cluster.run(["sbatch", "--parsable", "--cpus-per-task=2", "--time=10",
-                              f"--output={log}", str(script), *ARGS], env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    job = int(done.stdout.strip().split(";")[0])
+    job = sbatch(slurm_cluster, ["--cpus-per-task=2", "--time=10", f"--output={log}",
+                                 str(script), *ARGS], env=env, cwd=tmp_path)
     preempt_run_number(slurm_cluster, job, log, 1)
     wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ("FAILED", "COMPLETED")
              and job_field(slurm_cluster, job, "Restarts") == "1", "the requeued run", log,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -99,13 +99,13 @@ def submit_job_script(slurm_cluster, tmp_path: Path, script: str, layout: str,
     job.write_text(body + "\n")
     env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
                                "GPUS_PER_NODE": "2", "LAYOUT": layout, **settings}
-    done = slurm_cluster.run(["sbatch", "--wait", "--nodes=2", "--cpus-per-task=2",
-                              "--time=10", "--output", str(tmp_path / "job.out"), str(job),
-                              *TINY], env=env, cwd=tmp_path)
-    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert done.returncode == 0, done.stderr + log[-3000:]
-    job_id = done.stdout.split()[-1]
-    return tmp_path / "runs" / job_id
+    out = tmp_path / "job.out"
+    job_id = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--time=10", "--output",
+                                    str(out), str(job), *TINY], env=env, cwd=tmp_path)
+    state = wait_until_ended(slurm_cluster, job_id, out)
+    log = out.read_text() if out.exists() else ""
+    assert state == "COMPLETED", log[-3000:]
+    return tmp_path / "runs" / str(job_id)
 
 
 @pytest.mark.parametrize("layout", ["torchrun", "per-task"])

@@ -125,6 +125,26 @@ def tar_folder(folder: Path, tar_path: Path) -> Path:
     return tar_path
 
 
+# The states a job ends in (a requeued job goes back to PENDING instead).
+ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def sbatch(cluster, args: list[str], **kwargs) -> int:
+    """Submit a job to the test cluster; its id."""
+    done = cluster.run(["sbatch", "--parsable", *args], **kwargs)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().split(";")[0])
+
+
+def wait_until_ended(cluster, job: int, log: Path, timeout: float = 240) -> str:
+    """Poll until the job has ended; its final state. (Not `sbatch --wait`: that polls at
+    doubling intervals and returns up to 30 s after the job ended.)"""
+    wait_for(lambda: job_field(cluster, job, "JobState") in ENDED_STATES, f"job {job} to end",
+             log, timeout)
+    return job_field(cluster, job, "JobState")
+
+
 def job_field(cluster, job: int, name: str) -> str:
     """One field of `scontrol show job` on the test cluster ("" when absent)."""
     done = cluster.run(["scontrol", "show", "job", str(job)])
