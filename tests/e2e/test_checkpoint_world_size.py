@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TINY, clean_env, pickles_and_zips
+from tests.helpers import TESTS, TINY, clean_env, pickles_and_zips
 from workload.checkpoint.snapshot import read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,14 @@ pytestmark = pytest.mark.slow
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "1", "--seed", "9",
         "--precision", "fp32", "--checkpoint-every", "2"]
+TRAIN = ["-m", "workload.train"]
+LATE_SHARD = [str(TESTS / "helpers" / "late_shard.py")]
 
 
-def train(out: Path, nproc: int, *extra: str) -> tuple[dict, str]:
+def train(out: Path, nproc: int, *extra: str, program: list[str] = TRAIN) -> tuple[dict, str]:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
-    done = subprocess.run([*launcher, "-m", "workload.train", *ARGS, *extra,
+    done = subprocess.run([*launcher, *program, *ARGS, *extra,
                            "--output-dir", str(out)], capture_output=True, text=True,
                           timeout=600, env={**clean_env(), "OMP_NUM_THREADS": "1"})
     log = done.stdout + done.stderr
@@ -76,3 +78,17 @@ def test_resume_across_a_change_of_world_size(strategy, before, after, tmp_path)
     assert f"step {step}, epoch 2, batch 0" in log
     assert summary["steps_run"] == step + 8 // after and summary["world_size"] == after
     assert pickles_and_zips(again) == []
+
+
+def test_every_checkpoint_holds_the_shard_of_a_rank_that_writes_late(tmp_path):
+    """FSDP: rank 0 lists the shards into the manifest and renames the folder into place
+    only once every rank has written its own (rank 1 here writes half a second late)."""
+    out = tmp_path / "run"
+    train(out, 2, "--strategy", "fsdp", "--checkpoint-every", "1", program=LATE_SHARD)
+    saved = sorted((out / "checkpoints").glob("step-*"))
+    assert saved
+    for folder in saved:
+        assert sorted(p.name for p in (folder / "shards").iterdir()) == [
+            "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
+            "rank-00001.safetensors"]
+        read_checkpoint(folder)  # verifies every file against the manifest

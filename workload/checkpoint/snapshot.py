@@ -51,6 +51,7 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
         with guarded_save(root, tmp, snapshot):
             save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
                         snapshot.trainer["world_size"])
+        distributed.barrier()  # every shard is on disk before rank 0 lists and renames them
     final = root / step_name(snapshot.trainer["step"])
     if is_main:
         with guarded_save(root, tmp, snapshot):

@@ -1,0 +1,28 @@
+"""Run `train`, but rank 1 writes its FSDP shard of every checkpoint half a second late:
+rank 0 must wait for it before it lists the files and renames the folder into place.
+
+    torchrun --nproc-per-node=2 tests/helpers/late_shard.py --strategy fsdp ...
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch.distributed as dist
+
+from workload.checkpoint import snapshot
+from workload.train import main
+
+LATE_RANK, DELAY_S = 1, 0.5
+original_save_shards = snapshot.save_shards
+
+
+def save_shards_late(*args, **kwargs) -> None:
+    if dist.get_rank() == LATE_RANK:
+        time.sleep(DELAY_S)
+    original_save_shards(*args, **kwargs)
+
+
+snapshot.save_shards = save_shards_late
+main(sys.argv[1:])
