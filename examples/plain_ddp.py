@@ -112,6 +112,7 @@ def main() -> None:
             exit_for_requeue(step, flag.signal_name)
     if me.is_main:
         say(f"done: {args.steps} steps on {me.world_size} processes, loss {loss.item():.4f}")
+    dist.barrier()  # every rank is done before any leaves the group, as in train
     dist.destroy_process_group()
 
 
