@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -194,21 +193,6 @@ def test_sourcing_defines_functions_without_running(stub_bin):
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
                           env=clean_env(stub_bin), timeout=30)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "sourced"
-
-
-SHELL_FILES = [ENTRYPOINT, *sorted((REPO / "jobs").rglob("*.sh")),
-               *sorted((REPO / "jobs").rglob("*.sbatch"))]
-
-
-@pytest.mark.parametrize("script", SHELL_FILES, ids=lambda p: str(p.relative_to(REPO)))
-def test_shellcheck_clean(script):
-    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:"
-                              f"{os.environ.get('PATH', '')}")
-    assert shellcheck, "shellcheck missing: pip install -r requirements/test.txt"
-    # -x follows `source` into jobs/lib/launch.sh, as the job scripts use it.
-    done = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True,
-                          cwd=REPO)
-    assert done.returncode == 0, done.stdout
 
 
 def test_one_gpu_per_task_exports_local_gpu_and_warns_about_local_rank(stub_bin):

@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -86,10 +85,8 @@ def test_usr2_to_one_rank_saves_once_exits_75_and_the_requeued_job_continues(
                  cwd=tmp_path)
     wait_for(lambda: log.exists() and "rank 1: training from step 0" in log.read_text(),
              "rank 1 to train", log)
-    time.sleep(2)
-    pid = rank_pid(str(out), "1")
-    assert pid is not None, "rank 1's process was not found"
-    os.kill(pid, signal.SIGUSR2)  # to rank 1 only
+    wait_for(lambda: rank_pid(str(out), "1") is not None, "rank 1's process", log)
+    os.kill(rank_pid(str(out), "1"), signal.SIGUSR2)  # to rank 1 only
     wait_for(lambda: job_field(slurm_cluster, job, "Restarts") == "1"
              and job_field(slurm_cluster, job, "JobState") in ("COMPLETED", "FAILED"),
              "the requeued job to end", log, timeout=480)  # held back cred_expire (cluster.py)

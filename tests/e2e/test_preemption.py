@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -27,12 +26,11 @@ def train(out, *extra) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, env=ENV)
 
 
-def signal_when_training(proc: subprocess.Popen, signum: int, delay: float) -> str:
+def signal_when_training(proc: subprocess.Popen, signum: int) -> str:
     lines = []
     for line in proc.stdout:
         lines.append(line)
         if "data backend" in line:
-            time.sleep(delay)
             proc.send_signal(signum)
             break
     lines.extend(proc.stdout)
@@ -60,7 +58,7 @@ def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
     out = tmp_path / "run"
     # Sent as training starts (a later moment could miss a fast machine's whole run): the
     # flag is read at the first step boundary. Random moments: tests/e2e/test_resume_kill.py.
-    log = signal_when_training(train(out, *extra), getattr(signal, signame), delay=0)
+    log = signal_when_training(train(out, *extra), getattr(signal, signame))
     assert f"status {REQUEUE_EXIT_STATUS}" in log, log
     stopped = [line for line in log.splitlines() if f"preempted by {signame}" in line]
     assert stopped, log
@@ -81,7 +79,6 @@ def test_a_signal_after_the_last_step_leaves_a_finished_run_finished(tmp_path):
     for line in proc.stdout:
         lines.append(line)
         if "train: done:" in line:
-            time.sleep(0.05)
             assert proc.poll() is None, "the run exited before the late signal"
             proc.send_signal(signal.SIGUSR2)
             break
@@ -92,10 +89,10 @@ def test_a_signal_after_the_last_step_leaves_a_finished_run_finished(tmp_path):
 
 def test_requeue_status_is_the_documented_constant(tmp_path):
     proc = train(tmp_path / "run")
-    signal_when_training(proc, signal.SIGUSR2, delay=0)
+    signal_when_training(proc, signal.SIGUSR2)
     assert proc.returncode == REQUEUE_EXIT_STATUS == 75
 
 
 def test_ctrl_c_ends_without_a_traceback(tmp_path):
-    log = signal_when_training(train(tmp_path / "run"), signal.SIGINT, delay=0)
+    log = signal_when_training(train(tmp_path / "run"), signal.SIGINT)
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log

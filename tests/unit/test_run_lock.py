@@ -78,8 +78,10 @@ def test_the_holder_refreshes_its_heartbeat(tmp_path, monkeypatch):
     assert lock.acquire() is None
     old = time.time() - 1000
     os.utime(tmp_path / LOCK_NAME, (old, old))
-    time.sleep(0.5)
-    assert time.time() - (tmp_path / LOCK_NAME).stat().st_mtime < 100
+    deadline = time.monotonic() + 30  # the heartbeat thread runs every 0.05 s
+    while time.time() - (tmp_path / LOCK_NAME).stat().st_mtime > 100:
+        assert time.monotonic() < deadline, "the holder never refreshed its heartbeat"
+        time.sleep(0.05)
     lock.release()
 
 
