@@ -334,3 +334,20 @@ def test_own_script_bad_settings_stop_before_srun(stubs, settings, message):
     done, calls = launch(stubs, function="launch_script", **settings)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert calls == []
+
+
+# A jobs/ folder copied out of the image --------------------------------------------------
+
+def test_a_copied_jobs_folder_runs_on_a_host_without_the_package(stubs, tmp_path):
+    """`python -m workload.launch jobs DEST` brings jobstep.py along: the batch host's own
+    python3 (here /usr/bin's, without this package or its environment) computes the step."""
+    dest = tmp_path / "copied" / "jobs"
+    subprocess.run([sys.executable, "-m", "workload.launch", "jobs", str(dest)], check=True,
+                   capture_output=True, cwd=REPO)
+    env = base_env(stubs, JOBS_DIR=str(dest))
+    done = subprocess.run(["bash", str(dest / "multinode.sbatch"), "--epochs", "5"], env=env,
+                          cwd=stubs.parent, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [call] = srun_calls(stubs)
+    assert call["argv"] == ["--kill-on-bad-exit=1", "--ntasks=8", "--ntasks-per-node=4",
+                            "--cpus-per-task=18", *APPTAINER, *TRAIN, "--epochs", "5"]

@@ -20,6 +20,7 @@ from workload.launch.errors import LaunchError
 IMAGE_JOBS = Path("/opt/hpc-train/jobs")
 JOBS_ENV = "HPC_TRAIN_JOBS"
 MARKER = Path("lib") / "launch.sh"  # a folder holding this is a jobs/ folder
+JOBSTEP_COPY = Path("lib") / "jobstep.py"  # where jobs/lib/launch.sh looks first
 
 
 def candidates() -> list[Path]:
@@ -39,16 +40,17 @@ def find_jobs() -> Path:
 
 
 def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
-    """Copy jobs/ to `dest`; existing files are kept unless `force`. Returns the files."""
+    """Copy jobs/ to `dest`, with jobstep.py in its lib/ (the batch host runs it there,
+    without this package); existing files are kept unless `force`. Returns the files."""
     source = find_jobs()
-    files = sorted(path for path in source.rglob("*") if path.is_file())
-    clashes = [dest / path.relative_to(source) for path in files
-               if (dest / path.relative_to(source)).exists()]
+    copies = {dest / path.relative_to(source): path
+              for path in sorted(source.rglob("*")) if path.is_file()}
+    copies[dest / JOBSTEP_COPY] = Path(__file__).with_name("jobstep.py")
+    clashes = [target for target in copies if target.exists()]
     if clashes and not force:
         raise LaunchError("DEST", str(dest), f"a folder without the job scripts (it already "
                           f"has {clashes[0]})", "pass --force to overwrite, or another DEST")
-    for path in files:
-        target = dest / path.relative_to(source)
+    for target, path in copies.items():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    return [dest / path.relative_to(source) for path in files]
+    return list(copies)

@@ -1,0 +1,236 @@
+"""The srun command of a job script: the step for a layout, a runtime and a site.
+
+jobs/lib/launch.sh runs this file on the batch host, where the image's Python is not
+there: it needs any python3 (3.6 or later) and the standard library only, and imports
+nothing else of this package. `python -m workload.launch jobs DEST` copies it into
+DEST/lib/ beside launch.sh; in a source checkout launch.sh finds it here.
+
+    python3 jobstep.py --jobs-dir DIR train [train arguments...]
+    python3 jobstep.py --jobs-dir DIR script [script arguments...]   # SCRIPT, FORM
+
+The job scripts allocate whole nodes: one task per node holding the node's GPUs
+(--gpus-per-node) and CPUs (--cpus-per-task), and the step is shaped from that, so
+`sbatch --nodes=4 --gpus-per-node=2 jobs/X.sbatch` needs nothing else. In the per-task
+layout every task sees the node's GPUs and train takes GPU LOCAL_RANK (GPUs visible to
+each other keep NCCL's peer-to-peer paths, which per-task GPU cgroups can cut). Per-task
+is the default because train resolves rank, GPU and rendezvous from SLURM's own
+variables, so srun alone starts it: no entrypoint, no second launcher, and one task per
+process for srun to signal, account and kill. torchrun is there for sites and habits that
+want it (the Olivia guide's way).
+
+The settings come from the environment (the table in jobs/lib/launch.sh's header). The
+command goes to stdout as NUL-terminated arguments, which the shell reads into one array
+(`mapfile -d ''`): no argument is ever re-split or evaluated. A bad setting is one line
+on stderr, naming it and its fix, and exit status 2 before anything runs.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+LAYOUTS = ("per-task", "torchrun")
+RUNTIMES = ("apptainer", "docker", "none", "pyxis", "edf")
+# A user's script in FORM runs in the step shape of this layout.
+FORM_LAYOUTS = {"per-task": "per-task", "torchrun": "torchrun", "no-entrypoint": "per-task"}
+# The one train command of the job scripts; the output folder stays the same across
+# requeues (a requeued job keeps its id).
+TRAIN_SETTINGS = ("--batch-size", "256", "--epochs", "100", "--base-lr", "0.01",
+                  "--target-accuracy", "0.95", "--patience", "2")
+# torchrun dies of USR2 unless told to handle it; then it passes it on to its workers,
+# which checkpoint (jobs/lib/requeue.sh, train, workload.launch.preemption).
+TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+# What a docker container needs from the task (apptainer passes the environment on).
+# `docker run -e NAME` takes NAME's value from the docker client: the task's own value.
+DOCKER_PASSES = (
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_PROCID",
+    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES",
+    "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST_HET_GROUP_0",
+    "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+    "TRAIN_REQUEUE_FILE")
+PRESET_EXPORT = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", re.M)
+
+
+class JobError(Exception):
+    """A setting the job cannot run with; the message names it and the fix."""
+
+
+def setting(env, name, default=""):
+    """NAME's value, or `default` when it is unset or empty (as ${NAME:-default})."""
+    return env.get(name) or default
+
+
+def gpus_per_node(env):
+    """GPUS_PER_NODE, else the job's --gpus-per-node (a typed `h100:4` gives 4), else 1."""
+    value = setting(env, "GPUS_PER_NODE", setting(env, "SLURM_GPUS_PER_NODE", "1"))
+    value = value.rsplit(":", 1)[-1]
+    if not re.fullmatch(r"[1-9][0-9]{0,3}", value):
+        raise JobError("GPUS_PER_NODE={}: expected a whole number of GPUs, such as 4"
+                       .format(value))
+    return int(value)
+
+
+def check_one_task_per_node(env):
+    tasks = setting(env, "SLURM_NTASKS_PER_NODE", "1")
+    if tasks != "1":
+        raise JobError("--ntasks-per-node={}: the job scripts allocate one task per node and "
+                       "start GPUS_PER_NODE processes per node themselves; set "
+                       "--gpus-per-node (or GPUS_PER_NODE) instead".format(tasks))
+
+
+def preset_names(env, jobs_dir):
+    """The variables the sourced PRESET exports (read from its file, never run here)."""
+    preset = setting(env, "PRESET")
+    if not preset:
+        return []
+    path = os.path.join(jobs_dir, "presets", preset + ".sh")
+    with open(path, encoding="utf-8") as file:
+        return PRESET_EXPORT.findall(file.read())
+
+
+def runtime_commands(env, jobs_dir, names):
+    """(in_step, in_image, via_entrypoint) for RUNTIME: srun options that put the step in
+    a container; how a task runs a command in the image as it is (train resolves SLURM by
+    itself); how it runs one through entrypoint.sh (torchrun, a user's script)."""
+    runtime = setting(env, "RUNTIME", "apptainer")
+    cwd = setting(env, "PWD", os.getcwd())
+    data_dir = setting(env, "DATA_DIR", os.path.join(cwd, "data"))
+    image = setting(env, "IMAGE", os.path.join(cwd, "hpc-train.sif"))
+    entrypoint = setting(env, "ENTRYPOINT", "entrypoint.sh")
+    if runtime == "apptainer":
+        in_image = ["apptainer", "exec", "--nv", "--bind", data_dir, image]
+        return [], in_image, in_image + [entrypoint]
+    if runtime == "docker":
+        # docker run runs the image's ENTRYPOINT by itself. Host network and IPC for the
+        # rendezvous and NCCL's shared memory; all GPUs, narrowed by CUDA_VISIBLE_DEVICES.
+        passes = [arg for name in names for arg in ("-e", name)]
+        in_image = ["docker", "run", "--rm", "--gpus", "all", "--network", "host", "--ipc",
+                    "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "-v",
+                    data_dir + ":" + data_dir, "-v", cwd + ":" + cwd, "-w", cwd] + passes
+        return [], in_image + [image], in_image + [image]
+    if runtime == "none":
+        return [], [], [os.path.join(jobs_dir, "..", "entrypoint.sh")]
+    if runtime == "pyxis":
+        # pyxis starts in the image's WORKDIR and skips its ENTRYPOINT: start in this
+        # folder (mounted at the same path) so relative paths stay on the host.
+        return (["--container-image=" + image, "--container-mounts=" + cwd + "," + data_dir,
+                 "--container-workdir=" + cwd], [], [entrypoint])
+    if runtime == "edf":
+        edf = setting(env, "EDF")
+        if not edf:
+            raise JobError("RUNTIME=edf needs EDF, e.g. EDF=$PWD/jobs/sites/cscs-alps.toml")
+        # The EDF names the image, the mounts and the working folder (and the NCCL hook).
+        return ["--environment=" + edf], [], [entrypoint]
+    raise JobError("RUNTIME={}: expected {} or {}".format(
+        runtime, ", ".join(RUNTIMES[:-1]), RUNTIMES[-1]))
+
+
+def task_shape(env, layout, gpus):
+    """srun's task options for LAYOUT on whole nodes: --kill-on-bad-exit=1 so one failed
+    rank ends the step; --cpus-per-task given explicitly, as Slurm 22.05-23.02 srun does
+    not inherit it from sbatch."""
+    nodes = int(setting(env, "SLURM_NNODES", "1"))
+    node_cpus = setting(env, "SLURM_CPUS_PER_TASK")
+    if layout == "torchrun":
+        shape = ["--ntasks={}".format(nodes), "--ntasks-per-node=1"]
+        return shape + (["--cpus-per-task=" + node_cpus] if node_cpus else [])
+    shape = ["--ntasks={}".format(nodes * gpus), "--ntasks-per-node={}".format(gpus)]
+    if not node_cpus:
+        return shape
+    if int(node_cpus) < gpus:
+        raise JobError("--cpus-per-task={} cannot be split among GPUS_PER_NODE={} tasks: ask "
+                       "for at least one CPU per GPU (sbatch --cpus-per-task)"
+                       .format(node_cpus, gpus))
+    return shape + ["--cpus-per-task={}".format(int(node_cpus) // gpus)]
+
+
+def check_command(layout, in_image):
+    if layout == "torchrun":
+        return in_image + ["python", "-m", "workload.launch", "check", "--command", "torchrun"]
+    return in_image + ["python", "-m", "workload.launch", "check"]
+
+
+def train_command(env, args):
+    job_id = setting(env, "SLURM_JOB_ID")
+    if not job_id:
+        raise JobError("SLURM_JOB_ID is not set: run the job scripts with sbatch")
+    cwd = setting(env, "PWD", os.getcwd())
+    data_dir = setting(env, "DATA_DIR", os.path.join(cwd, "data"))
+    return (["train", "--dataset", "cifar100", "--data-dir", data_dir] + list(TRAIN_SETTINGS)
+            + ["--output-dir", "runs/" + job_id] + list(args))
+
+
+def layout_of(env, what):
+    """The step's layout: LAYOUT for train, FORM's shape for a user's script."""
+    if what == "script":
+        if not setting(env, "SCRIPT"):
+            raise JobError("SCRIPT is not set: name your training script, e.g. "
+                           "SCRIPT=my_train.py sbatch jobs/own-script.sbatch")
+        form = setting(env, "FORM", "per-task")
+        if form not in FORM_LAYOUTS:
+            raise JobError("FORM={}: expected per-task, torchrun or no-entrypoint".format(form))
+        return FORM_LAYOUTS[form]
+    layout = setting(env, "LAYOUT")  # its default is in jobs/lib/launch.sh
+    if layout not in LAYOUTS:
+        raise JobError("LAYOUT={}: expected per-task or torchrun".format(layout))
+    return layout
+
+
+def step_command(env, jobs_dir, what, args):
+    """The whole srun command line of the job's step (see the module's docstring)."""
+    layout = layout_of(env, what)
+    gpus = gpus_per_node(env)
+    check_one_task_per_node(env)
+    names = preset_names(env, jobs_dir)
+    in_step, in_image, via_entrypoint = runtime_commands(env, jobs_dir,
+                                                         list(DOCKER_PASSES) + names)
+    torchrun = ["torchrun", "--nproc-per-node={}".format(gpus), TORCHRUN_SIGNALS]
+    if what == "train":
+        train = train_command(env, args)
+        command = (via_entrypoint + torchrun + ["--no-python"] + train
+                   if layout == "torchrun" else in_image + train)
+    else:
+        command = script_command(env, in_image, via_entrypoint, torchrun, args)
+    if setting(env, "LAUNCH_CHECK"):
+        command = check_command(layout, in_image)
+    return ["srun", "--kill-on-bad-exit=1"] + in_step + task_shape(env, layout, gpus) + command
+
+
+def script_command(env, in_image, via_entrypoint, torchrun, args):
+    """A user's SCRIPT in FORM: through entrypoint.sh (per-task), under torchrun, or as
+    is when the script calls workload.launch.setup() itself (no-entrypoint)."""
+    script, python = setting(env, "SCRIPT"), setting(env, "PYTHON", "python")
+    form = setting(env, "FORM", "per-task")
+    if form == "torchrun":
+        return via_entrypoint + torchrun + [script] + list(args)
+    runner = via_entrypoint if form == "per-task" else in_image
+    return runner + [python, script] + list(args)
+
+
+def report_preset(env, jobs_dir):
+    """Into the job log: what the preset set (the shell sourced it before this ran)."""
+    for name in preset_names(env, jobs_dir):
+        sys.stderr.write("preset {}: {}={}\n".format(env["PRESET"], name, env.get(name, "")))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="jobstep.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs-dir", required=True, help="the jobs/ folder (its presets)")
+    parser.add_argument("what", choices=("train", "script"))
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    args = options.args[1:] if options.args[:1] == ["--"] else options.args
+    try:
+        command = step_command(os.environ, options.jobs_dir, options.what, args)
+    except JobError as exc:
+        sys.stderr.write("job: {}\n".format(exc))
+        return 2
+    report_preset(os.environ, options.jobs_dir)
+    sys.stdout.write("".join(arg + "\0" for arg in command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
