@@ -4,10 +4,13 @@ Speed is never asserted here: only that each figure is there, positive, and labe
 """
 
 import json
+import re
 import subprocess
+import sys
 
 import pytest
 
+from tests.helpers import REPO
 from workload.bench.cli import main as bench_main
 
 TINY_DATA = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes", "4",
@@ -111,3 +114,15 @@ def test_bench_rejects_bad_input_before_measuring(args, named, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench: error:") and named in err and "\n" not in err
+
+
+def test_the_checkpoint_save_benchmark_prints_both_times_and_their_ratio():
+    """tools/bench_checkpoint_save.py (docs/performance.md) on a tiny model: it runs train's
+    save and the bare write side by side and prints the ratio; no speed is asserted."""
+    done = subprocess.run([sys.executable, "tools/bench_checkpoint_save.py", "--width", "8",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    ratio = re.search(r"^ratio +([0-9.]+)x$", done.stdout, re.M)
+    assert ratio and float(ratio.group(1)) > 0, done.stdout
+    assert re.search(r"^save \(train's path\) +[0-9.]+ s", done.stdout, re.M), done.stdout

@@ -1,0 +1,108 @@
+"""How long `train` takes to save a checkpoint, against writing the same bytes.
+
+Builds the reference Wide ResNet's training state (model and SGD momentum, about 137 MB
+for the default width), then, in one process and alternating so that the disk and the
+page cache treat both alike:
+
+  save      the checkpoint as train writes it (workload.checkpoint's save_checkpoint:
+            serialise, write, fsync, manifest, rename);
+  baseline  the same files' bytes, already serialised, written and fsynced.
+
+and prints the median of each and their ratio (the save's overhead over the bare I/O).
+
+    python tools/bench_checkpoint_save.py                     # the reference model
+    python tools/bench_checkpoint_save.py --width 16 --repeats 3   # a quick look
+    python tools/bench_checkpoint_save.py --dir /scratch/$USER    # on another disk
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from workload.checkpoint.snapshot import save_checkpoint, take_snapshot
+from workload.config import TrainConfig
+from workload.distributed import DistInfo
+from workload.training.build import build_state
+
+
+def training_state(width: int):
+    """The state after one step, so the optimizer holds its momentum buffers."""
+    cfg = TrainConfig.from_flat({"model": "wrn", "width": width, "device": "cpu"})
+    info = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1,
+                    device=torch.device("cpu"), backend=None)
+    state = build_state(cfg, info, num_classes=100, steps_per_epoch=10, precision="fp32")
+    loss = state.model(torch.randn(2, 3, 32, 32)).sum()
+    loss.backward()
+    state.optimizer.step()
+    return cfg, state
+
+
+def timed_save(root: Path, snapshot) -> float:
+    start = time.perf_counter()
+    save_checkpoint(root, snapshot, keep=1, is_main=True)
+    return time.perf_counter() - start
+
+
+def timed_write(folder: Path, contents: dict[str, bytes]) -> float:
+    """Write and fsync each file, then the folder: the least any durable save must do."""
+    folder.mkdir()
+    start = time.perf_counter()
+    for name, data in contents.items():
+        with open(folder / name, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - start
+
+
+def saved_bytes(step_folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(step_folder.iterdir())
+            if path.is_file()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=TrainConfig().model.width,
+                        help="Wide ResNet width (default: train's)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds of each")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp folder)")
+    args = parser.parse_args()
+    cfg, state = training_state(args.width)
+    snapshot = take_snapshot(state, cfg, world_size=1, sharded=False)
+    work = Path(tempfile.mkdtemp(prefix="bench-save-", dir=args.dir))
+    try:
+        first = work / "first"
+        timed_save(first, snapshot)  # warm-up; its files are the baseline's bytes
+        contents = saved_bytes(next(p for p in first.iterdir() if p.name.startswith("step-")))
+        saves, writes = [], []
+        for round_ in range(args.repeats):
+            saves.append(timed_save(work / f"save-{round_}", snapshot))
+            writes.append(timed_write(work / f"write-{round_}", contents))
+        report(contents, saves, writes, args)
+    finally:
+        shutil.rmtree(work)
+
+
+def report(contents: dict[str, bytes], saves: list[float], writes: list[float], args) -> None:
+    size = sum(len(data) for data in contents.values()) / 1e6
+    save, write = statistics.median(saves), statistics.median(writes)
+    print(f"checkpoint of the Wide ResNet (width {args.width}): {len(contents)} files, "
+          f"{size:.1f} MB; median of {args.repeats} rounds")
+    print(f"save (train's path)       {save:7.3f} s   (min {min(saves):.3f}, max {max(saves):.3f})")
+    print(f"write + fsync, same bytes {write:7.3f} s   (min {min(writes):.3f}, max {max(writes):.3f})")
+    print(f"ratio                     {save / write:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
