@@ -102,7 +102,7 @@ def predict_batch(model, normalize, description: ModelDescription, tensors: list
             for row_p, row_i in zip(values.tolist(), indices.tolist())]
 
 
-def predict(args: argparse.Namespace) -> int:
+def predict(args: argparse.Namespace) -> None:
     files, description, paths = checked(args)
     from workload.data.augment import Normalizer
     from workload.data.imagefolder import eval_transform
@@ -125,11 +125,10 @@ def predict(args: argparse.Namespace) -> int:
                     else dict(file=str(path), top=next(tops)))
             print(json_text(line))
         sys.stdout.flush()
-    return len(paths)
 
 
 main = main_of(PROG, build_parser(), predict)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

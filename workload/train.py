@@ -116,18 +116,18 @@ def exit_for_requeue(stop: Exception) -> None:
     sys.exit(REQUEUE_EXIT_STATUS)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Train in this process (the tests do): its signal handlers are restored afterwards."""
-    run_command(PROG, lambda: train(argv))
+    return run_command(PROG, lambda: train(argv))
 
 
-def cli() -> None:
+def cli() -> int:
     """The `train` program. Its preemption handlers stay until the process ends: a signal
     that comes after the last step (while the process group is torn down and torch unloads,
     a second or more) finds nothing left to save, and must not kill a finished run and fail
     its job."""
-    run_command(PROG, lambda: train(None, keep_signal_handlers=True))
+    return run_command(PROG, lambda: train(None, keep_signal_handlers=True))
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(cli())
