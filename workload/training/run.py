@@ -55,10 +55,10 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out)
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
-        write_json(out / "config.json", cfg.to_dict())
+        write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag())
-    wandb = cfg.to_dict() if cfg.logging.wandb and info.is_main else None
+    wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
