@@ -244,3 +244,17 @@ def test_a_hostile_config_file_is_one_usage_error(tmp_path, name, text):
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(UsageError, match=f"--config {path}"):
         read_config_file(str(path))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--width", "100000"], ["--width", "from 1 to 1024", "--width 160"]),
+    (["--blocks-per-stage", "100000"], ["--blocks-per-stage", "from 1 to 100"]),
+    (["--image-size", "40000"], ["--image-size", "to 2048"]),
+    (["--dropout", "1.0"], ["--dropout", "from 0.0 to 0.99"]),
+    (["--num-classes", "1000000000"], ["--num-classes", "to 100000"]),
+])
+def test_a_model_too_large_for_any_memory_is_refused(argv, words):
+    with pytest.raises(UsageError) as error:
+        build_config(parse(argv), "cpu")
+    for word in words:
+        assert word in str(error.value)

@@ -23,6 +23,8 @@ STRATEGIES = ("ddp", "fsdp")
 LR_SCALINGS = ("none", "linear")
 # Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
+# The smallest image side the models' pooling takes (--image-size 0 is the dataset's own).
+MIN_IMAGE_SIZE = 8
 
 
 def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
@@ -56,9 +58,12 @@ class Model:
                                  "tensor must match; see docs/your-data.md)", metavar="FILE")
     init_reinit_head: bool = setting(False, "with --init-from: start the classifier head "
                                             "afresh when its size differs (other classes)")
-    width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x")
-    blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)")
-    dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block")
+    width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x",
+                         bounds=(1, 1024))
+    blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)",
+                                    bounds=(1, 100))
+    dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block",
+                             bounds=(0.0, 0.99))
 
 
 @dataclass
@@ -71,10 +76,11 @@ class Data:
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
                                     "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
-                                 "imagefolder)")
+                                 "imagefolder)", bounds=(0, 2048))
     synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
                                           "a fifth of that)")
-    num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)")
+    num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)",
+                               bounds=(1, 100_000))
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
                                "SLURM_CPUS_PER_TASK or the CPUs this process may use")
     stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
@@ -229,6 +235,15 @@ ONE_SHOT = tuple(key for key, f in FIELDS.items() if f.metadata["one_shot"])
 def _coerce(key: str, value):
     """Text from a file or a flag into the field's typed value (`"10m"` -> Every)."""
     return Every.parse(value) if FIELDS[key].type is Every else value
+
+
+def out_of_bounds(key: str, value) -> str:
+    """Why `value` is outside the bounds of the field `key` ("" when inside, or unbounded):
+    the one range train's flags, --config files and model.json are held to."""
+    bounds = FIELDS[key].metadata["bounds"]
+    if not bounds or bounds[0] <= value <= bounds[1]:
+        return ""
+    return f"must be from {bounds[0]} to {bounds[1]}, got {value!r}"
 
 
 def flag_of(key: str) -> str:
