@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from workload.distributed import unwrap
 from workload.errors import UsageError
+from workload.files import honour_umask
 
 
 def head_names(model: nn.Module) -> set[str]:
@@ -79,4 +80,5 @@ def save_weights(model: nn.Module, path: Path, write: bool) -> None:
 
         tmp = path.with_name(f".{path.name}.tmp")
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+        honour_umask(tmp)
         tmp.replace(path)
