@@ -1,5 +1,6 @@
 """A save that runs out of disk space: the partial folder removed, one line naming the
-folder and the space a checkpoint needs.
+folder and the space a checkpoint needs. The final model's write (model.safetensors) gets
+the same treatment.
 
 A writer need not report a full file system as OSError(ENOSPC) (torch.save's zip writer
 raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a look
@@ -57,6 +58,30 @@ def mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
+def full_disk(error: Exception, free: int, need: int) -> bool:
+    """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
+    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
+    space than the write needs."""
+    own = any(f"(os error {number})" in str(error) for number in _FULL)
+    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
+
+
+@contextmanager
+def guarded_final_model(out: Path, need: int):
+    """Write the final model (model.safetensors, whose writer removes its partial file);
+    a full disk is the same one line and exit status as a checkpoint save's."""
+    try:
+        yield
+    except Exception as error:
+        free = free_bytes(out)
+        if not full_disk(error, free, need):
+            raise
+        raise DiskFull(f"no space left to write the final model in {out}: {mib(free)} free, "
+                       f"the model needs about {mib(need)}. Free space on that file system "
+                       "and start the run again: it resumes from the last complete "
+                       "checkpoint and writes the model") from None
+
+
 @contextmanager
 def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
     """Run a save; if it fails, remove its partial folder, and report a full disk in one
@@ -67,8 +92,7 @@ def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
         shutil.rmtree(tmp, ignore_errors=True)
         need = needed_bytes(root, snapshot)
         free = free_bytes(root) if root.is_dir() else 0
-        full = isinstance(error, OSError) and error.errno in _FULL
-        if not (full or free < need):
+        if not full_disk(error, free, need):
             raise
         raise DiskFull(f"no space left to save a checkpoint in {root}: {mib(free)} free, a "
                        f"checkpoint of this run needs about {mib(need)}; the partial save "

@@ -102,6 +102,10 @@ def save_weights(model: nn.Module, path: Path, write: bool) -> None:
         from safetensors.torch import save_file
 
         tmp = path.with_name(f".{path.name}.tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        except BaseException:  # a full disk, or an interrupt: no partial file left behind
+            tmp.unlink(missing_ok=True)
+            raise
         honour_umask(tmp)
         tmp.replace(path)

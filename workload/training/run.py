@@ -73,7 +73,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
 def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
     """The final model: model.safetensors (FSDP shards gathered on every rank; rank 0
     writes) and model.json, its architecture, classes and input, both written atomically."""
-    save_weights(model, out / WEIGHTS, write)
+    with checkpoint.guarded_final_model(out, checkpoint.tensor_bytes(model.state_dict())):
+        save_weights(model, out / WEIGHTS, write)
     if write:
         write_json(out / MODEL_JSON, describe_model(cfg, data.num_classes, data.classes,
                                                     data.mean, data.std))
