@@ -67,34 +67,33 @@ def full_disk(error: Exception, free: int, need: int) -> bool:
 
 
 @contextmanager
-def guarded_final_model(out: Path, need: int):
-    """Write the final model (model.safetensors, whose writer removes its partial file);
-    a full disk is the same one line and exit status as a checkpoint save's."""
+def _full_disk_is_one_line(folder: Path, need, what: str, cleanup=lambda: None):
+    """Run a write; if it fails, `cleanup` its partial files, and report a full disk in
+    one line naming `what` could not be written and the space (any other failure is raised
+    as it was). `need` is called only after a failure."""
     try:
         yield
     except Exception as error:
-        free = free_bytes(out)
-        if not full_disk(error, free, need):
+        cleanup()
+        needed = need()
+        free = free_bytes(folder) if folder.is_dir() else 0
+        if not full_disk(error, free, needed):
             raise
-        raise DiskFull(f"no space left to write the final model in {out}: {mib(free)} free, "
-                       f"the model needs about {mib(need)}. Free space on that file system "
-                       "and start the run again: it resumes from the last complete "
-                       "checkpoint and writes the model") from None
+        raise DiskFull(f"no space left to {what} in {folder}: {mib(free)} free, it needs "
+                       f"about {mib(needed)}; the partial files were removed. Free space on "
+                       "that file system and start the run again: it resumes from the last "
+                       "complete checkpoint") from None
 
 
-@contextmanager
+def guarded_final_model(out: Path, need: int):
+    """Write the final model (model.safetensors, whose writer removes its partial file)
+    with a checkpoint save's full-disk line and exit status."""
+    return _full_disk_is_one_line(out, lambda: need, "write the final model")
+
+
 def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
     """Run a save; if it fails, remove its partial folder, and report a full disk in one
     line (any other failure is raised as it was)."""
-    try:
-        yield
-    except Exception as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        need = needed_bytes(root, snapshot)
-        free = free_bytes(root) if root.is_dir() else 0
-        if not full_disk(error, free, need):
-            raise
-        raise DiskFull(f"no space left to save a checkpoint in {root}: {mib(free)} free, a "
-                       f"checkpoint of this run needs about {mib(need)}; the partial save "
-                       "was removed. Free space on that file system and start the run "
-                       "again: it resumes from the last complete checkpoint") from None
+    return _full_disk_is_one_line(root, lambda: needed_bytes(root, snapshot),
+                                  "save a checkpoint",
+                                  lambda: shutil.rmtree(tmp, ignore_errors=True))
