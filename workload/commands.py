@@ -26,11 +26,20 @@ def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
     return p
 
 
-def run_command(prog: str, work: Callable[[], object]) -> object:
+# The exit statuses of every command (docs/cluster.md#exit-statuses): 0 done, 2 a usage
+# error or a refusal before any work (workload.errors), 75 a checkpoint written after a
+# preemption signal, asking the job script to requeue (workload.launch.preemption).
+EXIT_OK = 0
+
+
+def run_command(prog: str, work: Callable[[], object]) -> int:
     """Run `work`; a UsageError becomes one line on stderr and exit status 2. A process
-    group the command joined is left on every way out (success, error, exit)."""
+    group the command joined is left on every way out (success, error, exit). Returns the
+    exit status, 0: never what `work` returned, which the console-script wrapper would
+    pass to sys.exit (a dict printed to stderr and status 1, a count taken modulo 256)."""
     try:
-        return work()
+        work()
+        return EXIT_OK
     except UsageError as error:
         exit_with_usage_error(prog, error)
     finally:
@@ -41,8 +50,9 @@ def run_command(prog: str, work: Callable[[], object]) -> object:
 
 def main_of(prog: str, parser: argparse.ArgumentParser,
             work: Callable[[argparse.Namespace], object]):
-    """The usual `main(argv)`: parse, then run with usage errors reported."""
-    def main(argv: list[str] | None = None):
+    """The usual `main(argv)`: parse, then run with usage errors reported; it returns the
+    exit status."""
+    def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv if argv is not None else sys.argv[1:])
         return run_command(prog, lambda: work(args))
     return main

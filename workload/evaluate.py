@@ -21,6 +21,7 @@ missing or damaged model (model.json, model.safetensors) is refused with exit st
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
@@ -131,4 +132,4 @@ main = main_of(PROG, build_parser(), run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

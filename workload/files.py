@@ -43,6 +43,14 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def honour_umask(path: Path) -> None:
+    """Give a file the mode open() would have given it (0666 less the umask): writers
+    such as safetensors create 0600 files, which the group sharing a run cannot read."""
+    mask = os.umask(0)  # reading the umask means setting it: put it back at once
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def json_text(data, indent: int | None = None) -> str:
     """Strict JSON: non-finite floats become null."""
     return json.dumps(finite_or_null(data), indent=indent, sort_keys=True, allow_nan=False)

@@ -14,6 +14,7 @@ to the model's input size and normalised as its model.json says. A missing or da
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
 from pathlib import Path
 
@@ -63,9 +64,20 @@ def image_files(paths: list[str]) -> list[Path]:
             found += inside
         elif path.is_file():
             found.append(path)
+        elif path.exists():  # read, a FIFO waits for a writer and /dev/zero never ends
+            raise UsageError(f"{given} is {file_kind(path)}, not a regular file; pass image "
+                             "files or folders of them")
         else:
             raise UsageError(f"{given} does not exist; pass image files or folders of them")
     return found
+
+
+def file_kind(path: Path) -> str:
+    """What a path that is neither a folder nor a regular file is, in words."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def checked(args: argparse.Namespace) -> tuple[ModelFiles, ModelDescription, list[Path]]:
@@ -102,7 +114,7 @@ def predict_batch(model, normalize, description: ModelDescription, tensors: list
             for row_p, row_i in zip(values.tolist(), indices.tolist())]
 
 
-def predict(args: argparse.Namespace) -> int:
+def predict(args: argparse.Namespace) -> None:
     files, description, paths = checked(args)
     from workload.data.augment import Normalizer
     from workload.data.imagefolder import eval_transform
@@ -125,11 +137,10 @@ def predict(args: argparse.Namespace) -> int:
                     else dict(file=str(path), top=next(tops)))
             print(json_text(line))
         sys.stdout.flush()
-    return len(paths)
 
 
 main = main_of(PROG, build_parser(), predict)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,6 +27,7 @@ it), else `images_per_second`.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,4 +233,4 @@ main = main_of(PROG, build_parser(), report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

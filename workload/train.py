@@ -27,9 +27,9 @@ import errno
 import sys
 
 from workload.commands import command_parser, run_command
-from workload.config import TrainConfig, add_flags, build_config, given
+from workload.config import TrainConfig, add_flags, build_config, flag_of, given
 from workload.config.derived import resolve_stem
-from workload.config.file import read_config_file
+from workload.config.file import read_config_file, repeatable
 from workload.errors import UsageError
 from workload.logs import say, warn
 
@@ -53,7 +53,7 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     args = build_parser().parse_args(argv)
     values = {k: v for k, v in given(args).items() if v is not None}
     if args.config:
-        values = {**read_config_file(args.config), **values}
+        values = {**settings_of(args.config), **values}
     build_config(values)  # validates what was given over the plain defaults
     from workload.distributed import resolve_device
     from workload.models import check_model_name
@@ -62,6 +62,17 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     device = resolve_device(values.get("device") or TrainConfig().hardware.device)
     cfg = build_config(values, device.type)
     return cfg.replace(stem=resolve_stem(cfg))  # config.json records the stem used
+
+
+def settings_of(path: str) -> dict:
+    """A --config file's settings; its one-shot actions (another run's --overwrite) are
+    ignored with a warning: given again as flags, they act."""
+    values, ignored = repeatable(read_config_file(path))
+    if ignored:
+        warn(PROG, f"--config {path}: ignoring {', '.join(flag_of(k) for k in ignored)}: "
+                   "they act once, when given on the command line, and are not repeated "
+                   "from a file")
+    return values
 
 
 def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
@@ -116,18 +127,18 @@ def exit_for_requeue(stop: Exception) -> None:
     sys.exit(REQUEUE_EXIT_STATUS)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Train in this process (the tests do): its signal handlers are restored afterwards."""
-    run_command(PROG, lambda: train(argv))
+    return run_command(PROG, lambda: train(argv))
 
 
-def cli() -> None:
+def cli() -> int:
     """The `train` program. Its preemption handlers stay until the process ends: a signal
     that comes after the last step (while the process group is torn down and torch unloads,
     a second or more) finds nothing left to save, and must not kill a finished run and fail
     its job."""
-    run_command(PROG, lambda: train(None, keep_signal_handlers=True))
+    return run_command(PROG, lambda: train(None, keep_signal_handlers=True))
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(cli())

@@ -162,6 +162,9 @@ def damage(run: Path, how: str) -> None:
     elif how == "weights truncated":
         data = (run / "model.safetensors").read_bytes()
         (run / "model.safetensors").write_bytes(data[:len(data) // 2])
+    elif how == "model.json with a NaN mean":
+        text = (run / "model.json").read_text()
+        (run / "model.json").write_text(text.replace('"mean": [', '"mean": [NaN, ', 1))
     elif how == "weights of another architecture":
         card = json.loads((run / "model.json").read_text())
         card["arguments"]["width"] = 16
@@ -169,7 +172,8 @@ def damage(run: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["no model.json", "no weights", "model.json not JSON",
-                                 "model.json of another kind", "weights truncated",
+                                 "model.json of another kind", "model.json with a NaN mean",
+                                 "weights truncated",
                                  "weights of another architecture"])
 def test_a_missing_or_damaged_model_is_refused_in_one_line(how, digits_run, tmp_path, capsys):
     run = tmp_path / "run"
@@ -199,3 +203,75 @@ def test_evaluate_under_torchrun_gives_the_same_accuracy(digits_run, tmp_path):
     assert result["loss"] == pytest.approx(read_jsonl(digits_run / "metrics.jsonl")[-1]
                                            ["test_loss"], rel=1e-6)
     assert done.stdout.count("evaluate: accuracy") == 1  # rank 0 only
+
+
+def edit_card(run: Path, change) -> None:
+    card = json.loads((run / "model.json").read_text())
+    change(card)
+    (run / "model.json").write_text(json.dumps(card, allow_nan=True))
+
+
+def deep(depth: int):
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# model.json values that used to crash, allocate gigabytes or print nonsense (null
+# probabilities, classes in arbitrary order), and the field the refusal names.
+ABSURD_CARDS = {
+    "mean NaN": (lambda c: c["input"].update(mean=[float("nan"), 0.5, 0.5]), "NaN"),
+    "std 1e-300": (lambda c: c["input"].update(std=[1e-300, 0.2, 0.2]), "input.std"),
+    "mean 1e400": (lambda c: c["input"].update(mean=[float("inf"), 0.5, 0.5]), "Infinity"),
+    "dropout NaN": (lambda c: c["arguments"].update(dropout=float("nan")), "NaN"),
+    "dropout 7": (lambda c: c["arguments"].update(dropout=7), "dropout"),
+    "image size 40000": (lambda c: c["arguments"].update(image_size=40000), "image_size"),
+    "input size 40000": (lambda c: c["input"].update(image_size=40000), "image_size"),
+    "blocks 10^5": (lambda c: c["arguments"].update(blocks_per_stage=10**5),
+                    "blocks_per_stage"),
+    "width 10^6": (lambda c: c["arguments"].update(width=10**6), "width"),
+    "width true": (lambda c: c["arguments"].update(width=True), "width"),
+    "classes 10^9": (lambda c: c.update(num_classes=10**9), "num_classes"),
+    "stem other": (lambda c: c["arguments"].update(stem="huge"), "stem"),
+    "unknown argument": (lambda c: c["arguments"].update(depth=1000), "depth"),
+    "dataset other": (lambda c: c.update(dataset="imagenet21k"), "dataset"),
+    "deep nesting": (lambda c: c.update(arguments=deep(50_000)), "nested"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ABSURD_CARDS))
+def test_absurd_model_json_values_are_refused_before_torch(case, digits_run, tmp_path):
+    from workload.config.trained import read_description
+    from workload.errors import UsageError
+
+    run = tmp_path / "run"
+    shutil.copytree(digits_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    change, named = ABSURD_CARDS[case]
+    if case == "deep nesting":  # json.dumps itself recurses: write the text
+        card = (run / "model.json").read_text()
+        (run / "model.json").write_text(card.replace('"arguments": {', '"arguments": '
+                                                     + "[" * 50_000 + "0" + "]" * 50_000
+                                                     + ', "x": {', 1))
+    else:
+        edit_card(run, change)
+    with pytest.raises(UsageError, match=named) as refused:
+        read_description(run / "model.json")
+    assert "\n" not in str(refused.value)
+
+
+def test_predict_refuses_what_is_not_a_regular_file(digits_run, tmp_path, capsys):
+    import os
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    for target, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        status, out, err = predict([digits_run, target], capsys)
+        assert status == 2 and out == "", err
+        assert f"{target} is {kind}, not a regular file" in err and "does not exist" not in err
+
+
+def test_the_model_file_honours_the_umask_like_the_other_files(digits_run):
+    modes = {name: (digits_run / name).stat().st_mode & 0o777
+             for name in ("model.safetensors", "model.json", "config.json")}
+    assert len(set(modes.values())) == 1, modes  # 0600 for the weights alone before

@@ -79,8 +79,9 @@ def test_log_every_prints_progress_inside_the_epoch(tmp_path, capsys):
     assert {"loss", "images_per_second", "eta_s", "peak_memory_gib"} <= records[0].keys()
 
 
-def test_config_file_starts_the_same_run_again(tmp_path):
-    first = run_train([*TINY, *SYNTHETIC, "--max-steps", "3", "--seed", "3"], tmp_path / "a")
+def test_config_file_starts_the_same_run_again(tmp_path, capsys):
+    first = run_train([*TINY, *SYNTHETIC, "--max-steps", "3", "--seed", "3",
+                       "--resume", "never", "--overwrite"], tmp_path / "a")
     again = run_train(["--config", str(tmp_path / "a" / "config.json")], tmp_path / "b")
     assert again["model_sha256"] == first["model_sha256"]
     other = run_train(["--config", str(tmp_path / "a" / "config.json"), "--seed", "4"],
@@ -89,6 +90,13 @@ def test_config_file_starts_the_same_run_again(tmp_path):
     configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in "abc"]
     assert configs[1] == dict(configs[0], output_dir=str(tmp_path / "b"))
     assert configs[2]["seed"] == 4
+    # Run again into B: it resumes B; A's --resume never --overwrite are not repeated.
+    capsys.readouterr()
+    run_train(["--config", str(tmp_path / "a" / "config.json"), "--max-steps", "4"],
+              tmp_path / "b")
+    assert (tmp_path / "b" / "checkpoints" / "step-000000003").is_dir()
+    said = capsys.readouterr()
+    assert "resumed from" in said.out + said.err
 
 
 def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):

@@ -189,6 +189,12 @@ def test_a_missing_optional_package_is_a_usage_error(flag, package, monkeypatch)
     (["--seed", "12345678901234567890"], ["--seed", "at most 4294967295"]),
     (["--seed", "-1"], ["--seed", "0 or more"]),
     (["--dist-timeout", "1e12"], ["--dist-timeout", "at most"]),
+    # models too large for any memory: the fields' bounds, which model.json is held to too
+    (["--width", "100000"], ["--width", "from 1 to 1024", "--width 160"]),
+    (["--blocks-per-stage", "100000"], ["--blocks-per-stage", "from 1 to 100"]),
+    (["--image-size", "40000"], ["--image-size", "to 2048"]),
+    (["--dropout", "1.0"], ["--dropout", "from 0.0 to 0.99"]),
+    (["--num-classes", "1000000000"], ["--num-classes", "to 100000"]),
 ])
 def test_non_finite_and_absurd_values_are_usage_errors(argv, words):
     with pytest.raises(UsageError) as error:
@@ -196,3 +202,51 @@ def test_non_finite_and_absurd_values_are_usage_errors(argv, words):
     for word in words:
         assert word in str(error.value)
 
+
+
+def test_every_boolean_flag_can_be_turned_off_over_a_config_file(tmp_path):
+    import json
+
+    from workload.config.file import read_config_file
+
+    booleans = [key for key, f in FIELDS.items() if f.type is bool]
+    assert {"compile", "tensorboard", "wandb", "download", "channels_last"} <= set(booleans)
+    recorded = tmp_path / "config.json"
+    recorded.write_text(json.dumps({key: True for key in booleans
+                                    if not FIELDS[key].metadata["one_shot"]}))
+    off = parse([f"--no-{key.replace('_', '-')}" for key in booleans])
+    assert off == {**{k: None for k in KEYS}, **{k: False for k in booleans}}
+    values = {**read_config_file(str(recorded)), **{k: v for k, v in off.items() if v is not None}}
+    cfg = build_config(values, "cpu")
+    assert not any(getattr(getattr(cfg, s), n) for s, n in (KEYS[k] for k in booleans))
+
+
+def test_one_shot_actions_are_not_recorded_and_not_repeated(tmp_path, capsys):
+    """`train --config A/config.json --output-dir B` (run it again) must not inherit A's
+    --overwrite --resume never (which would delete B's checkpoints) nor its downloads."""
+    import json
+
+    from workload.config.file import read_config_file, repeatable
+    from workload.config.schema import ONE_SHOT
+
+    assert set(ONE_SHOT) == {"overwrite", "resume", "download", "prepare_data"}
+    cfg = build_config(dict(overwrite=True, resume="never", download=True), "cpu")
+    assert not set(ONE_SHOT) & set(cfg.recorded())
+    old = tmp_path / "config.json"  # as written before: one-shot actions in it
+    old.write_text(json.dumps(dict(cfg.to_dict(), batch_size=64)))
+    kept, ignored = repeatable(read_config_file(str(old)))
+    assert kept["batch_size"] == 64 and not set(ONE_SHOT) & set(kept)
+    assert ignored == ["download", "overwrite", "resume"]  # prepare_data was its default
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.json", "[" * 100_000), ("deep.toml", "a = " + "[" * 100_000),
+    ("latin1.json", b'{"data_dir": "/d\xe9"}'),
+])
+def test_a_hostile_config_file_is_one_usage_error(tmp_path, name, text):
+    from workload.config.file import read_config_file
+
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UsageError, match=f"--config {path}"):
+        read_config_file(str(path))

@@ -125,3 +125,38 @@ def test_init_from_loads_every_tensor_and_refuses_a_mismatch(tmp_path):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "more.safetensors"))
     with pytest.raises(UsageError, match="'extra' of the file is not in the model"):
         load_initial_weights(fresh, str(tmp_path / "more.safetensors"))
+
+
+@pytest.mark.parametrize("tensor, words", [
+    (torch.ones(2, 2, dtype=torch.int8), ["'weight'", "torch.int8", "torch.float32"]),
+    (torch.ones(2, 2, dtype=torch.bool), ["'weight'", "torch.bool", "truncated"]),
+    (torch.tensor([[1.0, float("nan")], [0.0, 1.0]]), ["'weight'", "NaN or infinite"]),
+    (torch.tensor([[1.0, float("inf")], [0.0, 1.0]]), ["'weight'", "NaN or infinite"]),
+])
+def test_init_from_refuses_weights_it_would_truncate_or_that_are_not_finite(tmp_path, tensor,
+                                                                            words):
+    from safetensors.torch import save_file
+
+    from workload.errors import UsageError
+    from workload.models.weights import load_initial_weights
+
+    model = torch.nn.Linear(2, 2)
+    save_file({"weight": tensor, "bias": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    before = model.weight.detach().clone()
+    with pytest.raises(UsageError) as refused:
+        load_initial_weights(model, str(tmp_path / "w.safetensors"))
+    for word in words:
+        assert word in str(refused.value)
+    assert torch.equal(model.weight, before)  # refused before anything was loaded
+
+
+def test_init_from_takes_weights_of_another_float_precision(tmp_path):
+    from safetensors.torch import save_file
+
+    from workload.models.weights import load_initial_weights
+
+    model = torch.nn.Linear(2, 2)
+    save_file({"weight": torch.ones(2, 2, dtype=torch.bfloat16), "bias": torch.zeros(2)},
+              str(tmp_path / "w.safetensors"))
+    load_initial_weights(model, str(tmp_path / "w.safetensors"))
+    assert torch.equal(model.weight, torch.ones(2, 2))

@@ -38,3 +38,29 @@ def test_a_complete_line_that_is_not_a_record_is_dropped_too(tmp_path):
     path.write_text('{"epoch": 1}\nNaN garbage\n[1]\n{"epoch": 2}\n')
     trim_metrics(path, epochs_done=1)
     assert path.read_text() == '{"epoch": 1}\n'
+
+
+def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
+    """safetensors reports a full disk as its own SafetensorError, which no handler took:
+    the final write gets a checkpoint save's message and exit status (2), and leaves no
+    partial file."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tests.helpers import tmpfs
+    from workload.config import TrainConfig
+    from workload.errors import UsageError
+    from workload.training.run import save_model
+
+    data = SimpleNamespace(num_classes=4, classes=None, mean=(0.5,) * 3, std=(0.25,) * 3)
+    model = torch.nn.Linear(1000, 200)  # 800 kB of weights for 256 kB of disk
+    with tmpfs(tmp_path / "small", "size=256k") as out:
+        try:
+            save_model(TrainConfig(), data, model, out, write=True)
+        except UsageError as error:
+            message = str(error)
+        else:
+            raise AssertionError("the model was written to a disk too small for it")
+        assert "no space left" in message and str(out) in message and "MiB free" in message
+        assert "\n" not in message and sorted(p.name for p in out.iterdir()) == []

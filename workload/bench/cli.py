@@ -65,10 +65,10 @@ def bench(args: dict) -> dict:
     return (input_bench if command == "input" else train_bench).run(args)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
-    run_command(PROG, lambda: bench(args))
+    return run_command(PROG, lambda: bench(args))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -22,8 +22,10 @@ from workload.checkpoint.policy import Checkpointer
 from workload.checkpoint.preemption import (REQUEUE_EXIT_STATUS, Preempted, PreemptionFlag,
                                             request_requeue)
 from workload.checkpoint.resume import prepare, resume
+from workload.checkpoint.space import guarded_final_model, tensor_bytes
 from workload.checkpoint.store import CorruptCheckpoint, checkpoints_dir, step_name
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "Preempted", "PreemptionFlag",
-           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "lock_run_folder", "prepare",
-           "request_requeue", "resume", "step_name"]
+           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "guarded_final_model",
+           "lock_run_folder", "prepare", "request_requeue", "resume", "step_name",
+           "tensor_bytes"]

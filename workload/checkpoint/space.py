@@ -1,5 +1,6 @@
 """A save that runs out of disk space: the partial folder removed, one line naming the
-folder and the space a checkpoint needs.
+folder and the space a checkpoint needs. The final model's write (model.safetensors) gets
+the same treatment.
 
 A writer need not report a full file system as OSError(ENOSPC) (torch.save's zip writer
 raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a look
@@ -57,20 +58,42 @@ def mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
+def full_disk(error: Exception, free: int, need: int) -> bool:
+    """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
+    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
+    space than the write needs."""
+    own = any(f"(os error {number})" in str(error) for number in _FULL)
+    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
+
+
 @contextmanager
-def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
-    """Run a save; if it fails, remove its partial folder, and report a full disk in one
-    line (any other failure is raised as it was)."""
+def _full_disk_is_one_line(folder: Path, need, what: str, cleanup=lambda: None):
+    """Run a write; if it fails, `cleanup` its partial files, and report a full disk in
+    one line naming `what` could not be written and the space (any other failure is raised
+    as it was). `need` is called only after a failure."""
     try:
         yield
     except Exception as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        need = needed_bytes(root, snapshot)
-        free = free_bytes(root) if root.is_dir() else 0
-        full = isinstance(error, OSError) and error.errno in _FULL
-        if not (full or free < need):
+        cleanup()
+        needed = need()
+        free = free_bytes(folder) if folder.is_dir() else 0
+        if not full_disk(error, free, needed):
             raise
-        raise DiskFull(f"no space left to save a checkpoint in {root}: {mib(free)} free, a "
-                       f"checkpoint of this run needs about {mib(need)}; the partial save "
-                       "was removed. Free space on that file system and start the run "
-                       "again: it resumes from the last complete checkpoint") from None
+        raise DiskFull(f"no space left to {what} in {folder}: {mib(free)} free, it needs "
+                       f"about {mib(needed)}; the partial files were removed. Free space on "
+                       "that file system and start the run again: it resumes from the last "
+                       "complete checkpoint") from None
+
+
+def guarded_final_model(out: Path, need: int):
+    """Write the final model (model.safetensors, whose writer removes its partial file)
+    with a checkpoint save's full-disk line and exit status."""
+    return _full_disk_is_one_line(out, lambda: need, "write the final model")
+
+
+def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
+    """Run a save; if it fails, remove its partial folder, and report a full disk in one
+    line (any other failure is raised as it was)."""
+    return _full_disk_is_one_line(root, lambda: needed_bytes(root, snapshot),
+                                  "save a checkpoint",
+                                  lambda: shutil.rmtree(tmp, ignore_errors=True))

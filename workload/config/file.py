@@ -1,5 +1,8 @@
 """`train --config FILE`: settings from a JSON (or TOML) file in config.json's flat shape
-(`batch_size = 64`); flags given on the command line override them."""
+(`batch_size = 64`); flags given on the command line override them. A file is data: one
+too deeply nested or not UTF-8 is one usage error, like any other bad file. The one-shot
+actions (--overwrite, --resume, --download, --prepare-data) are not taken from a file:
+`repeatable` leaves them out and names those that would have acted."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import difflib
 import json
 from pathlib import Path
 
-from workload.config.schema import FIELDS, KEYS
+from workload.config.schema import FIELDS, KEYS, ONE_SHOT, TrainConfig
 from workload.config.values import Every
 from workload.errors import UsageError
 
@@ -19,9 +22,12 @@ def read_config_file(path: str) -> dict:
     """`key -> value` from the file, each value checked against its field's type."""
     file = Path(path).expanduser()
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--config {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--config {path} is not UTF-8 text (byte {error.start}); save it "
+                         "as UTF-8 JSON or TOML") from None
     values = _parse(text, path, toml=file.suffix == ".toml")
     if not isinstance(values, dict):
         raise UsageError(f"--config {path} must hold one object of settings "
@@ -43,6 +49,18 @@ def _parse(text: str, path: str, toml: bool):
     except ValueError as error:  # JSONDecodeError and TOMLDecodeError
         raise UsageError(f"--config {path} is not valid {'TOML' if toml else 'JSON'}: "
                          f"{error}") from None
+    except RecursionError:
+        raise UsageError(f"--config {path} is nested too deeply to be settings; it must "
+                         "hold one flat object of settings (key = value)") from None
+
+
+def repeatable(values: dict) -> tuple[dict, list[str]]:
+    """The settings of a file without its one-shot actions, and the keys of those left out
+    that would have acted (a value other than the default), for a warning."""
+    defaults = TrainConfig().to_dict()
+    kept = {k: v for k, v in values.items() if k not in ONE_SHOT}
+    ignored = sorted(k for k in ONE_SHOT if k in values and values[k] != defaults[k])
+    return kept, ignored
 
 
 def _check(path: str, key: str, value) -> None:

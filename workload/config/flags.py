@@ -3,8 +3,8 @@ the help text and default taken from the field, so they live in one place.
 
 Every generated flag defaults to None ("not given"): a recipe or the field's default fills
 it later (workload.config.recipes). Hand-written argparse rather than jsonargparse or tyro:
-the flags must stay exactly as they were (`--model`, `--dist-timeout`, `--no-channels-last`)
-and the standard library keeps `train --help` free of heavy imports.
+the flags must stay exactly as they were (`--model`, `--dist-timeout`; every boolean with
+its `--no-` form) and the standard library keeps `train --help` free of heavy imports.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _add(group, f: dataclasses.Field, default) -> None:
     made_at_run_time = f.default_factory is not dataclasses.MISSING and f.type is str
     shown = "" if made_at_run_time or default is False or default == "" else f" (default: {default})"
     kwargs = dict(dest=key, default=None, help=meta["help"] + shown)
-    if f.type is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"
+    if f.type is bool:  # --no-compile turns off what a --config file turned on
+        kwargs["action"] = argparse.BooleanOptionalAction
     else:
         kwargs["type"] = Every.parse if f.type is Every else f.type
         if meta["choices"]:

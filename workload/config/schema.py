@@ -23,15 +23,21 @@ STRATEGIES = ("ddp", "fsdp")
 LR_SCALINGS = ("none", "linear")
 # Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
+# The smallest image side the models' pooling takes (--image-size 0 is the dataset's own).
+MIN_IMAGE_SIZE = 8
 
 
 def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
-            metavar: str = "", negatable: bool = False, factory=None):
+            metavar: str = "", bounds: tuple = (), one_shot: bool = False, factory=None):
     """A config field: its default, the help line of its flag, and how the flag looks.
     `key` is its name in the flat mapping when the field's own name would be ambiguous
-    (`model.name` is `model`); the flag is `--` + the key in kebab case unless given."""
+    (`model.name` is `model`); the flag is `--` + the key in kebab case unless given.
+    `bounds`: (least, most) a value may be, both included, where a larger one only
+    exhausts memory (checked by validate and for model.json). `one_shot`: an action of
+    this invocation (delete, download), not a setting of the run: never recorded in
+    config.json, and not taken from a --config file (docs/checkpoints.md)."""
     metadata = dict(help=help, key=key, flag=flag, choices=choices, metavar=metavar,
-                    negatable=negatable)
+                    bounds=bounds, one_shot=one_shot)
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -52,9 +58,12 @@ class Model:
                                  "tensor must match; see docs/your-data.md)", metavar="FILE")
     init_reinit_head: bool = setting(False, "with --init-from: start the classifier head "
                                             "afresh when its size differs (other classes)")
-    width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x")
-    blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)")
-    dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block")
+    width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x",
+                         bounds=(1, 1024))
+    blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)",
+                                    bounds=(1, 100))
+    dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block",
+                             bounds=(0.0, 0.99))
 
 
 @dataclass
@@ -65,12 +74,13 @@ class Data:
                                     "cifar-100-python/; imagefolder: the one holding train/ "
                                     "and val/)")
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
-                                    "rarely have it)")
+                                    "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
-                                 "imagefolder)")
+                                 "imagefolder)", bounds=(0, 2048))
     synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
                                           "a fifth of that)")
-    num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)")
+    num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)",
+                               bounds=(1, 100_000))
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
                                "SLURM_CPUS_PER_TASK or the CPUs this process may use")
     stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
@@ -78,7 +88,8 @@ class Data:
                                 "$SLURM_TMPDIR, verify it and train from there; a complete "
                                 "earlier staging is reused", metavar="DIR")
     prepare_data: bool = setting(False, "only prepare the data (--download, --stage-to) and "
-                                        "check it can be read, then exit without training")
+                                        "check it can be read, then exit without training",
+                                 one_shot=True)
     data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
                                         "folders on a GPU, else torch (the reason is printed)",
                                 choices=DATA_BACKENDS)
@@ -113,7 +124,7 @@ class Hardware:
     precision: str = setting("auto", "fp32, tf32, bf16 or fp16 autocast; auto = bf16 on GPUs "
                                      "that support it, fp32 elsewhere", choices=PRECISIONS)
     channels_last: bool = setting(False, "NHWC memory format (on by default with CUDA, off "
-                                         "on the CPU)", negatable=True)
+                                         "on the CPU)")
     compile: bool = setting(False, "torch.compile the model; compile time is reported apart")
 
 
@@ -134,9 +145,9 @@ class Checkpoint:
     """checkpoints, resume and preemption"""
     resume: str = setting("auto", "auto: continue from the newest good checkpoint in the "
                                   "output dir; never: start afresh; or a checkpoint folder",
-                          metavar="auto|never|PATH")
+                          metavar="auto|never|PATH", one_shot=True)
     overwrite: bool = setting(False, "with --resume never: replace the output dir's "
-                                     "checkpoints and records")
+                                     "checkpoints and records", one_shot=True)
     checkpoint_every: Every = setting(None, "also save every N steps or every 10m / 90s / 1h; "
                                             "0 = epoch ends only (each one always saves)",
                                       metavar="N|DURATION", factory=lambda: Every(0, 1800.0))
@@ -191,6 +202,11 @@ class TrainConfig:
         flat = {k: str(v) if isinstance(v, Every) else v for k, v in flat.items()}
         return dict(flat, recipe=self.recipe)
 
+    def recorded(self) -> dict:
+        """config.json: the flat form without this invocation's one-shot actions, so
+        `train --config A/config.json` repeats the run, not A's --overwrite."""
+        return {k: v for k, v in self.to_dict().items() if k not in ONE_SHOT}
+
     def replace(self, **values) -> "TrainConfig":
         """A copy with some fields changed, named by their flat keys (`batch_size=64`)."""
         unknown = set(values) - set(KEYS) - {"recipe"}
@@ -212,11 +228,22 @@ def key_of(f: dataclasses.Field) -> str:
 KEYS = {key_of(f): (section, f.name) for section, cls in SECTIONS.items()
         for f in dataclasses.fields(cls)}
 FIELDS = {key_of(f): f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+# The one-shot actions (--overwrite, --resume, --download, --prepare-data), in field order.
+ONE_SHOT = tuple(key for key, f in FIELDS.items() if f.metadata["one_shot"])
 
 
 def _coerce(key: str, value):
     """Text from a file or a flag into the field's typed value (`"10m"` -> Every)."""
     return Every.parse(value) if FIELDS[key].type is Every else value
+
+
+def out_of_bounds(key: str, value) -> str:
+    """Why `value` is outside the bounds of the field `key` ("" when inside, or unbounded):
+    the one range train's flags, --config files and model.json are held to."""
+    bounds = FIELDS[key].metadata["bounds"]
+    if not bounds or bounds[0] <= value <= bounds[1]:
+        return ""
+    return f"must be from {bounds[0]} to {bounds[1]}, got {value!r}"
 
 
 def flag_of(key: str) -> str:

@@ -2,7 +2,9 @@
 
 Written by `train` at the end of every run; read by `evaluate`, `predict` and
 `workload.models.load_trained`. Standard library only: the commands find and check the
-file (missing, not JSON, fields of the wrong type) before they import torch.
+file before they import torch: strict JSON (no NaN, no Infinity), every field typed and
+range-checked, the model's arguments within the bounds of train's config fields, so a
+damaged or hostile file is one usage error and never a model of absurd size.
 
     {"format": "hpc-train-model", "format_version": 1, "weights": "model.safetensors",
      "model": "wrn", "arguments": {"width": 160, "blocks_per_stage": 2, "dropout": 0.01,
@@ -17,16 +19,23 @@ The input is RGB: pixel values / 255, then (x - mean) / std per channel.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from workload.config.derived import image_size_of, resolve_stem
-from workload.config.schema import TrainConfig
+from workload.config.schema import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfig,
+                                    out_of_bounds)
 from workload.errors import UsageError
 
 MODEL_JSON, WEIGHTS = "model.json", "model.safetensors"
 FORMAT, FORMAT_VERSION = "hpc-train-model", 1
 RESIZES = ("stretch", "resize-crop")
+# build_model's keyword arguments that model.json's "arguments" may hold.
+ARGUMENTS = ("width", "blocks_per_stage", "dropout", "stem", "image_size")
+# The normalisation of pixel values / 255 (in [0, 1]): a mean within, a standard deviation
+# at most 0.5 in theory, and not so small that a division makes every logit infinite.
+MEAN_BOUNDS, STD_BOUNDS = (0.0, 1.0), (1e-3, 1.0)
 
 
 def describe_model(cfg: TrainConfig, num_classes: int, classes: list[str] | None,
@@ -96,7 +105,8 @@ class ModelDescription:
 
 def read_description(path: Path) -> ModelDescription:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant,
+                          parse_float=_finite)
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{path} cannot be read ({error}); pass a finished run's folder"
                          ) from None
@@ -104,11 +114,26 @@ def read_description(path: Path) -> ModelDescription:
         raise UsageError(f"{path} is not JSON ({error.msg}, line {error.lineno}): the model "
                          "description is damaged; train the run again or restore the file"
                          ) from None
+    except (ValueError, RecursionError) as error:
+        why = str(error) if isinstance(error, ValueError) else "nested too deeply"
+        raise UsageError(f"{path} is not strict JSON ({why}): the model description is "
+                         "damaged; train the run again or restore the file") from None
     try:
         return _checked(data)
     except (KeyError, TypeError, ValueError) as error:
         raise UsageError(f"{path} is not a model description of this package ({error}); "
                          "pass the model.json a train run wrote") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
 
 
 def _checked(data) -> ModelDescription:
@@ -117,32 +142,92 @@ def _checked(data) -> ModelDescription:
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"format_version {data.get('format_version')!r}, expected "
                          f"{FORMAT_VERSION}")
-    args, given = data["arguments"], data["input"]
-    classes, num_classes = data["classes"], _int(data["num_classes"], "num_classes")
+    given, num_classes = _object(data["input"], "input"), _int(data, "num_classes")
+    classes = data["classes"]
     if classes is not None and (not isinstance(classes, list) or len(classes) != num_classes
                                 or not all(isinstance(c, str) for c in classes)):
         raise ValueError(f"classes must be null or {num_classes} names")
-    if not isinstance(args, dict) or given["resize"] not in RESIZES:
-        raise ValueError("arguments must be an object and input.resize one of "
-                         + ", ".join(RESIZES))
-    if Path(str(data["weights"])).name != data["weights"]:
+    if given["resize"] not in RESIZES:
+        raise ValueError("input.resize must be one of " + ", ".join(RESIZES))
+    weights, dataset = _text(data, "weights"), _text(data, "dataset")
+    if Path(weights).name != weights:
         raise ValueError("weights must be a file name beside model.json")
-    mean, std = (tuple(_numbers(given[k], k)) for k in ("mean", "std"))
-    if any(s <= 0 for s in std):
-        raise ValueError("input.std must be positive")
-    return ModelDescription(str(data["model"]), args, num_classes, classes,
-                            _int(given["image_size"], "image_size"), mean, std,
-                            given["resize"], str(data["dataset"]), str(data["weights"]))
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset {dataset!r} is not one of {', '.join(DATASETS)}")
+    mean = tuple(_numbers(given["mean"], "mean", MEAN_BOUNDS))
+    std = tuple(_numbers(given["std"], "std", STD_BOUNDS))
+    return ModelDescription(_text(data, "model"), _arguments(data["arguments"]), num_classes,
+                            classes, _image_size(_int(given, "image_size"), "input."),
+                            mean, std, given["resize"], dataset, weights)
 
 
-def _int(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _arguments(args) -> dict:
+    """The model's arguments, each typed and within its config field's bounds: a model of
+    absurd size is refused here, before torch allocates it."""
+    args = _object(args, "arguments")
+    unknown = sorted(set(args) - set(ARGUMENTS))
+    if unknown:
+        raise ValueError(f"unknown model arguments {', '.join(unknown)}")
+    for key in ("width", "blocks_per_stage"):
+        if key in args:
+            _int(args, key, "arguments.")
+    if "dropout" in args:
+        _number(args["dropout"], "arguments.dropout")
+        _within("dropout", args["dropout"], "arguments.")
+    if "image_size" in args:
+        _image_size(_int(args, "image_size", "arguments."), "arguments.")
+    if "stem" in args and args["stem"] not in STEMS:
+        raise ValueError(f"arguments.stem must be one of {', '.join(STEMS)}, got "
+                         f"{args['stem']!r}")
+    return args
+
+
+def _object(value, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
     return value
 
 
-def _numbers(value, name: str) -> list[float]:
-    if (not isinstance(value, list) or len(value) != 3
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-        raise ValueError(f"input.{name} must be three numbers, got {value!r}")
-    return [float(v) for v in value]
+def _text(data: dict, name: str) -> str:
+    value = data[name]
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise ValueError(f"{name} must be a short text, got {str(value)[:50]!r}")
+    return value
+
+
+def _int(data: dict, name: str, where: str = "") -> int:
+    value = data[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{where}{name} must be a positive integer, got {value!r}")
+    return _within(name, value, where)
+
+
+def _within(key: str, value, where: str):
+    """Within the bounds of the config field of the same name (schema.py)."""
+    problem = out_of_bounds(key, value) if key in FIELDS else ""
+    if problem:
+        raise ValueError(f"{where}{key} {problem}")
+    return value
+
+
+def _image_size(value: int, where: str) -> int:
+    if value < MIN_IMAGE_SIZE:
+        raise ValueError(f"{where}image_size must be {MIN_IMAGE_SIZE} or more, got {value}")
+    return value
+
+
+def _number(value, name: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _numbers(value, name: str, bounds: tuple[float, float]) -> list[float]:
+    """Three finite numbers within `bounds`: a NaN or 1e-300 gave null probabilities."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"input.{name} must be three numbers, got {str(value)[:50]}")
+    numbers = [_number(v, f"input.{name}") for v in value]
+    if not all(bounds[0] <= v <= bounds[1] for v in numbers):
+        raise ValueError(f"input.{name} must be from {bounds[0]} to {bounds[1]} per channel "
+                         f"(pixel values / 255), got {numbers}")
+    return numbers

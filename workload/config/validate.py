@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from workload.config.derived import resolve_stem
-from workload.config.schema import FIELDS, KEYS, TrainConfig, flag_of
+from workload.config.schema import (FIELDS, KEYS, MIN_IMAGE_SIZE, TrainConfig, flag_of,
+                                    out_of_bounds)
 from workload.errors import UsageError
 
 # torch.load ignores weights_only=True when this variable is set.
@@ -19,8 +20,8 @@ UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     flat = cfg.to_dict()
-    for check in (_check_choices, _check_positive_ints, _check_finite, _check_limits,
-                  _check_ranges, _check_checkpoint, _check_optional_packages, _check_model,
+    for check in (_check_choices, _check_positive_ints, _check_finite, _check_bounds,
+                  _check_limits, _check_ranges, _check_checkpoint, _check_optional_packages, _check_model,
                   _check_data_files):
         check(flat)
     resolve_stem(cfg)  # a forced stem the model lacks
@@ -63,6 +64,14 @@ def _check_finite(c: dict) -> None:
                                            f"{value!r}")
 
 
+def _check_bounds(c: dict) -> None:
+    """The fields' own bounds (schema.py): past them a model only exhausts memory."""
+    for key in KEYS:
+        problem = out_of_bounds(key, c[key])
+        default = getattr(getattr(TrainConfig(), KEYS[key][0]), KEYS[key][1])
+        _require(not problem, f"{flag_of(key)} {problem}; pass e.g. {flag_of(key)} {default}")
+
+
 # Upper limits past which a value only ever breaks a run: an overflow in the schedule or a
 # seed beyond what the random generators take. (flat key: (limit, example))
 MAX_SEED = 2**32 - 1  # what numpy's and most generators' seeds hold
@@ -90,7 +99,6 @@ def _check_ranges(c: dict) -> None:
              f"--warmup-epochs must be 0 or more, got {c['warmup_epochs']!r}")
     _require(0 <= c["label_smoothing"] < 1,
              f"--label-smoothing must be in [0, 1), got {c['label_smoothing']!r}")
-    _require(0 <= c["dropout"] < 1, f"--dropout must be in [0, 1), got {c['dropout']!r}")
     _require(0 < c["target_accuracy"] <= 1,
              f"--target-accuracy is a fraction in (0, 1], got {c['target_accuracy']!r}; "
              "pass e.g. --target-accuracy 0.95 for 95 %")
@@ -98,9 +106,9 @@ def _check_ranges(c: dict) -> None:
              f"--max-steps must be 0 (no limit) or more, got {c['max_steps']!r}")
     _require(c["image_size"] >= 0, f"--image-size must be 0 (the dataset's own) or more, "
                                    f"got {c['image_size']!r}")
-    _require(c["image_size"] == 0 or c["image_size"] >= 8,
-             f"--image-size {c['image_size']} is too small for the models' pooling; use 8 "
-             "or more")
+    _require(c["image_size"] == 0 or c["image_size"] >= MIN_IMAGE_SIZE,
+             f"--image-size {c['image_size']} is too small for the models' pooling; use "
+             f"{MIN_IMAGE_SIZE} or more")
     _require(c["workers"] >= -1, f"--workers must be -1 (automatic) or more, got {c['workers']!r}")
     _require(bool(c["output_dir"]), "--output-dir must not be empty")
     _require(c["log_every"] >= 0, f"--log-every must be 0 (about every 30 s in batch logs) "

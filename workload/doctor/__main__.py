@@ -3,6 +3,8 @@
     torchrun --nproc-per-node=2 -m workload.doctor --device cpu
 """
 
+import sys
+
 from workload.doctor.cli import main
 
-main()
+sys.exit(main())

@@ -16,9 +16,6 @@ from workload.config.trained import ModelDescription, ModelFiles, locate, read_d
 from workload.errors import UsageError
 from workload.models.weights import first_mismatch
 
-# build_model's keyword arguments that model.json's "arguments" may hold.
-ARGUMENTS = ("width", "blocks_per_stage", "dropout", "stem", "image_size")
-
 
 def load_trained(path: str, device: str | torch.device = "cpu") -> nn.Module:
     """The model of a finished run (its folder, model.json or model.safetensors), in eval
@@ -53,13 +50,9 @@ def load_described(files: ModelFiles) -> tuple[ModelDescription, nn.Module]:
 def build_described(description: ModelDescription, files: ModelFiles) -> nn.Module:
     from workload.models import build_model
 
-    args = description.arguments
-    unknown = sorted(set(args) - set(ARGUMENTS))
-    if unknown:
-        raise UsageError(f"{files.description}: unknown model arguments {', '.join(unknown)}; "
-                         "pass the model.json a train run wrote")
-    try:
-        return build_model(description.model, description.num_classes, **args)
+    try:  # the arguments were checked with model.json (config/trained.py)
+        return build_model(description.model, description.num_classes,
+                           **description.arguments)
     except UsageError as error:
         raise UsageError(f"{files.description}: {error}") from None
     except (TypeError, ValueError, RuntimeError) as error:

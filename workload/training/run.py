@@ -55,10 +55,10 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out)
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
-        write_json(out / "config.json", cfg.to_dict())
+        write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag())
-    wandb = cfg.to_dict() if cfg.logging.wandb and info.is_main else None
+    wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
@@ -73,7 +73,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
 def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
     """The final model: model.safetensors (FSDP shards gathered on every rank; rank 0
     writes) and model.json, its architecture, classes and input, both written atomically."""
-    save_weights(model, out / WEIGHTS, write)
+    with checkpoint.guarded_final_model(out, checkpoint.tensor_bytes(model.state_dict())):
+        save_weights(model, out / WEIGHTS, write)
     if write:
         write_json(out / MODEL_JSON, describe_model(cfg, data.num_classes, data.classes,
                                                     data.mean, data.std))

@@ -1,0 +1,81 @@
+"""Every command the way users run it: the installed console scripts and the `python -m`
+entries as subprocesses, their exit statuses (0 done, 2 usage or refusal, 75 requeue; the
+table in docs/cluster.md#exit-statuses) and where their output goes. A main() that returns
+a value hands it to sys.exit through the console-script wrapper, which an in-process call
+never sees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, TINY, clean_env, run_train
+
+BIN = Path(sys.executable).parent
+SCRIPTS = ("train", "bench", "report", "doctor", "evaluate", "predict")
+# Every `python -m` entry: the commands' modules and the torch-free launch layer.
+MODULES = ("workload.train", "workload.bench.cli", "workload.report", "workload.doctor",
+           "workload.evaluate", "workload.predict", "workload.launch")
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess:
+    """The command as a user runs it, importing this checkout's package."""
+    env = dict(clean_env(), PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_console_script_answers_help_version_and_a_bad_flag(script):
+    done = run([str(BIN / script), "--help"])
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: {script}"), done.stderr
+    done = run([str(BIN / script), "--version"])
+    assert done.returncode == 0 and done.stdout.startswith(script), done.stderr
+    done = run([str(BIN / script), "--no-such-flag"])
+    assert done.returncode == 2 and f"{script}: error: " in done.stderr
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_python_m_entry_answers_help(module):
+    done = run([sys.executable, "-m", module, "--help"])
+    assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr
+
+
+def test_python_m_version_prints_the_version():
+    done = run([sys.executable, "-m", "workload.version"])
+    assert done.returncode == 0 and "hpc-train" in done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    run_train([*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "64",
+               "--epochs", "1", "--max-steps", "2"], out)
+    return out
+
+
+def test_evaluate_exits_0_with_its_one_line_on_stdout(tiny_run):
+    done = run([str(BIN / "evaluate"), str(tiny_run), "--device", "cpu"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("evaluate: accuracy ") and len(done.stdout.splitlines()) == 1
+    assert "'accuracy'" not in done.stderr  # the result dict is not printed by sys.exit
+
+
+def test_predict_exits_0_whatever_the_number_of_images(tiny_run, tmp_path):
+    from PIL import Image
+
+    for i in range(3):  # predict used to exit with the number of images
+        Image.new("RGB", (16, 16), (i * 80, 0, 0)).save(tmp_path / f"{i}.png")
+    done = run([str(BIN / "predict"), str(tiny_run), str(tmp_path), "--device", "cpu"])
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 3
+
+
+def test_a_refused_model_is_exit_2_and_one_line(tmp_path):
+    for script in ("evaluate", "predict"):
+        argv = [str(BIN / script), str(tmp_path / "missing")]
+        done = run(argv + ([] if script == "evaluate" else [str(tmp_path)]))
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
