@@ -191,3 +191,8 @@ def test_jobs_names_where_it_looked(tmp_path, capsys):
     with mock.patch("workload.launch.jobs.candidates", return_value=[tmp_path / "none"]):
         assert main(["jobs", str(tmp_path / "out")]) == 2
     assert str(tmp_path / "none") in capsys.readouterr().err
+
+
+def test_a_number_past_python_s_digit_limit_raises_naming_it():
+    with pytest.raises(LaunchError, match="SLURM_PROCID=.*a whole number.*fix:"):
+        run_setup(step(procid="7" * 5000))

@@ -39,6 +39,9 @@ NO_ADDRESS = "no rendezvous address"
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]+$")
 # torchrun's --rdzv-conf: key=value pairs separated by commas (no shell metacharacters).
 SAFE_CONF = re.compile(r"^[A-Za-z0-9._:=,-]+$")
+# Every launch number (a rank, a port, a job id, a CPU count) fits in 18 digits.
+MAX_DIGITS = 18
+WHOLE_NUMBER = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,10 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return None
-    if not re.fullmatch(r"\d+", raw.strip()) or int(raw) < minimum:
-        raise LaunchError(name, raw, f"a whole number >= {minimum}",
-                          f"unset {name} or set it to a whole number")
+    # The digit count is checked before int(): past 4300 digits int() raises its own error.
+    if not WHOLE_NUMBER.fullmatch(raw.strip()) or int(raw) < minimum:
+        raise LaunchError(name, raw, f"a whole number >= {minimum} of at most {MAX_DIGITS} "
+                          f"digits", f"unset {name} or set it to a whole number")
     return int(raw)
 
 
