@@ -59,7 +59,16 @@ print(m if sys.prefix == sys.base_prefix and os.path.isfile(m) else "")')
     "site-packages anyway, where the base's torch is (pip --break-system-packages)"
 }
 
-installed() { python -m pip list --format=freeze 2>/dev/null | sort; }
+# name==version lines with PEP 503 names (python_hostlist -> python-hostlist): which spelling
+# pip prints follows each release's metadata, and the output is read and compared.
+normalised_freeze() {
+  python -m pip list --format=freeze 2>/dev/null | python -c 'import re, sys
+for line in sys.stdin:
+    name, sep, version = line.strip().partition("==")
+    print(re.sub(r"[-_.]+", "-", name).lower() + sep + version)'
+}
+
+installed() { normalised_freeze | sort; }
 
 # What a step added or changed, as one line.
 report_installed() {
@@ -72,8 +81,8 @@ report_installed() {
 record_base() {
   mkdir -p "${STATE_DIR}"
   [[ -s "${BASE_TORCH}" ]] || torch_version >"${BASE_TORCH}"
-  [[ -s "${BASE_CONSTRAINT}" ]] || python -m pip list --format=freeze |
-    { grep -iE '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' || true; } >"${BASE_CONSTRAINT}"
+  [[ -s "${BASE_CONSTRAINT}" ]] || normalised_freeze |
+    { grep -E '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' || true; } >"${BASE_CONSTRAINT}"
   local constraints="${PIP_CONSTRAINT:-} ${BASE_CONSTRAINT}"
   [[ ! -f /etc/pip/constraint.txt ]] || constraints+=" /etc/pip/constraint.txt"
   export PIP_CONSTRAINT="${constraints}"

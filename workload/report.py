@@ -34,12 +34,17 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
+from workload.logs import warn
 
 PROG = "report"
 # The packages of the `report` extra (pyproject.toml), named directly: the package is not
 # on PyPI, so an install of the extra by the package's name would find nothing or a stranger's.
 INSTALL_HINT = "pip install matplotlib tensorboard"
 WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
+# What every epoch line of metrics.jsonl carries for the figures, and the largest epoch
+# drawn (beyond any run: a larger one is a damaged line that would break the axes).
+EPOCH_FIELDS = ("train_loss", "accuracy", "images_per_second")
+MAX_EPOCH = 10**9
 
 
 def import_pyplot():
@@ -67,7 +72,44 @@ def read_metrics(run_dir: Path) -> list[dict]:
                          "pass the metrics.jsonl that train wrote") from None
     if not records:
         raise UsageError(f"{path} is empty; the run has not finished an epoch yet")
-    return records
+    return usable_epochs(path, records)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def epoch_problem(record) -> str | None:
+    """Why a metrics.jsonl line cannot be drawn, or None (NaN and inf are drawn: a loss
+    that diverged is worth seeing)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    epoch = record.get("epoch")
+    if not (_number(epoch) and epoch == epoch and float(epoch).is_integer()
+            and 0 <= epoch <= MAX_EPOCH):
+        return f"epoch {epoch!r} is not a whole number in 0-{MAX_EPOCH:,}"[:120]
+    for key in (*EPOCH_FIELDS, *(["test_loss"] if "test_loss" in record else [])):
+        if key not in record:
+            return f"no {key}"
+        if not _number(record[key]):
+            return f"{key} {record[key]!r} is not a number"[:120]
+    return None
+
+
+def usable_epochs(path: Path, records: list) -> list[dict]:
+    """The lines that can be drawn; one warning naming the others (or a UsageError when
+    none is left)."""
+    problems = [(line, why) for line, record in enumerate(records, 1)
+                if (why := epoch_problem(record)) is not None]
+    named = "; ".join(f"line {line}: {why}" for line, why in problems[:5]) + (
+        f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    if len(problems) == len(records):
+        raise UsageError(f"no line of {path} is an epoch record train writes ({named}); pass "
+                         "the --output-dir of a train run")
+    if problems:
+        warn(PROG, f"skipped {len(problems)} of {len(records)} lines of {path} that are not "
+                   f"epoch records train writes ({named})")
+    return [record for record in records if epoch_problem(record) is None]
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -151,7 +193,7 @@ def plot_throughput(plt, records: list[dict], summary: dict, path: Path) -> None
     ax.bar(epochs, [r["images_per_second"] for r in records], color="tab:blue",
            label="per epoch")
     overall = summary.get("images_per_second")
-    if overall:
+    if _number(overall) and overall > 0:  # summary.json is data: a damaged one is left out
         ax.axhline(overall, color="tab:red", linestyle="--",
                    label=f"run: {overall:,.0f} img/s (first step left out)")
     where = ", ".join(str(summary[k]) for k in ("device", "precision") if k in summary)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.images import (SCRIPTS, STEPS, TRAIN, UNPRIVILEGED, Built, entrypoint,
-                                   inspect, remove_leftovers, run, run_inside)
+                                   inspect, installed_by, remove_leftovers, run, run_inside)
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def arm64_image():
 def test_arm64_image_is_arm64_and_says_what_it_installed(arm64_image, capsys):
     assert arm64_image.config["Architecture"] == "arm64"
     assert "DALI: none (torch is a CPU-only build" in arm64_image.log
-    assert "install-workload: installed: hpc-train==0.1.0" in arm64_image.log
+    assert installed_by(arm64_image.log)["hpc-train"] == "0.1.0"
     with capsys.disabled():
         print("\narm64 image: " + ", ".join(f"{k} {v:.0f}s"
                                            for k, v in arm64_image.seconds.items()))

@@ -123,3 +123,43 @@ def test_missing_report_extra_names_the_install_command(command, blocked, tmp_pa
     assert done.returncode == 2, done.stderr
     assert "pip install matplotlib tensorboard" in done.stderr and blocked in done.stderr
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+GOOD_EPOCH = {"train_loss": 1.5, "test_loss": 1.4, "accuracy": 0.4, "images_per_second": 900.0}
+
+
+def report_command(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workload.report", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_damaged_metrics_lines_are_skipped_with_a_warning_and_the_rest_drawn(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({"epoch": 1, **GOOD_EPOCH}),
+             json.dumps({"epoch": 2, "accuracy": 0.5, "images_per_second": 900.0}),
+             json.dumps({"epoch": 1e308, **GOOD_EPOCH}),
+             "[1, 2]",
+             json.dumps({"epoch": 3, **GOOD_EPOCH, "accuracy": "high"}),
+             json.dumps({"epoch": 4, **GOOD_EPOCH})]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    for name in ("training.png", "throughput.png"):
+        assert_png(run / name)
+    warning = done.stderr.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith("report: warning: skipped 4 of 6 lines")
+    for words in (str(run / "metrics.jsonl"), "line 2: no train_loss", "line 3: epoch 1e+308",
+                  "line 4: not a JSON object", "line 5: accuracy"):
+        assert words in warning[0], warning[0]
+
+
+def test_metrics_without_a_usable_line_is_one_line_and_exit_2(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1e308, **GOOD_EPOCH}) + "\n")
+    done = report_command(run)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no line of" in lines[0] and "line 1: epoch" in lines[0], lines
+    assert not (run / "training.png").exists()

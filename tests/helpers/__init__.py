@@ -173,3 +173,21 @@ def tmpfs(path: Path, *options: str):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def vfat(path: Path, image: Path):
+    """A real FAT file system (no hard links) mounted at `path` from the file `image`: the
+    kernel's vfat where it has one, else fusefat (containers often lack the vfat module).
+    mkfs.vfat and fusefat come from tools/debian-packages.txt; mounting needs root."""
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.vfat", str(image)], check=True, capture_output=True)
+    path.mkdir()
+    kernel = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True)
+    if kernel.returncode != 0:
+        subprocess.run(["fusefat", "-o", "rw+", str(image), str(path)], check=True,
+                       capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -115,3 +116,21 @@ def entrypoint(image: Built) -> list[str]:
     return image.config["Config"]["Entrypoint"]
 
 
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them: python_hostlist, Python.Hostlist and
+    python-hostlist are one (which spelling pip prints depends on the release's metadata)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_by(log: str) -> dict[str, str]:
+    """{canonical name: version} from the `install-workload: installed: ...` lines of a
+    build log (one line per install step, `name==version` items)."""
+    found = {}
+    for line in log.splitlines():
+        _, marker, items = line.partition("install-workload: installed: ")
+        for item in items.split() if marker else ():
+            name, _, version = item.partition("==")
+            found[canonical(name)] = version
+    return found

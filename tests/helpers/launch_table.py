@@ -3,7 +3,10 @@ from each, shared by tests/unit/test_launch_env.py (the CLI) and tests/unit/test
 (workload.launch.setup(), which applies the same rules). Cases marked "real" come from
 tests/data/slurm_env, captured on the test cluster (Debian slurm-wlm 22.05): `sbatch -N2
 -n4` (batch.env), `srun -N2 -n4` (step.N.env), a heterogeneous job `-N1 -n2 : -N1 -n1`
-(hbatch.env, hstep.N.env, hg1.env = group 1 only)."""
+(hbatch.env, hstep.N.env, hg1.env = group 1 only). torchrun.1.env is a worker of `srun -N2
+--ntasks-per-node=1 --cpus-per-task=2 torchrun --nproc-per-node=2` (rank 3, on the second
+node): the step's SLURM variables in the captured form, and the ones torchrun sets for
+its workers."""
 
 from __future__ import annotations
 
@@ -115,6 +118,20 @@ GOOD = [
     ("outer-torchrun-user-flag-env-kept",
      step(ntasks="2", per_node="1(x2)", SLURM_STEP_NUM_NODES="2", PET_NNODES="1"),
      ["--command", "torchrun"], dict(PET_NNODES="1"), "torchrun-per-node"),
+]
+
+# The CPUs one process owns (`# cpus: N` of `launch env`, Launch.cpus of setup()): its
+# data workers and threads come from it. Under torchrun the task's CPUs are shared by its
+# LOCAL_WORLD_SIZE workers. (case id, environment, expected CPUs)
+CPU_SHARES = [
+    ("single-process-owns-its-affinity", {}, CPUS),
+    ("per-task-owns-its-task-s-cpus", step(SLURM_CPUS_PER_TASK="8"), 8),
+    ("real-torchrun-worker-shares-its-task", real("torchrun.1.env"), 1),
+    ("torchrun-workers-share-the-task", TORCHRUN_WORKER | {"SLURM_CPUS_PER_TASK": "32"}, 8),
+    ("torchrun-share-at-least-one", TORCHRUN_WORKER | {"SLURM_CPUS_PER_TASK": "2"}, 1),
+    ("torchrun-share-of-the-capped-count",
+     TORCHRUN_WORKER | {"SLURM_CPUS_PER_TASK": "999999999"}, CPUS // 4),
+    ("torchrun-outside-slurm-shares-the-affinity", TORCHRUN_WORKER, CPUS // 4),
 ]
 
 # (case id, environment, the variable the one-line error must name)

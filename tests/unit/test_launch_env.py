@@ -13,7 +13,8 @@ from unittest import mock
 
 import pytest
 
-from tests.helpers.launch_table import BAD, CPUS, GOOD, TORCHRUN_WORKER, real, step
+from tests.helpers.launch_table import (BAD, CPU_SHARES, CPUS, GOOD, TORCHRUN_WORKER, real,
+                                       step)
 from workload.launch import resolve
 from workload.launch.__main__ import main
 
@@ -46,6 +47,27 @@ def test_resolution(env, args, expected, layout, capsys):
     got_layout, values = parse(out)
     assert got_layout == layout
     assert {key: values.get(key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("env,cpus", [c[1:] for c in CPU_SHARES],
+                         ids=[c[0] for c in CPU_SHARES])
+def test_the_cpus_a_process_owns(env, cpus, capsys):
+    status, out, err = run_cli(env | {"CUDA_VISIBLE_DEVICES": ""}, [], capsys)
+    assert status == 0, err
+    assert f"# cpus: {cpus}" in out.splitlines()
+
+
+def test_torchrun_workers_take_their_share_for_data_workers(monkeypatch):
+    from workload.data.loaders import default_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    for key, value in (real("torchrun.1.env") | {"SLURM_CPUS_PER_TASK": "16",
+                                                 "LOCAL_WORLD_SIZE": "4"}).items():
+        monkeypatch.setenv(key, value)
+    assert default_workers(4) == 3, "16 CPUs shared by 4 workers: 4 each, one for the loop"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    assert default_workers(4) == 8, "a task of its own (srun per task): its 16 CPUs, at most 8"
 
 
 @pytest.mark.parametrize("env,name", [c[1:] for c in BAD], ids=[c[0] for c in BAD])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -97,3 +98,31 @@ def test_release_leaves_a_lock_taken_over_by_another(tmp_path):
 def test_a_lock_being_written_is_respected(tmp_path, content):
     (tmp_path / LOCK_NAME).write_text(content)
     assert RunLock(tmp_path).acquire() is not None
+
+
+def test_a_garbage_lock_file_is_named_as_such_with_what_to_do(tmp_path):
+    (tmp_path / LOCK_NAME).write_bytes(b"\x00\xffnot a lock")
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and "?" not in refusal
+    assert "not a lock file train wrote" in refusal and str(tmp_path / LOCK_NAME) in refusal
+    assert f"rm {tmp_path / LOCK_NAME}" in refusal
+
+
+def test_a_folder_named_train_lock_is_refused_in_one_line(tmp_path):
+    (tmp_path / LOCK_NAME).mkdir()
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and len(refusal.splitlines()) == 1
+    assert f"{tmp_path / LOCK_NAME} is a directory" in refusal
+    assert (tmp_path / LOCK_NAME).is_dir(), "never removed"
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS])
+def test_a_file_system_without_hard_links_is_named_with_the_fix(tmp_path, monkeypatch, code):
+    def no_links(src, dst, *args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(run_lock.os, "link", no_links)
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and "hard links" in refusal and "--output-dir" in refusal
+    assert "keeps changing hands" not in refusal
+    assert list(tmp_path.iterdir()) == [], "no draft left behind"

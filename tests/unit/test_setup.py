@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.launch_table import CPUS, GOOD, TORCHRUN_WORKER, step
+from tests.helpers.launch_table import CPU_SHARES, CPUS, GOOD, TORCHRUN_WORKER, step
 from workload.launch import (REQUEUE_EXIT_STATUS, Launch, LaunchError, PreemptionFlag,
                              exit_for_requeue, setup)
 from workload.launch import script
@@ -52,7 +52,7 @@ def test_setup_follows_the_launch_table(env, args, expected, layout):
 
 def test_a_single_process_gets_what_init_process_group_reads():
     launch, exported = run_setup({})
-    assert launch == Launch(0, 0, 1, 1, 0, "cpu", None, "single")
+    assert launch == Launch(0, 0, 1, 1, 0, "cpu", None, "single", CPUS)
     assert {key: exported[key] for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
                                            "MASTER_PORT")} == {
         "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -191,3 +191,15 @@ def test_jobs_names_where_it_looked(tmp_path, capsys):
     with mock.patch("workload.launch.jobs.candidates", return_value=[tmp_path / "none"]):
         assert main(["jobs", str(tmp_path / "out")]) == 2
     assert str(tmp_path / "none") in capsys.readouterr().err
+
+
+def test_a_number_past_python_s_digit_limit_raises_naming_it():
+    with pytest.raises(LaunchError, match="SLURM_PROCID=.*a whole number.*fix:"):
+        run_setup(step(procid="7" * 5000))
+
+
+@pytest.mark.parametrize("env,cpus", [c[1:] for c in CPU_SHARES],
+                         ids=[c[0] for c in CPU_SHARES])
+def test_setup_says_how_many_cpus_the_process_owns(env, cpus):
+    launch, _ = run_setup(env | {"CUDA_VISIBLE_DEVICES": ""}, quiet=True)
+    assert launch.cpus == cpus

@@ -22,6 +22,7 @@ judge it stale at once cannot both end up holding it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -38,6 +39,13 @@ from workload.logs import logger
 LOCK_NAME = "train.lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # ten missed heartbeats: longer than NFS attribute caching (60 s)
+# What link() fails with where the file system has no hard links: vfat/exFAT (EPERM), many
+# FUSE and object-store mounts (ENOSYS, EOPNOTSUPP), union mounts that cannot link (EXDEV).
+NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV}
+
+
+class Refused(Exception):
+    """The lock cannot be taken for a reason other than a holder; str() is one line."""
 
 
 def _start_time(pid: int) -> str | None:
@@ -67,6 +75,8 @@ def me() -> dict:
 
 
 def describe(holder: dict) -> str:
+    if not readable(holder):
+        return "a lock file that is not one train wrote (unreadable)"
     job = f", SLURM job {holder['job_id']}" if holder.get("job_id") else ""
     return (f"host {holder.get('host', '?')} PID {holder.get('pid', '?')}{job}, "
             f"started {holder.get('started', '?')}")
@@ -93,13 +103,30 @@ def stale_reason(path: Path, holder: dict) -> str | None:
     return None
 
 
+def readable(holder: dict) -> bool:
+    """Whether the lock file held what `me()` writes (at least who holds it)."""
+    return isinstance(holder.get("host"), str) and isinstance(holder.get("pid"), int)
+
+
 def _read(path: Path) -> tuple[bytes, dict]:
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise Refused(f"{path} is a directory, not the lock file train keeps there; move it "
+                      f"away (mv {path} {path}.moved) or pass another --output-dir") from None
     try:
         holder = json.loads(raw)
-    except ValueError:  # being written this very moment, or damaged
+    except (ValueError, RecursionError):  # damaged, or not written by train
         holder = {}
     return raw, holder if isinstance(holder, dict) else {}
+
+
+def _no_hard_links(path: Path, error: OSError) -> Refused:
+    return Refused(f"--output-dir {path.parent} is on a file system without hard links "
+                   f"(link() failed: {error.strerror}; vfat, exFAT, some FUSE and object-store "
+                   f"mounts), and the run folder's lock {path.name} is made by one; pass an "
+                   f"--output-dir on a file system with hard links, e.g. a folder under "
+                   f"your scratch or home directory")
 
 
 def _link(draft: Path, path: Path) -> bool:
@@ -110,8 +137,12 @@ def _link(draft: Path, path: Path) -> bool:
         return True
     except FileExistsError:
         return False
-    except OSError:
-        return draft.stat().st_nlink == 2
+    except OSError as error:
+        if draft.stat().st_nlink == 2:
+            return True
+        if error.errno in NO_HARD_LINKS:
+            raise _no_hard_links(path, error) from None
+        return False
 
 
 def _break(path: Path, seen: bytes) -> None:
@@ -153,6 +184,8 @@ class RunLock:
                 if refusal:
                     return refusal
             return f"{self.path} keeps changing hands; another run is starting in this folder"
+        except Refused as refusal:
+            return str(refusal)
         finally:
             draft.unlink()
 
@@ -160,6 +193,11 @@ class RunLock:
         """A refusal naming the live holder, or None after breaking a stale lock."""
         seen, holder = _read(self.path)
         reason = stale_reason(self.path, holder)
+        if reason is None and not readable(holder):
+            return (f"{self.path} is not a lock file train wrote (its content is not the "
+                    f"holder's JSON); if no run uses --output-dir {self.path.parent}, remove "
+                    f"it (rm {self.path}) and start again; left alone, it is taken over "
+                    f"once unchanged for {STALE_AFTER_S:.0f} s")
         if reason is None:
             return (f"--output-dir {self.path.parent} is in use by another run "
                     f"({describe(holder)}; lock file {self.path}); wait for it to end, stop "
@@ -196,7 +234,7 @@ class RunLock:
             _, holder = _read(self.path)
             if holder.get("token") == self.holder["token"]:
                 self.path.unlink()
-        except OSError:
+        except (OSError, Refused):  # gone, or replaced by something else: not ours
             pass
         self.holder = None
 

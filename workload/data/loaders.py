@@ -15,6 +15,7 @@ import torch
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
 from workload.data.sharding import batch_seed, batch_slice, epoch_order, eval_shard
+from workload.launch.cpus import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -69,11 +70,9 @@ class DeviceLoader(ShardedBatches):
 
 
 def default_workers(local_world_size: int = 1) -> int:
-    """DataLoader workers per process: the CPUs SLURM (or the affinity mask) gives this
-    process, one left for the training loop, at most 8."""
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or (
-        len(os.sched_getaffinity(0)) // max(1, local_world_size))
-    return max(0, min(8, cpus - 1))
+    """DataLoader workers per process: the CPUs it owns (workload.launch.cpus: its share
+    of the task's under torchrun), one left for the training loop, at most 8."""
+    return max(0, min(8, process_cpus(os.environ, local_world_size) - 1))
 
 
 class ShardSampler(torch.utils.data.Sampler):

@@ -49,6 +49,8 @@ def render_env(res: Resolution) -> str:
     lines = [f"# layout: {res.layout}"]
     if res.gpu_index is not None:
         lines.append(f"# gpu: cuda:{res.gpu_index}")
+    if res.cpus is not None:
+        lines.append(f"# cpus: {res.cpus}")
     lines += [f"{key}={value}" for key, value in res.values.items()]
     return "\n".join(lines) + "\n"
 

@@ -8,4 +8,12 @@ class LaunchError(ValueError):
 
     def __init__(self, name: str, value: str, expected: str, fix: str):
         self.name, self.value = name, value
-        super().__init__(f"{name}={value!r} is not usable: expected {expected}; fix: {fix}")
+        super().__init__(f"{name}={shown(value)} is not usable: expected {expected}; "
+                         f"fix: {fix}")
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """The value quoted for a one-line message; a long one by its start and its length."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit // 2]!r}... ({len(value)} characters)"

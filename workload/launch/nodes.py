@@ -16,8 +16,10 @@ def expand_nodes(name: str, value: str) -> list[str]:
     """All host names of a SLURM node list, in SLURM's order."""
     try:
         hosts = hostlist.expand_hostlist(value)
-    except hostlist.BadHostlist as exc:
-        raise LaunchError(name, value, f"a SLURM node list such as nid[001-004] ({exc})",
+    except (hostlist.BadHostlist, ValueError) as exc:
+        # ValueError: int() of a range bound past 4300 digits, not a hostlist error.
+        why = exc if isinstance(exc, hostlist.BadHostlist) else "a number in it is too long"
+        raise LaunchError(name, value, f"a SLURM node list such as nid[001-004] ({why})",
                           f"unset {name} or fix its value") from None
     if not hosts:
         raise LaunchError(name, value, "a non-empty SLURM node list", f"unset {name}")

@@ -14,14 +14,16 @@ Precedence, per variable:
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from workload.launch.cpus import process_cpus, thread_count, usable_cpus
 from workload.launch.errors import LaunchError
 from workload.launch.gpus import GPU_VARIABLE, gpu_index, local_rank_warning
 from workload.launch.nodes import first_node, tasks_per_node
+from workload.launch.variables import (first_whole_number, in_slurm, in_step, under_torchrun,
+                                       whole_number)
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
         "MASTER_ADDR", "MASTER_PORT")
@@ -49,41 +51,10 @@ class Resolution:
     values: dict[str, str]        # variables to export (user/torchrun values included)
     gpu_index: int | None         # CUDA device for this process; None without GPUs
     threads: int | None           # OMP/torch threads; None = leave the default alone
+    cpus: int | None = None       # CPUs this process owns (threads, data workers); None:
+                                  # not a worker (a torchrun about to start)
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
-
-
-# ------------------------------------------------------------------ small readers
-def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    if not re.fullmatch(r"\d+", raw.strip()) or int(raw) < minimum:
-        raise LaunchError(name, raw, f"a whole number >= {minimum}",
-                          f"unset {name} or set it to a whole number")
-    return int(raw)
-
-
-def _first_int(env: Mapping[str, str], *names: str, minimum: int = 0) -> int | None:
-    for name in names:
-        value = _int(env, name, minimum)
-        if value is not None:
-            return value
-    return None
-
-
-def in_slurm(env: Mapping[str, str]) -> bool:
-    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
-
-
-def in_step(env: Mapping[str, str]) -> bool:
-    """True inside an srun step; False in the batch script or an salloc shell."""
-    return in_slurm(env) and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
-
-
-def under_torchrun(env: Mapping[str, str]) -> bool:
-    """torchrun (torch.distributed.run) sets these for every worker it starts."""
-    return "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env
 
 
 # ------------------------------------------------------------------ SLURM values
@@ -97,10 +68,10 @@ def slurm_master_addr(env: Mapping[str, str]) -> str | None:
 
 
 def slurm_port(env: Mapping[str, str]) -> int | None:
-    job = _first_int(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    job = first_whole_number(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job is None:
         return None
-    step = _first_int(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
+    step = first_whole_number(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
     slot = BATCH_STEP_SLOT if step is None else step % 10
     return PORT_BASE + 10 * (job % 1000) + slot
 
@@ -111,15 +82,15 @@ def slurm_world(env: Mapping[str, str]) -> dict[str, int | None]:
         # The batch script or an salloc shell: one process, whatever the job's task count.
         return dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, LOCAL_WORLD_SIZE=1, NODE_RANK=0,
                     NUM_NODES=1)
-    node_rank = _int(env, "SLURM_NODEID")
+    node_rank = whole_number(env, "SLURM_NODEID")
     return dict(
-        RANK=_int(env, "SLURM_PROCID"),
-        LOCAL_RANK=_int(env, "SLURM_LOCALID"),
-        WORLD_SIZE=_first_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS",
+        RANK=whole_number(env, "SLURM_PROCID"),
+        LOCAL_RANK=whole_number(env, "SLURM_LOCALID"),
+        WORLD_SIZE=first_whole_number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS",
                               minimum=1),
         LOCAL_WORLD_SIZE=_tasks_on_node(env, node_rank or 0),
         NODE_RANK=node_rank,
-        NUM_NODES=_first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1),
+        NUM_NODES=first_whole_number(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1),
     )
 
 
@@ -128,7 +99,7 @@ def _tasks_on_node(env: Mapping[str, str], node_rank: int) -> int | None:
         if env.get(name):
             counts = tasks_per_node(name, env[name])
             return counts[node_rank] if node_rank < len(counts) else None
-    return _int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+    return whole_number(env, "SLURM_NTASKS_PER_NODE", minimum=1)
 
 
 # ------------------------------------------------------------------ the rules
@@ -184,7 +155,7 @@ def _validate(values: Mapping[str, str]) -> None:
         if not (SAFE_CONF if key == "PET_RDZV_CONF" else SAFE_VALUE).fullmatch(value):
             raise LaunchError(key, value, "a host name, address or number without shell "
                               "metacharacters", f"unset {key} or fix its value")
-    numbers = {key: _int(values, key, minimum=1 if key.endswith("WORLD_SIZE") else 0)
+    numbers = {key: whole_number(values, key, minimum=1 if key.endswith("WORLD_SIZE") else 0)
                for key in KEYS if key in values and key != "MASTER_ADDR"}
     for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
         if rank in numbers and size in numbers and numbers[rank] >= numbers[size]:
@@ -194,34 +165,6 @@ def _validate(values: Mapping[str, str]) -> None:
     if port is not None and not 1024 <= port <= 65535:
         raise LaunchError("MASTER_PORT", values["MASTER_PORT"], "a port in 1024-65535",
                           "unset MASTER_PORT to use the job-derived port")
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: SLURM's cgroup, taskset, ...)."""
-    return len(os.sched_getaffinity(0))
-
-
-def thread_count(env: Mapping[str, str], sharing: int, usable: int,
-                 warnings: list[str]) -> int | None:
-    """Threads per process from SLURM_CPUS_PER_TASK, unless the user chose.
-
-    The derived count never exceeds the CPUs this process may use: a bogus
-    SLURM_CPUS_PER_TASK=999999999 would otherwise make libgomp abort at start.
-    """
-    user = env.get("OMP_NUM_THREADS")
-    # torchrun sets OMP_NUM_THREADS=1 for its workers when it was unset: not a choice.
-    torchrun_default = under_torchrun(env) and user == "1" and sharing > 1
-    if user and not torchrun_default:
-        return _int(env, "OMP_NUM_THREADS", minimum=1)
-    cpus = _int(env, "SLURM_CPUS_PER_TASK", minimum=1)
-    if cpus is None:
-        return None
-    if cpus > usable:
-        warnings.append(f"SLURM_CPUS_PER_TASK={cpus} but this process may use only {usable} "
-                        f"CPUs (its affinity mask): threads derived from {usable}; set "
-                        f"OMP_NUM_THREADS to choose")
-        cpus = usable
-    return max(1, cpus // max(1, sharing))
 
 
 def _layout(env: Mapping[str, str], world_size: int) -> str:
@@ -253,15 +196,17 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0,
     _validate(values)
     layout = _layout(env, int(values["WORLD_SIZE"]))
     local_rank = int(values["LOCAL_RANK"])
-    sharing = int(values["LOCAL_WORLD_SIZE"]) if layout == TORCHRUN else 1
-    threads = thread_count(env, sharing, usable_cpus() if cpus is None else cpus, warnings)
+    local_processes = int(values["LOCAL_WORLD_SIZE"])
+    owned = process_cpus(env, local_processes, usable_cpus() if cpus is None else cpus,
+                         warnings)
+    threads = thread_count(env, owned, local_processes)
     if threads is not None:
         values["OMP_NUM_THREADS"] = str(threads)
     notes = _notes(env, values, visible_gpus)
     gpu = _gpu(env, visible_gpus, local_rank, warnings, notes)
     if gpu is not None:
         values[GPU_VARIABLE] = str(gpu)
-    return Resolution(layout, values, gpu, threads, tuple(warnings), notes)
+    return Resolution(layout, values, gpu, threads, owned, tuple(warnings), notes)
 
 
 def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[str],
@@ -272,7 +217,7 @@ def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[s
     note (the entrypoint shows it to other programs, `check` prints it). Several visible
     GPUs that LOCAL_RANK cannot index is a real oddity: a warning everyone sees.
     """
-    own = _int(env, GPU_VARIABLE)
+    own = whole_number(env, GPU_VARIABLE)
     if own is not None and visible and own >= visible:
         raise LaunchError(GPU_VARIABLE, str(own), f"a GPU index below the {visible} visible",
                           f"unset {GPU_VARIABLE} or pick 0-{visible - 1}")
@@ -291,10 +236,11 @@ def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int)
         slurm = slurm_world(env)
         notes["in_step"] = str(in_step(env))
         notes["slurm_tasks_on_node"] = str(slurm["LOCAL_WORLD_SIZE"] or 1)
-        notes["job_tasks"] = str(_first_int(env, "SLURM_NTASKS", "SLURM_NPROCS", minimum=1) or 1)
+        notes["job_tasks"] = str(first_whole_number(env, "SLURM_NTASKS", "SLURM_NPROCS",
+                                                    minimum=1) or 1)
         if slurm["WORLD_SIZE"] is not None:
             notes["step_tasks"] = str(slurm["WORLD_SIZE"])
-        procid = _int(env, "SLURM_PROCID")
+        procid = whole_number(env, "SLURM_PROCID")
         if procid is not None:
             notes["slurm_procid"] = str(procid)
     return notes

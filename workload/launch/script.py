@@ -41,6 +41,7 @@ class Launch:
     device: str                  # "cuda:N" (already made current) or "cpu"
     gpu_index: int | None = None  # N of cuda:N among the GPUs this process sees
     layout: str = SINGLE          # single, per-task or torchrun-per-node
+    cpus: int = 1                 # CPUs it owns: its share under torchrun (DataLoader workers)
 
     @property
     def is_main(self) -> bool:
@@ -102,4 +103,4 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
               ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
     return Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], device,
-                  res.gpu_index if device != "cpu" else None, res.layout)
+                  res.gpu_index if device != "cpu" else None, res.layout, res.cpus or 1)

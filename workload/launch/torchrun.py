@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from workload.launch.resolve import (TORCHRUN, Resolution, _first_int, _notes, _pick,
-                                     _rendezvous_values, _validate, in_slurm, in_step,
-                                     slurm_world)
+from workload.launch.resolve import (TORCHRUN, Resolution, _notes, _pick, _rendezvous_values,
+                                     _validate, slurm_world)
+from workload.launch.variables import first_whole_number, in_slurm, in_step
 
 # Why torchrun gets a c10d rendezvous and a store of its own per restart
 # ---------------------------------------------------------------------
@@ -65,11 +65,12 @@ def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
     values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
     _validate(values)
     notes = _notes(env, values, 0)
-    return Resolution(TORCHRUN, values, None, None, tuple(warnings), notes)
+    return Resolution(TORCHRUN, values, None, None, warnings=tuple(warnings),
+                      notes=notes)
 
 
 def _rendezvous_id(env: Mapping[str, str]) -> str:
     """One id per job step, the same on every node: ``slurm-<job>-<step>``."""
-    job = _first_int(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    step = _first_int(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
+    job = first_whole_number(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    step = first_whole_number(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
     return f"slurm-{job}-{'batch' if step is None else step}"
