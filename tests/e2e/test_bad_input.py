@@ -29,11 +29,11 @@ def looped_image_folder(tmp_path):
 
 CASES = {
     # name: (extra args, builder of args needing tmp_path, words the message must contain)
-    "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "positive", "got 0"]),
+    "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "1 or more", "got 0"]),
     "negative lr": (["--base-lr", "-0.1"], None, ["--base-lr", "greater than 0", "-0.1"]),
     "unknown model": (["--model", "vgg"], None, ["--model 'vgg'", "did you mean", "vgg16"]),
     "unknown dataset": (["--dataset", "mnist"], None, ["--dataset", "invalid choice", "digits"]),
-    "accuracy as a percent": (["--target-accuracy", "95"], None, ["fraction", "0.95"]),
+    "accuracy as a percent": (["--target-accuracy", "95"], None, ["at most 1.0", "0.95 for 95 %"]),
     "missing cifar": (["--dataset", "cifar100"], lambda p: ["--data-dir", str(p / "empty")],
                       ["CIFAR-100 not found", "--download"]),
     "corrupt cifar": (["--dataset", "cifar100"], lambda p: ["--data-dir", bad_cifar_dir(p)],
@@ -47,7 +47,7 @@ CASES = {
     "infinite weight decay": (["--weight-decay", "inf"], None, ["--weight-decay", "finite"]),
     "absurd lr": (["--base-lr", "1e308"], None, ["--base-lr", "at most"]),
     "infinite warm-up": (["--warmup-epochs", "inf"], None, ["--warmup-epochs", "finite"]),
-    "20-digit seed": (["--seed", "12345678901234567890"], None, ["--seed", "at most"]),
+    "20-digit seed": (["--seed", "12345678901234567890"], None, ["--seed", "from 0 to 4294967295"]),
     "infinite timeout": (["--dist-timeout", "inf"], None, ["--dist-timeout", "finite"]),
     "batch larger than the data": (["--dataset", "synthetic", "--synthetic-size", "64",
                                     "--batch-size", "128"], None,

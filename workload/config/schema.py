@@ -5,11 +5,13 @@ metadata names another flag. Field names are unique across sections, so the flat
 `name -> value` mapping (config.json, recipes, resume checks) is lossless.
 """
 
+# No `from __future__ import annotations`: the fields' types are read at run time
+# (workload.config.flags gives them to argparse).
 import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from workload.config.values import Every
+from workload.config.values import Every, Range, at_least, between
 
 # The built-in network; every torchvision classification model name is accepted too, checked
 # against torchvision's registry once torch is imported (workload.models.check_model_name).
@@ -25,19 +27,22 @@ LR_SCALINGS = ("none", "linear")
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
 # The smallest image side the models' pooling takes (--image-size 0 is the dataset's own).
 MIN_IMAGE_SIZE = 8
+MAX_SEED = 2**32 - 1  # what numpy's and most generators' seeds hold
 
 
 def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
-            metavar: str = "", bounds: tuple = (), one_shot: bool = False, factory=None):
+            metavar: str = "", bounds: Range | None = None, example: str = "",
+            one_shot: bool = False, factory=None):
     """A config field: its default, the help line of its flag, and how the flag looks.
     `key` is its name in the flat mapping when the field's own name would be ambiguous
     (`model.name` is `model`); the flag is `--` + the key in kebab case unless given.
-    `bounds`: (least, most) a value may be, both included, where a larger one only
-    exhausts memory (checked by validate and for model.json). `one_shot`: an action of
-    this invocation (delete, download), not a setting of the run: never recorded in
-    config.json, and not taken from a --config file (docs/checkpoints.md)."""
+    `bounds`: the Range a number must be in, held by validate, --config files and
+    model.json alike; `example`: the value a refusal suggests (default: the default).
+    `one_shot`: an action of this invocation (delete, download), not a setting of the
+    run: never recorded in config.json, and not taken from a --config file
+    (docs/checkpoints.md)."""
     metadata = dict(help=help, key=key, flag=flag, choices=choices, metavar=metavar,
-                    bounds=bounds, one_shot=one_shot)
+                    bounds=bounds, example=example, one_shot=one_shot)
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -59,11 +64,11 @@ class Model:
     init_reinit_head: bool = setting(False, "with --init-from: start the classifier head "
                                             "afresh when its size differs (other classes)")
     width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x",
-                         bounds=(1, 1024))
+                         bounds=between(1, 1024))
     blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)",
-                                    bounds=(1, 100))
+                                    bounds=between(1, 100))
     dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block",
-                             bounds=(0.0, 0.99))
+                             bounds=between(0.0, 0.99))
 
 
 @dataclass
@@ -76,13 +81,14 @@ class Data:
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
                                     "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
-                                 "imagefolder)", bounds=(0, 2048))
+                                 "imagefolder)", bounds=between(0, 2048))
     synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
-                                          "a fifth of that)")
+                                          "a fifth of that)", bounds=at_least(1))
     num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)",
-                               bounds=(1, 100_000))
+                               bounds=between(1, 100_000))
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
-                               "SLURM_CPUS_PER_TASK or the CPUs this process may use")
+                               "SLURM_CPUS_PER_TASK or the CPUs this process may use",
+                       bounds=at_least(-1))
     stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
                                 "a .tar) to this node-local folder once per node, e.g. "
                                 "$SLURM_TMPDIR, verify it and train from there; a complete "
@@ -98,20 +104,28 @@ class Data:
 @dataclass
 class Training:
     """training (the first five as in the reference train.py)"""
-    batch_size: int = setting(256, "images per optimizer step on each process")
-    epochs: int = setting(100, "passes over the training set")
-    base_lr: float = setting(0.01, "peak learning rate, reached after the warm-up")
+    batch_size: int = setting(256, "images per optimizer step on each process",
+                              bounds=at_least(1))
+    epochs: int = setting(100, "passes over the training set", bounds=at_least(1))
+    base_lr: float = setting(0.01, "peak learning rate, reached after the warm-up",
+                             bounds=Range(0.0, 1000.0, low_open=True))
     target_accuracy: float = setting(0.95, "stop early when `patience` consecutive epochs "
-                                           "reach this test accuracy")
-    patience: int = setting(2, "epochs at the target accuracy before stopping")
-    max_steps: int = setting(0, "stop after N optimizer steps in all; 0 = no limit")
-    momentum: float = setting(0.9, "SGD momentum")
-    weight_decay: float = setting(5e-4, "SGD weight decay")
+                                           "reach this test accuracy",
+                                     bounds=Range(0.0, 1.0, low_open=True),
+                                     example="0.95 for 95 %")
+    patience: int = setting(2, "epochs at the target accuracy before stopping",
+                            bounds=at_least(1))
+    max_steps: int = setting(0, "stop after N optimizer steps in all; 0 = no limit",
+                             bounds=at_least(0))
+    momentum: float = setting(0.9, "SGD momentum", bounds=Range(0.0, 1.0, high_open=True))
+    weight_decay: float = setting(5e-4, "SGD weight decay", bounds=between(0.0, 1.0))
     warmup_epochs: float = setting(1.0, "linear warm-up from 0 to base lr over this many "
-                                        "epochs, then cosine decay to 0")
-    label_smoothing: float = setting(0.0, "cross-entropy label smoothing; 0 = off")
+                                        "epochs, then cosine decay to 0",
+                                   bounds=between(0.0, 1e6))
+    label_smoothing: float = setting(0.0, "cross-entropy label smoothing; 0 = off",
+                                     bounds=Range(0.0, 1.0, high_open=True))
     seed: int = setting(0, "seeds model init, data order and augmentation: same seed, same "
-                           "result on the CPU")
+                           "result on the CPU", bounds=between(0, MAX_SEED))
     allow_nonfinite_loss: bool = setting(False, "keep training when the training loss becomes "
                                                 "NaN or infinite (by default the run stops)")
 
@@ -137,7 +151,8 @@ class Distributed:
     lr_scaling: str = setting("none", "linear: base lr x number of processes; none: as given",
                               choices=LR_SCALINGS)
     dist_timeout_s: float = setting(600.0, "seconds a rank may wait in a collective",
-                                    flag="--dist-timeout")
+                                    flag="--dist-timeout", metavar="SECONDS",
+                                    bounds=Range(0.0, 7 * 24 * 3600.0, low_open=True))
 
 
 @dataclass
@@ -152,7 +167,7 @@ class Checkpoint:
                                             "0 = epoch ends only (each one always saves)",
                                       metavar="N|DURATION", factory=lambda: Every(0, 1800.0))
     keep_checkpoints: int = setting(3, "complete checkpoints kept; older ones are pruned "
-                                       "only after a new one is complete")
+                                       "only after a new one is complete", bounds=at_least(1))
     preempt_signal: str = setting("USR2", "signal that asks for a checkpoint and the requeue "
                                           "exit status 75 (SIGTERM always does)",
                                   choices=PREEMPT_SIGNALS)
@@ -169,7 +184,7 @@ class Logging:
     log_every: int = setting(0, "a progress line (loss, img/s, ETA, GPU memory) every N "
                                 "steps, also in <output-dir>/steps.jsonl; 0 = about every "
                                 "30 s when stdout is not a terminal (a terminal shows a bar)",
-                             metavar="N")
+                             metavar="N", bounds=at_least(0))
     wandb: bool = setting(False, "also log the metrics to Weights & Biases (the wandb extra; "
                                  "offline unless WANDB_MODE says otherwise)")
 
@@ -238,12 +253,18 @@ def _coerce(key: str, value):
 
 
 def out_of_bounds(key: str, value) -> str:
-    """Why `value` is outside the bounds of the field `key` ("" when inside, or unbounded):
+    """Why `value` is outside the Range of the field `key` ("" when inside, or unbounded):
     the one range train's flags, --config files and model.json are held to."""
     bounds = FIELDS[key].metadata["bounds"]
-    if not bounds or bounds[0] <= value <= bounds[1]:
-        return ""
-    return f"must be from {bounds[0]} to {bounds[1]}, got {value!r}"
+    problem = bounds.problem(value) if bounds else ""
+    return f"must be {problem}, got {value!r}" if problem else ""
+
+
+def example_of(key: str) -> str:
+    """The value a refusal of `key` suggests: the field's example, else its default."""
+    f = FIELDS[key]
+    return f.metadata["example"] or str(f.default if f.default is not dataclasses.MISSING
+                                        else f.default_factory())
 
 
 def flag_of(key: str) -> str:

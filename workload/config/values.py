@@ -1,4 +1,5 @@
-"""Typed values that a flag gives as text: `--checkpoint-every 500` or `10m`."""
+"""Typed values of the config: what a flag gives as text (`--checkpoint-every 500` or
+`10m`), and the Range a number must be in."""
 
 from __future__ import annotations
 
@@ -39,3 +40,38 @@ class Every:
             if seconds and seconds % size == 0:
                 return f"{seconds // size}{unit}"
         return f"{seconds}s" if seconds else "0"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field may take: `low`/`high` are None where unbounded, and an `open`
+    end excludes its bound. Past the ends a run only breaks (a zero learning rate, a
+    schedule that overflows) or exhausts memory (a width of 10^5)."""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def problem(self, value) -> str:
+        """What `value` must be ("" when it is inside): the violated side, or both ends
+        of a closed range."""
+        too_low = self.low is not None and (value <= self.low if self.low_open
+                                            else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.high_open
+                                              else value > self.high)
+        if not (too_low or too_high):
+            return ""
+        if self.low is not None and self.high is not None and not (self.low_open
+                                                                   or self.high_open):
+            return f"from {self.low!r} to {self.high!r}"
+        if too_low:
+            return f"greater than {self.low!r}" if self.low_open else f"{self.low!r} or more"
+        return f"less than {self.high!r}" if self.high_open else f"at most {self.high!r}"
+
+
+def at_least(low) -> Range:
+    return Range(low=low)
+
+
+def between(low, high) -> Range:
+    return Range(low=low, high=high)
