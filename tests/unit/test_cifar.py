@@ -157,3 +157,36 @@ def test_hostile_pickles_of_allowed_types_are_refused_before_allocating(tmp_path
     for path, line in zip(files[1:], said[1:]):
         assert line.startswith(f"refused {path} is not a readable CIFAR-100 python file"), line
     assert all("declares more data than the file's" in line for line in said[-3:]), said
+
+
+def python2_cifar_pickle(rows, labels) -> bytes:
+    """The official files' form, written by hand: Python 2's cPickle at protocol 2, the
+    pixels as one str (BINSTRING) in numpy.core.multiarray's _reconstruct, the dtype's
+    state with str fields."""
+    import struct
+
+    def short(text: bytes) -> bytes:  # SHORT_BINSTRING
+        return b"U" + bytes([len(text)]) + text
+
+    raw = rows.tobytes()
+    dtype = (b"cnumpy\ndtype\n" + short(b"u1") + b"K\x00K\x01\x87R" + b"(K\x03" + short(b"|")
+             + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+    array = (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + b"K\x00\x85"
+             + short(b"b") + b"\x87R" + b"(K\x01M" + struct.pack("<H", rows.shape[0])
+             + b"M\x00\x0c\x86" + dtype + b"\x89T" + struct.pack("<I", len(raw)) + raw + b"tb")
+    label_list = b"](" + b"".join(b"K" + bytes([v]) for v in labels) + b"e"
+    return (b"\x80\x02}(" + short(b"data") + array + short(b"fine_labels") + label_list
+            + b"u.")
+
+
+def test_reads_the_python_2_form_of_the_official_files(tmp_path):
+    import numpy as np
+
+    rows = np.random.default_rng(1).integers(0, 256, (3, 3072), dtype=np.uint8)
+    path = tmp_path / "train"
+    path.write_bytes(python2_cifar_pickle(rows, [3, 99, 0]))
+    with open(path, "rb") as f:  # the hand-written form is what pickle itself reads
+        assert (pickle.load(f, encoding="bytes")[b"data"] == rows).all()
+    split = read_cifar100_split(path)
+    assert split.images.reshape(3, -1).numpy().tolist() == rows.tolist()
+    assert split.labels.tolist() == [3, 99, 0]

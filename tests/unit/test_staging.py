@@ -95,7 +95,7 @@ def test_link_loops_in_the_source_are_refused_before_copying(tmp_path, loops):
         (data / "train" / "cat" / f"loop{k}").symlink_to(data / "train")
     with pytest.raises(UsageError, match="a symbolic link loop.*remove the link"):
         stage_once(data, tmp_path / "local")
-    assert others(tmp_path / "local") == [] and not os.listdir(tmp_path / "local")
+    assert not (tmp_path / "local").exists()  # refused before anything was made
 
 
 def test_a_broken_tar_is_refused(tmp_path):
@@ -118,3 +118,19 @@ def test_a_tar_with_an_unsafe_member_name_says_so(tmp_path, name):
     assert f"pets.tar holds a member with an unsafe name or link ('{name}'" in str(error.value)
     assert "\n" not in str(error.value) and "not a readable tar" not in str(error.value)
     assert list((tmp_path / "local").iterdir()) == []
+
+
+def test_without_file_locks_staging_works_and_keeps_older_stagings(tmp_path, monkeypatch):
+    import errno
+
+    def no_locks(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr("workload.data.staginglock.fcntl.flock", no_locks)
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    first, said = stage_once(data, tmp_path / "local")
+    assert "staged" in said
+    (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
+    second, said = stage_once(data, tmp_path / "local")
+    assert f"kept the older staging {first.name}: " in said and "no file locks (flock)" in said
+    assert first.is_dir() and (second / "train" / "cat" / "0.jpg").read_bytes() == b"changed"

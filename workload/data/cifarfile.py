@@ -112,6 +112,8 @@ class DtypePlan:
 class _NdarrayName:
     """numpy.ndarray as a name _reconstruct receives, never called."""
 
+    __slots__ = ()  # nothing a pickle's BUILD could set
+
 
 def _reconstruct(cls, shape, typecode) -> ArrayPlan:
     if not isinstance(cls, _NdarrayName):
@@ -135,7 +137,7 @@ _NUMPY = ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric
 STAND_INS = {
     **{(m, "_reconstruct"): _reconstruct for m in _NUMPY},
     **{(m, "_frombuffer"): _frombuffer for m in _NUMPY},
-    **{(m, "ndarray"): _NdarrayName() for m in _NUMPY},
+    **{(m, "ndarray"): _NdarrayName for m in _NUMPY},
     **{(m, "dtype"): DtypePlan for m in _NUMPY},
     ("_codecs", "encode"): _latin1,
 }
@@ -145,7 +147,13 @@ class _PlanningUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) not in STAND_INS:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-        return STAND_INS[(module, name)]
+        stand_in = STAND_INS[(module, name)]
+        if stand_in is _NdarrayName:
+            return _NdarrayName()
+
+        def call(*args):  # a new function per name: a BUILD on it changes nothing shared
+            return stand_in(*args)
+        return call
 
 
 def load(path: Path):

@@ -36,10 +36,12 @@ def stop_if_signalled(flag: PreemptionFlag | None) -> None:
         raise StagingStopped(flag.signal_name)
 
 
-def scan(folder: Path) -> tuple[list[str], dict[str, os.stat_result]]:
+def scan(folder: Path, flag: PreemptionFlag | None = None
+         ) -> tuple[list[str], dict[str, os.stat_result]]:
     """The folders and the regular files under `folder` (relative paths), links followed."""
     folders, files = [], {}
     for parent, _, names in walk_once(str(folder)):
+        stop_if_signalled(flag)  # a million files on a busy shared file system take a while
         relative = Path(parent).relative_to(folder)
         folders.append(str(relative))
         for name in names:
@@ -54,7 +56,7 @@ def listing(folder: Path) -> dict[str, int]:
     return {name: info.st_size for name, info in scan(folder)[1].items()}
 
 
-def identity(source: Path) -> str:
+def identity(source: Path, flag: PreemptionFlag | None = None) -> str:
     """What tells one state of the source from another, without reading its contents: the
     path, and of the tar or of every file the size, mtime and ctime in nanoseconds. ctime
     catches a rewrite that kept the size and put the old mtime back (cp -p, rsync -t):
@@ -62,7 +64,7 @@ def identity(source: Path) -> str:
     if source.is_file():
         stats = {"": source.stat()}
     else:
-        stats = scan(source)[1]
+        stats = scan(source, flag)[1]
     digest = hashlib.sha256(str(source).encode())
     for name in sorted(stats):
         info = stats[name]
@@ -86,7 +88,7 @@ def copy_in(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[st
 
 
 def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
-    folders, files = scan(source)
+    folders, files = scan(source, flag)
     for folder in folders:  # empty class folders too: the reader counts them as classes
         (partial / folder).mkdir(parents=True, exist_ok=True)
     for name in sorted(files):

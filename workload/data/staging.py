@@ -31,11 +31,13 @@ import torch.distributed as dist
 from workload.config import TrainConfig
 from workload.data.stagefiles import (StagingStopped, copy_in, first_difference, identity,
                                       listing, staged_name)
-from workload.data.staginglock import hold_shared, let_go, lock_path, remove_if_unused
+from workload.data.staginglock import (NoLocks, hold_shared, let_go, lock_path,
+                                       remove_if_unused)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import write_json
-from workload.launch.preemption import PreemptionFlag, exit_for_requeue
+from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
+                                        exit_for_requeue)
 from workload.logs import logger
 
 WAIT_FOR_STAGING = timedelta(hours=6)  # how long the other ranks wait for a node's copy
@@ -55,9 +57,10 @@ def stage_data(cfg: TrainConfig, info: DistInfo, flag: PreemptionFlag | None = N
     for failed in (s for s in statuses if s["failed"]):
         raise UsageError(failed["text"])
     for stopped in (s for s in statuses if s["stopped"]):
-        logger.warning(f"{stopped['text']}; exiting with status 75 so the job script "
-                       "requeues the job")
-        exit_for_requeue(0, stopped["stopped"])
+        if info.is_main:
+            logger.warning(f"{stopped['text']}; exiting with status {REQUEUE_EXIT_STATUS} "
+                           "so the job script requeues the job")
+        exit_for_requeue(0, stopped["stopped"])  # every rank: none waits for the others
     for s in statuses:
         logger.info(s["text"])
     return str(data_root(stage_dir / _node_status(statuses)["staging"]))
@@ -124,8 +127,8 @@ def stage_once(source: Path, stage_dir: Path,
                flag: PreemptionFlag | None = None) -> tuple[Path, str]:
     """The staging of this state of `source` in `stage_dir` (made unless a complete one is
     there, and locked for this process's life); what was done."""
+    key = identity(source, flag)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    key = identity(source)
     target = stage_dir / f"{staged_name(source)}-{key[:16]}"
     lock = lock_path(target)
     if lock not in _held:
@@ -139,7 +142,7 @@ def stage_once(source: Path, stage_dir: Path,
 
 
 def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
-                    mine: int) -> str:
+                    mine: int | None) -> str:
     started = time.perf_counter()
     recorded = read_manifest(target)
     if recorded is None and os.path.lexists(target):
@@ -156,9 +159,11 @@ def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag |
 
 
 def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
-               mine: int, started: float) -> str:
+               mine: int | None, started: float) -> str:
     if os.path.lexists(target):  # ours, but damaged (a file of it deleted)
-        if not remove_if_unused(target, mine):
+        if mine is None:  # no locks to tell whether another job reads it: replaced
+            shutil.rmtree(target)
+        elif not remove_if_unused(target, mine):
             raise UsageError(f"the staging {target} is incomplete and another job on this "
                              "node reads it; wait for that job to end, or pass another "
                              "--stage-to folder")
@@ -195,10 +200,14 @@ def remove_older(source: Path, target: Path) -> list[str]:
         recorded = read_manifest(older)
         if older == target or recorded is None or recorded.get("source") != str(source):
             continue
-        if lock_path(older) in _held:  # this process staged it earlier and moved on
+        if _held.get(lock_path(older)) is not None:  # this process staged it, moved on
             os.close(_held.pop(lock_path(older)))
-        if remove_if_unused(older):
-            said.append(f"removed the older staging {older.name}")
-        else:
-            said.append(f"kept the older staging {older.name}: another job reads it")
+        try:
+            removed = remove_if_unused(older)
+        except NoLocks:
+            said.append(f"kept the older staging {older.name}: {older.parent} has no file "
+                        "locks (flock) to tell whether a job reads it; remove it when none does")
+            continue
+        said.append(f"removed the older staging {older.name}" if removed else
+                    f"kept the older staging {older.name}: another job reads it")
     return said

@@ -5,15 +5,25 @@ waiting: if any job holds it, the staging stays.
 
 A lock file is unlinked by the process that removes its staging, so a process that opened
 it just before checks, once it holds the lock, that the name still leads to the file it
-locked, and opens the new one otherwise.
+locked, and opens the new one otherwise. On a file system without flock (Lustre mounted
+without `-o flock`, some NFS) nothing can tell whether a staging is in use: no staging is
+removed there but a damaged one of the job's own source state.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
 from pathlib import Path
+
+
+NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP}
+
+
+class NoLocks(OSError):
+    """The file system of the staging folder has no flock."""
 
 
 def lock_path(target: Path) -> Path:
@@ -30,6 +40,9 @@ def _open_locked(path: Path, how: int) -> int | None:
         except BlockingIOError:
             os.close(fd)
             return None
+        except OSError as error:
+            os.close(fd)
+            raise NoLocks(*error.args) if error.errno in NO_LOCKS else error from None
         try:
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
@@ -38,9 +51,13 @@ def _open_locked(path: Path, how: int) -> int | None:
         os.close(fd)  # removed meanwhile: lock the file that is there now
 
 
-def hold_shared(path: Path) -> int:
-    """Say that this process uses the staging: the descriptor stays open until it ends."""
-    return _open_locked(path, fcntl.LOCK_SH)
+def hold_shared(path: Path) -> int | None:
+    """Say that this process uses the staging: the descriptor stays open until it ends
+    (None where the file system has no locks)."""
+    try:
+        return _open_locked(path, fcntl.LOCK_SH)
+    except NoLocks:
+        return None
 
 
 def remove_if_unused(target: Path, mine: int | None = None) -> bool:
@@ -78,6 +95,8 @@ def _upgrade(fd: int) -> bool:
 def let_go(target: Path, mine: int) -> None:
     """This process gives up `target` (its staging failed or stopped): the lock file goes
     too unless the staging exists or another process holds it."""
+    if mine is None:
+        return
     if not os.path.lexists(target) and _upgrade(mine):
         lock_path(target).unlink(missing_ok=True)
     os.close(mine)
