@@ -35,8 +35,11 @@ def test_four_ranks_stage_once_per_node_and_reuse_it(slurm_cluster, tmp_path):
     nodes = sorted(p.name for p in local.iterdir())
     assert nodes == ["nid001", "nid002"]
     for node in nodes:  # one staging each, verified, nothing half-done left
-        assert sorted(p.name for p in (local / node).iterdir()) == ["pets", "pets.manifest.json"]
-        assert len(list((local / node / "pets" / "pets" / "train").rglob("*.jpg"))) == 8
+        [staged] = [p for p in (local / node).iterdir() if p.is_dir()]
+        assert sorted(p.name for p in (local / node).iterdir()) == sorted(
+            [staged.name, f"{staged.name}.manifest.json", f".{staged.name}.lock"])
+        assert staged.name.startswith("pets-")
+        assert len(list((staged / "pets" / "train").rglob("*.jpg"))) == 8
 
     out, _ = train("second")
     reused = [line for line in out.splitlines() if "reusing the staging" in line]

@@ -2,46 +2,135 @@
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
+import os
+import tarfile
 
 import pytest
 
 from tests.helpers import tar_folder, write_image_folder
-from workload.data.staging import data_root, listing, stage_once, staged_name
+from workload.data.staging import data_root, stage_once
+from workload.data.stagefiles import listing
 from workload.errors import UsageError
+
+
+def others(folder):
+    """What is in `folder` besides stagings' lock files (empty files, see staginglock.py)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
 
 
 def test_a_tar_is_unpacked_verified_and_reused(tmp_path):
     pets = write_image_folder(tmp_path / "pets", classes=2, per_class=2)
     tar = tar_folder(pets, tmp_path / "pets.tar")
-    target = tmp_path / "local" / staged_name(tar)
-    said = stage_once(tar, target)
-    assert "staged" in said and "8 files" in said and target.name == "pets"
+    target, said = stage_once(tar, tmp_path / "local")
+    assert "staged" in said and "8 files" in said and target.name.startswith("pets-")
     assert data_root(target) == target / "pets"
     assert listing(target / "pets") == listing(pets)
-    manifest = json.loads((tmp_path / "local" / "pets.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "local" / f"{target.name}.manifest.json").read_text())
     assert len(manifest["files"]) == 8
-    assert "reusing" in stage_once(tar, target)
+    assert "reusing" in stage_once(tar, tmp_path / "local")[1]
     # A staged file gone (a node's cleaned-up $TMPDIR): staged again, not reused.
     (target / "pets" / "train" / "cat" / "0.jpg").unlink()
-    assert "staged" in stage_once(tar, target)
+    assert "staged" in stage_once(tar, tmp_path / "local")[1]
     assert listing(target / "pets") == listing(pets)
 
 
-def test_a_folder_is_copied_and_a_changed_source_staged_again(tmp_path):
+def test_a_folder_rewritten_with_the_same_sizes_and_times_is_staged_again(tmp_path):
     data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
-    target = tmp_path / "local" / "data"
-    assert "staged" in stage_once(data, target)
-    assert data_root(target) == target
-    assert "reusing" in stage_once(data, target)
-    (data / "train" / "cat" / "2.jpg").write_bytes(b"new")
-    assert "staged" in stage_once(data, target)
-    assert (target / "train" / "cat" / "2.jpg").read_bytes() == b"new"
+    local = tmp_path / "local"
+    first, said = stage_once(data, local)
+    assert "staged" in said and data_root(first) == first
+    assert "reusing" in stage_once(data, local)[1]
+    image = data / "train" / "cat" / "1.jpg"
+    before = image.stat()
+    image.write_bytes(bytes(reversed(image.read_bytes())))  # same size; mtime put back
+    os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns))
+    second, said = stage_once(data, local)
+    assert "staged" in said and second != first
+    assert (second / "train" / "cat" / "1.jpg").read_bytes() == image.read_bytes()
+    assert f"removed the older staging {first.name}" in said and not first.exists()
+    assert others(local) == sorted([second.name, f"{second.name}.manifest.json"])
+
+
+def test_an_older_staging_that_another_job_reads_is_kept(tmp_path):
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    first, _ = stage_once(data, local)
+    # Another job on the node trains from it: its stager holds the lock (another open file).
+    other_job = os.open(local / f".{first.name}.lock", os.O_RDONLY)
+    fcntl.flock(other_job, fcntl.LOCK_SH)
+    (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
+    second, said = stage_once(data, local)
+    assert f"kept the older staging {first.name}: another job reads it" in said
+    assert listing(first) == json.loads((local / f"{first.name}.manifest.json").read_text())["files"]
+    os.close(other_job)  # that job ended
+    assert f"removed the older staging {first.name}" in stage_once(data, local)[1]
+    assert not first.exists() and second.is_dir()
+
+
+def test_a_folder_train_did_not_make_is_never_replaced(tmp_path):
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    mine = local / "data"  # the user's own folder of the data folder's name: not touched
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    target, _ = stage_once(data, local)
+    assert (mine / "notes.txt").read_text() == "mine"
+    # A folder where the staging would go, without its manifest: refused, kept as it is.
+    for path in target.parent.glob(f"{target.name}*"):
+        path.unlink() if path.is_file() else os.rename(path, tmp_path / "moved")
+    (tmp_path / "moved" / "train" / "cat" / "0.jpg").write_bytes(b"the user's")
+    os.rename(tmp_path / "moved", target)
+    with pytest.raises(UsageError, match=f"{target} exists but was not made by --stage-to"):
+        stage_once(data, local)
+    assert (target / "train" / "cat" / "0.jpg").read_bytes() == b"the user's"
+
+
+@pytest.mark.parametrize("loops", [1, 2])
+def test_link_loops_in_the_source_are_refused_before_copying(tmp_path, loops):
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    for k in range(loops):
+        (data / "train" / "cat" / f"loop{k}").symlink_to(data / "train")
+    with pytest.raises(UsageError, match="a symbolic link loop.*remove the link"):
+        stage_once(data, tmp_path / "local")
+    assert not (tmp_path / "local").exists()  # refused before anything was made
 
 
 def test_a_broken_tar_is_refused(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"not a tar at all" * 100)
     with pytest.raises(UsageError, match="bad.tar is not a readable tar file"):
-        stage_once(bad, tmp_path / "local" / "bad")
+        stage_once(bad, tmp_path / "local")
     assert list((tmp_path / "local").iterdir()) == []  # no partial copy left behind
+
+
+@pytest.mark.parametrize("name", ["/tmp/pets/train/cat/0.jpg", "pets/../../escape.jpg"])
+def test_a_tar_with_an_unsafe_member_name_says_so(tmp_path, name):
+    tar = tmp_path / "pets.tar"
+    with tarfile.open(tar, "w") as archive:
+        member = tarfile.TarInfo(name)
+        member.size = 3
+        archive.addfile(member, io.BytesIO(b"abc"))
+    with pytest.raises(UsageError) as error:
+        stage_once(tar, tmp_path / "local")
+    assert f"pets.tar holds a member with an unsafe name or link ('{name}'" in str(error.value)
+    assert "\n" not in str(error.value) and "not a readable tar" not in str(error.value)
+    assert list((tmp_path / "local").iterdir()) == []
+
+
+def test_without_file_locks_staging_works_and_keeps_older_stagings(tmp_path, monkeypatch):
+    import errno
+
+    def no_locks(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr("workload.data.staginglock.fcntl.flock", no_locks)
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    first, said = stage_once(data, tmp_path / "local")
+    assert "staged" in said
+    (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
+    second, said = stage_once(data, tmp_path / "local")
+    assert f"kept the older staging {first.name}: " in said and "no file locks (flock)" in said
+    assert first.is_dir() and (second / "train" / "cat" / "0.jpg").read_bytes() == b"changed"

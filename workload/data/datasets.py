@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from workload.data import cifarfile
 from workload.errors import UsageError
 
 # Per-channel mean and standard deviation used for normalisation (CIFAR-100's, as in the
@@ -58,35 +59,16 @@ def find_cifar100(data_dir: str) -> Path:
         f"download=True)\"), then point --data-dir at that folder")
 
 
-class _CifarUnpickler(pickle.Unpickler):
-    """Unpickles the official files (dicts of bytes, lists and numpy arrays) and nothing else.
-
-    A pickle can run arbitrary code on load; only numpy's array reconstructors are allowed.
-    """
-
-    ALLOWED = {
-        (module, name)
-        for module in ("numpy.core.multiarray", "numpy._core.multiarray",
-                       "numpy.core.numeric", "numpy._core.numeric", "numpy")
-        for name in ("_reconstruct", "_frombuffer", "ndarray", "dtype")
-    } | {("_codecs", "encode")}  # how protocol 2 stores bytes written by Python 3
-
-    def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-        return super().find_class(module, name)
-
-
 def read_cifar100_split(path: Path) -> ArrayDataset:
-    """Read one file of the 'CIFAR-100 python version' straight into uint8 tensors."""
+    """Read one file of the 'CIFAR-100 python version' straight into uint8 tensors, with
+    no code run and nothing allocated beyond what such a file holds (see cifarfile.py)."""
     try:
-        with open(path, "rb") as f:
-            entry = _CifarUnpickler(f, encoding="bytes").load()
-        data = np.asarray(entry[b"data"], dtype=np.uint8)
-        labels = np.asarray(entry[b"fine_labels"], dtype=np.int64)
+        entry = cifarfile.load(path)
+        data = cifarfile.images_of(entry[b"data"])
+        labels = cifarfile.labels_of(entry[b"fine_labels"])
         images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError,
-            AttributeError, IndexError) as error:
+            AttributeError, IndexError, OverflowError) as error:
         raise UsageError(
             f"{path} is not a readable CIFAR-100 python file ({type(error).__name__}: {error}); "
             f"delete the folder and fetch it again with --download") from None

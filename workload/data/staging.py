@@ -3,10 +3,17 @@ node-local storage such as $SLURM_TMPDIR, once per node, before the loaders open
 
 Local rank 0 of each node stages; the node's other ranks wait for it (a gloo group with a
 long timeout, so a copy longer than --dist-timeout is no failure) and every rank learns of
-any node's failure. What was staged is verified against the source's file list (names and
-sizes) and recorded in `<DIR>/<name>.manifest.json`; a later run on the node that finds a
-complete staging of the same source reuses it. Copies go to a private folder first and are
-renamed into place, so two stagers on one shared folder cannot mix their files.
+any node's failure, or of a preemption signal that stopped a node's copy (every rank then
+exits with the requeue status).
+
+Each state of a source has its own staging, `DIR/<name>-<id>`, the id made from the
+source's identity (stagefiles.identity), with `DIR/<name>-<id>.manifest.json` written
+before the copy is renamed into place. A job holds a shared lock on `DIR/.<name>-<id>.lock`
+for as long as it runs; a later job whose source has changed stages a new copy and removes
+the older stagings of the same source that no live job holds. `train` removes nothing it
+did not make: a folder without its manifest is refused. Copies go to a private folder
+first, so two stagers on one folder cannot mix their files, and a killed or stopped copy
+never looks complete.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ import json
 import os
 import shutil
 import socket
-import tarfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -23,33 +29,60 @@ from pathlib import Path
 import torch.distributed as dist
 
 from workload.config import TrainConfig
+from workload.data.stagefiles import (StagingStopped, copy_in, first_difference, identity,
+                                      listing, staged_name)
+from workload.data.staginglock import (NoLocks, hold_shared, let_go, lock_path,
+                                       remove_if_unused)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import write_json
+from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
+                                        exit_for_requeue)
 from workload.logs import logger
 
-TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 WAIT_FOR_STAGING = timedelta(hours=6)  # how long the other ranks wait for a node's copy
+_held: dict[Path, int] = {}  # the locks of the stagings this process uses, held until it ends
 
 
-def stage_data(cfg: TrainConfig, info: DistInfo) -> str:
+def stage_data(cfg: TrainConfig, info: DistInfo, flag: PreemptionFlag | None = None) -> str:
     """The data folder to read: the staged copy with --stage-to, else --data-dir."""
     if not cfg.data.stage_to:
         return cfg.data.data_dir
     source = Path(cfg.data.data_dir).expanduser().resolve()
-    target = Path(cfg.data.stage_to).expanduser().resolve() / staged_name(source)
+    stage_dir = Path(cfg.data.stage_to).expanduser().resolve()
     status = None
     if info.local_rank == 0:
-        try:
-            status = dict(ok=True, text=stage_once(source, target))
-        except (UsageError, OSError) as error:
-            status = dict(ok=False, text=f"staging {source} to {target} failed: {error}")
+        status = _stage_status(source, stage_dir, flag)
     statuses = [s for s in _gather(status, info) if s is not None]
-    for failed in (s for s in statuses if not s["ok"]):
+    for failed in (s for s in statuses if s["failed"]):
         raise UsageError(failed["text"])
+    for stopped in (s for s in statuses if s["stopped"]):
+        if info.is_main:
+            logger.warning(f"{stopped['text']}; exiting with status {REQUEUE_EXIT_STATUS} "
+                           "so the job script requeues the job")
+        exit_for_requeue(0, stopped["stopped"])  # every rank: none waits for the others
     for s in statuses:
         logger.info(s["text"])
-    return str(data_root(target))
+    return str(data_root(stage_dir / _node_status(statuses)["staging"]))
+
+
+def _stage_status(source: Path, stage_dir: Path, flag: PreemptionFlag | None) -> dict:
+    """What this node's stager did, for every rank: done, failed (why) or stopped."""
+    status = dict(node=node_name(), failed=False, stopped=None)
+    try:
+        target, status["text"] = stage_once(source, stage_dir, flag)
+        status["staging"] = target.name
+    except StagingStopped as stop:
+        status.update(stopped=stop.signal_name,
+                      text=f"{node_name()}: {stop}; no partial copy is left")
+    except (UsageError, OSError) as error:
+        status.update(failed=True, text=f"staging {source} to {stage_dir} failed: {error}")
+    return status
+
+
+def _node_status(statuses: list[dict]) -> dict:
+    """What this node's stager did (the node's other ranks read the staging it names)."""
+    return next(s for s in statuses if s["node"] == node_name())
 
 
 def _gather(status: dict | None, info: DistInfo) -> list:
@@ -66,14 +99,6 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def staged_name(source: Path) -> str:
-    name = source.name
-    for suffix in TAR_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def data_root(target: Path) -> Path:
     """Where the data starts: a tar packed with one top folder (pets/train/...) unpacks
     into target/pets."""
@@ -83,84 +108,106 @@ def data_root(target: Path) -> Path:
     return target
 
 
-def listing(folder: Path) -> dict[str, int]:
-    """Every regular file under `folder`: relative path -> size."""
-    files = {}
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            path = Path(parent) / name
-            files[str(path.relative_to(folder))] = path.stat().st_size
-    return files
+def manifest_of(target: Path) -> Path:
+    return target.with_name(target.name + ".manifest.json")
 
 
-def first_difference(expected: dict[str, int], found: dict[str, int]) -> str | None:
-    for name, size in expected.items():
-        if found.get(name) != size:
-            got = "missing" if name not in found else f"{found[name]} bytes"
-            return f"{name}: {got}, expected {size} bytes"
-    return None
-
-
-def stamp_of(source: Path) -> dict:
-    """What identifies the source: a tar by its size and time, a folder by its files."""
-    if source.is_file():
-        st = source.stat()
-        return dict(source=str(source), size=st.st_size, mtime_ns=st.st_mtime_ns)
-    return dict(source=str(source), files=listing(source))
-
-
-def reusable(target: Path, manifest: Path, stamp: dict) -> dict | None:
-    """The manifest of a complete earlier staging of this very source, else None."""
+def read_manifest(target: Path) -> dict | None:
+    """The manifest that says `target` is a staging made by train, else None."""
     try:
-        recorded = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+        recorded = json.loads(manifest_of(target).read_text())
+    except (OSError, ValueError, RecursionError):
         return None
-    same = {k: recorded.get(k) for k in stamp} == stamp
-    if not same or not target.is_dir():
+    if not isinstance(recorded, dict) or recorded.get("staging") != target.name:
         return None
-    return recorded if first_difference(recorded["files"], listing(target)) is None else None
+    return recorded if isinstance(recorded.get("files"), dict) else None
 
 
-def stage_once(source: Path, target: Path) -> str:
-    """Stage `source` to `target` unless a complete staging is there; what was done."""
+def stage_once(source: Path, stage_dir: Path,
+               flag: PreemptionFlag | None = None) -> tuple[Path, str]:
+    """The staging of this state of `source` in `stage_dir` (made unless a complete one is
+    there, and locked for this process's life); what was done."""
+    key = identity(source, flag)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    target = stage_dir / f"{staged_name(source)}-{key[:16]}"
+    lock = lock_path(target)
+    if lock not in _held:
+        _held[lock] = hold_shared(lock)
+    try:
+        text = _reuse_or_stage(source, target, key, flag, _held[lock])
+    except BaseException:
+        let_go(target, _held.pop(lock))
+        raise
+    return target, "; ".join([text, *remove_older(source, target)])
+
+
+def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
+                    mine: int | None) -> str:
     started = time.perf_counter()
-    manifest = target.with_name(target.name + ".manifest.json")
-    stamp = stamp_of(source)
-    if (recorded := reusable(target, manifest, stamp)) is not None:
+    recorded = read_manifest(target)
+    if recorded is None and os.path.lexists(target):
+        raise UsageError(f"{target} exists but was not made by --stage-to (no "
+                         f"{manifest_of(target).name} beside it naming it), and train "
+                         "replaces only its own stagings: move that folder away, or pass "
+                         "another --stage-to folder")
+    if recorded is not None and recorded.get("identity") == key and target.is_dir() \
+            and first_difference(recorded["files"], listing(target)) is None:
         return (f"{node_name()}: reusing the staging of {source} in {target} "
                 f"({len(recorded['files'])} files verified in "
                 f"{time.perf_counter() - started:.1f} s)")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    return _stage_anew(source, target, key, flag, mine, started)
+
+
+def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
+               mine: int | None, started: float) -> str:
+    if os.path.lexists(target):  # ours, but damaged (a file of it deleted)
+        if mine is None:  # no locks to tell whether another job reads it: replaced
+            shutil.rmtree(target)
+        elif not remove_if_unused(target, mine):
+            raise UsageError(f"the staging {target} is incomplete and another job on this "
+                             "node reads it; wait for that job to end, or pass another "
+                             "--stage-to folder")
     partial = target.with_name(f".{target.name}.partial-{socket.gethostname()}-{os.getpid()}")
     try:
-        expected = _copy(source, partial)
+        expected = copy_in(source, partial, flag)
         problem = first_difference(expected, listing(partial))
         if problem:
             raise UsageError(f"the staged copy differs from the source ({problem})")
+        # The manifest first: a folder named like a staging without one is not train's.
+        write_json(manifest_of(target), dict(source=str(source), staging=target.name,
+                                             identity=key, files=expected))
+        os.rename(partial, target)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (target.is_dir() and read_manifest(target)):
+            raise
+        return f"{node_name()}: {source} was staged to {target} by another job meanwhile"
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if target.exists():  # an incomplete or stale earlier staging
-        shutil.rmtree(target)
-    os.rename(partial, target)
-    write_json(manifest, dict(stamp, files=expected))
     size = sum(expected.values())
     return (f"{node_name()}: staged {source} to {target} in "
             f"{time.perf_counter() - started:.1f} s ({len(expected)} files, "
             f"{size / 1e6:.1f} MB)")
 
 
-def _copy(source: Path, partial: Path) -> dict[str, int]:
-    """Copy or unpack into `partial`; the files the source holds (path -> size)."""
-    if source.is_dir():
-        expected = listing(source)
-        shutil.copytree(source, partial)
-        return expected
-    try:
-        with tarfile.open(source) as tar:
-            tar.extractall(partial, filter="data")
-            return {str(Path(m.name)): m.size for m in tar.getmembers() if m.isfile()}
-    except tarfile.TarError as error:
-        reason = str(error).splitlines()[0].rstrip(":")
-        raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
-                         "folder with: tar -cf NAME.tar -C PARENT NAME") from None
+def remove_older(source: Path, target: Path) -> list[str]:
+    """Remove the older stagings of `source` beside `target` that no live job holds."""
+    said = []
+    prefix = f"{staged_name(source)}-"
+    for manifest in sorted(target.parent.glob(f"{prefix}*.manifest.json")):
+        older = manifest.with_name(manifest.name[: -len(".manifest.json")])
+        recorded = read_manifest(older)
+        if older == target or recorded is None or recorded.get("source") != str(source):
+            continue
+        if _held.get(lock_path(older)) is not None:  # this process staged it, moved on
+            os.close(_held.pop(lock_path(older)))
+        try:
+            removed = remove_if_unused(older)
+        except NoLocks:
+            said.append(f"kept the older staging {older.name}: {older.parent} has no file "
+                        "locks (flock) to tell whether a job reads it; remove it when none does")
+            continue
+        said.append(f"removed the older staging {older.name}" if removed else
+                    f"kept the older staging {older.name}: another job reads it")
+    return said

@@ -33,7 +33,7 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
     info, precision = start_process(cfg)
-    data_dir = stage_data(cfg, info)
+    data_dir = stage_data(cfg, info, flag)
     data = build_data(cfg.replace(data_dir=data_dir), info.device, info.rank, info.world_size,
                       info.local_world_size, for_training=not cfg.data.prepare_data)
     if cfg.data.prepare_data:

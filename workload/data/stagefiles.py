@@ -1,0 +1,144 @@
+"""The files of `--stage-to`: what a source holds, what identifies it, the copy of a folder
+and the unpacking of a tar.
+
+A source folder is walked as the image reader walks it (links followed, a folder reached
+twice refused before anything is copied: see imagefolder.walk_once). Copying and unpacking
+look at the preemption flag between files (and between chunks of a large file), so a
+signal stops them within moments; the caller removes the partial copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+from workload.data.imagefolder import walk_once
+from workload.errors import UsageError
+from workload.launch.preemption import PreemptionFlag
+
+TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+CHUNK = 8 << 20  # bytes copied between two looks at the preemption flag
+
+
+class StagingStopped(Exception):
+    """A preemption signal came while staging."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"staging stopped by {signal_name}")
+        self.signal_name = signal_name
+
+
+def stop_if_signalled(flag: PreemptionFlag | None) -> None:
+    if flag is not None and flag.is_set():
+        raise StagingStopped(flag.signal_name)
+
+
+def scan(folder: Path, flag: PreemptionFlag | None = None
+         ) -> tuple[list[str], dict[str, os.stat_result]]:
+    """The folders and the regular files under `folder` (relative paths), links followed."""
+    folders, files = [], {}
+    for parent, _, names in walk_once(str(folder)):
+        stop_if_signalled(flag)  # a million files on a busy shared file system take a while
+        relative = Path(parent).relative_to(folder)
+        folders.append(str(relative))
+        for name in names:
+            info = (Path(parent) / name).stat()
+            if stat.S_ISREG(info.st_mode):  # a FIFO or a device is no data file
+                files[str(relative / name)] = info
+    return folders, files
+
+
+def listing(folder: Path) -> dict[str, int]:
+    """Every regular file under `folder`: relative path -> size."""
+    return {name: info.st_size for name, info in scan(folder)[1].items()}
+
+
+def identity(source: Path, flag: PreemptionFlag | None = None) -> str:
+    """What tells one state of the source from another, without reading its contents: the
+    path, and of the tar or of every file the size, mtime and ctime in nanoseconds. ctime
+    catches a rewrite that kept the size and put the old mtime back (cp -p, rsync -t):
+    no program can set it."""
+    if source.is_file():
+        stats = {"": source.stat()}
+    else:
+        stats = scan(source, flag)[1]
+    digest = hashlib.sha256(str(source).encode())
+    for name in sorted(stats):
+        info = stats[name]
+        digest.update(f"\0{name}\0{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}".encode())
+    return digest.hexdigest()
+
+
+def first_difference(expected: dict[str, int], found: dict[str, int]) -> str | None:
+    for name, size in expected.items():
+        if found.get(name) != size:
+            got = "missing" if name not in found else f"{found[name]} bytes"
+            return f"{name}: {got}, expected {size} bytes"
+    return None
+
+
+def copy_in(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
+    """Copy or unpack `source` into `partial`; the files it holds (path -> size)."""
+    if source.is_dir():
+        return copy_folder(source, partial, flag)
+    return unpack_tar(source, partial, flag)
+
+
+def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
+    folders, files = scan(source, flag)
+    for folder in folders:  # empty class folders too: the reader counts them as classes
+        (partial / folder).mkdir(parents=True, exist_ok=True)
+    for name in sorted(files):
+        copy_file(source / name, partial / name, flag)
+    return {name: info.st_size for name, info in files.items()}
+
+
+def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        while True:
+            stop_if_signalled(flag)
+            chunk = reader.read(CHUNK)
+            if not chunk:
+                return
+            writer.write(chunk)
+
+
+def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
+    partial.mkdir()
+    try:
+        with tarfile.open(source) as tar:
+            files = {}
+            for member in tar:  # one member at a time: a .tar.gz is read once
+                stop_if_signalled(flag)
+                tar.extract(safe_member(source, member, partial), partial, filter="data")
+                if member.isfile():
+                    files[str(Path(member.name))] = member.size
+            return files
+    except tarfile.TarError as error:
+        reason = str(error).splitlines()[0].rstrip(":")
+        raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
+                         "folder with: tar -cf NAME.tar -C PARENT NAME") from None
+
+
+def safe_member(source: Path, member: tarfile.TarInfo, partial: Path) -> tarfile.TarInfo:
+    """The member if it unpacks inside the staging folder as named, else one line why not."""
+    try:
+        if member.name.startswith("/") or ".." in Path(member.name).parts:
+            raise tarfile.FilterError(f"{member.name!r} is an absolute path or leads out "
+                                      "with '..'")
+        return tarfile.data_filter(member, str(partial))
+    except tarfile.FilterError as error:
+        raise UsageError(f"{source} holds a member with an unsafe name or link ({error}); "
+                         "nothing was unpacked from it: pack the folder again with relative "
+                         "names, as: tar -cf NAME.tar -C PARENT NAME") from None
+
+
+def staged_name(source: Path) -> str:
+    name = source.name
+    for suffix in TAR_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
