@@ -23,7 +23,7 @@ def test_device_backend_on_cuda_draws_the_reference_augmentation(cuda):
     loader = DeviceLoader(data, BATCH, cuda, Normalizer(CIFAR100_MEAN, CIFAR100_STD, cuda),
                           train=True, seed=5, rank=0, world_size=1)
     first_images, _ = next(iter(loader.batches(epoch=0)))
-    assert first_images.device.type == "cuda"  # prepared on the GPU, not copied there
+    assert first_images.device == cuda  # prepared on the GPU, not copied there
     images, labels = collect(loader)
     on_cpu = Normalizer(CIFAR100_MEAN, CIFAR100_STD, torch.device("cpu"))
     assert_reference_augmentation(images, labels, data, on_cpu, exact_normalisation=False)

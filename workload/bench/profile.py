@@ -53,8 +53,15 @@ def profile_step(args: dict) -> dict:
 def _time(event, on_device: bool) -> float:
     """Microseconds of one event, its children included: device or host time."""
     if on_device:
-        return getattr(event, "device_time_total", None) or event.cuda_time_total
+        return _device_attribute(event, "device_time_total")
     return event.cpu_time_total
+
+
+def _device_attribute(event, name: str) -> float:
+    """torch's device-time figure (named cuda_... before torch 2.4, deprecated since)."""
+    if hasattr(event, name):
+        return getattr(event, name)
+    return getattr(event, name.replace("device", "cuda"))
 
 
 def _under(event, name: str) -> bool:
@@ -99,7 +106,7 @@ def top_ops(prof, on_device: bool) -> list[dict]:
     """The operators and kernels with the most self time (device time on a GPU)."""
     def self_us(avg) -> float:
         if on_device:
-            return getattr(avg, "self_device_time_total", None) or avg.self_cuda_time_total
+            return _device_attribute(avg, "self_device_time_total")
         return avg.self_cpu_time_total
 
     averages = sorted(prof.key_averages(), key=self_us, reverse=True)[:TOP]
