@@ -52,11 +52,11 @@ def test_an_nccl_group_all_reduces_on_one_gpu(cuda, ranks):
     # releases ("Duplicate GPU detected"); the test then says so instead of failing.
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={ranks}", str(NCCL_PAIR)], capture_output=True,
-                          text=True, env=clean_env(), timeout=300)
+                          text=True, env=dict(clean_env(), NCCL_DEBUG="WARN"), timeout=240)
     output = done.stdout + done.stderr
-    if done.returncode != 0 and ranks > 1 and "Duplicate GPU" in output:
-        pytest.skip("NCCL refuses two ranks on one GPU: " + next(
-            line for line in output.splitlines() if "Duplicate GPU" in line).strip()[:200])
+    refusal = [line for line in output.splitlines() if "duplicate gpu" in line.lower()]
+    if done.returncode != 0 and ranks > 1 and refusal:
+        pytest.skip("NCCL refuses two ranks on one GPU: " + refusal[0].strip()[:200])
     assert done.returncode == 0, output[-3000:]
     sums = re.findall(r"nccl-sum rank (\d+) (\S+)", done.stdout)
     expected = str(float(sum(range(1, ranks + 1))))

@@ -90,7 +90,7 @@ def test_a_cuda_run_resumes_exactly_from_a_mid_epoch_checkpoint(cuda, tmp_path):
     args = [*CHECKPOINT_ARGS, *ON_GPU, "--checkpoint-every", "1", "--keep-checkpoints", "100"]
     whole = deterministic_train(args, tmp_path / "whole")
     step3 = tmp_path / "whole" / "checkpoints" / f"step-{3:09d}"
-    assert (step3 / "manifest.json").exists() or any(step3.iterdir())
+    assert step3.is_dir()
     resumed = deterministic_train([*args, "--resume", str(step3)], tmp_path / "resumed")
     assert resumed["steps_run"] == whole["steps_run"] == 16
     assert resumed["model_sha256"] == whole["model_sha256"]
