@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 WHEEL_LIST = REPO / "requirements" / "gpu-wheels.txt"
 # Each part must end inside the GPU machine's 10-minute command limit, report included.
 PART_TIMEOUT_S = 450
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "NOTICE")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -63,6 +64,18 @@ def run_logged(command: list[str], log: Path, env: dict, timeout: float) -> int:
     return status
 
 
+def package_source(into: Path) -> Path:
+    """What the package is built from, copied as the Dockerfile copies it: setuptools
+    builds in the source folder, and its build/ there would keep modules since removed
+    (and a checkout bound read-only into a container could not be written)."""
+    into.mkdir()
+    for name in PACKAGE_FILES:
+        shutil.copy2(REPO / name, into / name)
+    shutil.copytree(REPO / "workload", into / "workload",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return into
+
+
 def install(site: Path, wheels: Path, log: Path) -> dict:
     """The carried wheels, then the repository, into `site`: no network, no dependencies
     resolved (the machine's torch, torchvision, numpy and safetensors are used)."""
@@ -71,13 +84,15 @@ def install(site: Path, wheels: Path, log: Path) -> dict:
     # setuptools from this interpreter: no isolated build environment, which needs network.
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                "--no-cache-dir", "--no-compile", "--no-build-isolation", "--target", str(site),
-               "--find-links", str(wheels), "-r", str(WHEEL_LIST), str(REPO)]
+               "--find-links", str(wheels), "-r", str(WHEEL_LIST),
+               str(package_source(site.parent / "src"))]
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     if run_logged(command, log, env, PART_TIMEOUT_S) != 0:
         raise SystemExit(f"gpu-check: installing without network failed (see {log}); "
                          f"are the wheels of {WHEEL_LIST.name} in {wheels}? Run "
                          "`make gpu-wheels` where there is network and carry that folder")
-    return dict(site=str(site), wheels=sorted(p.name for p in wheels.glob("*.whl")))
+    return dict(wheels=sorted(p.name for p in wheels.glob("*.whl")),
+                into="a temporary pip --target folder, first on PYTHONPATH")
 
 
 def kit_env(site: Path, args: argparse.Namespace) -> dict:
@@ -93,6 +108,7 @@ def kit_env(site: Path, args: argparse.Namespace) -> dict:
 
 def run_tests(out: Path, env: dict) -> dict:
     junit = out / "junit.xml"
+    junit.unlink(missing_ok=True)  # an earlier run's must not stand in for this one's
     started = time.perf_counter()
     status = run_logged([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q",
                          "-p", "no:cacheprovider", f"--junitxml={junit}"],
@@ -116,6 +132,7 @@ def read_junit(path: Path) -> dict:
 
 
 def run_bench(out: Path, env: dict, args: argparse.Namespace) -> tuple[dict | None, int]:
+    (out / "bench.json").unlink(missing_ok=True)
     command = [sys.executable, "-m", "workload.bench.kit", "--device", args.device,
                "--json", str(out / "bench.json"), *(["--quick"] if args.quick else [])]
     status = run_logged(command, out / "bench.log", env, PART_TIMEOUT_S)
@@ -197,7 +214,8 @@ def profile_lines(profile: dict) -> list[str]:
 
 def run_parts(args: argparse.Namespace, out: Path) -> tuple[dict, int]:
     """Install, then the parts asked for; the report and the exit status."""
-    site = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    site = scratch / "site"
     try:
         install_info = install(site, Path(args.wheels), out / "install.log")
         (out / "install.log").unlink()
@@ -207,7 +225,7 @@ def run_parts(args: argparse.Namespace, out: Path) -> tuple[dict, int]:
                                else (None, 0))
         facts = bench or read_facts(out, env)  # the bench's JSON holds them too
     finally:
-        shutil.rmtree(site, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     previous_path = out / "gpu-check.json"
     previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
     report = build_report(args, facts, previous, tests, bench, install_info)
