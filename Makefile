@@ -4,6 +4,12 @@
 #   make test   # install the test tools too (requirements/test.txt) and run the whole suite
 #
 # The environment is $VIRTUAL_ENV when one is active, else ./.venv (override: make VENV=...).
+#
+# The GPU check (docs/performance.md), for a GPU machine without network:
+#   make gpu-wheels    # here, with network: the wheels it installs, into .gpu-wheels/
+#   make gpu-check     # there: install without network, GPU tests, benchmarks, report
+#                      # (PART=tests|bench for halves, DEVICE=cpu QUICK=1 as CI runs it,
+#                      #  GPU_CHECK_OUT=DIR for the report folder)
 
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
 PY := $(VENV)/bin/python
@@ -13,7 +19,16 @@ RUNTIME_STAMP := $(VENV)/.hpc-train-runtime
 STAMP := $(VENV)/.hpc-train-installed
 PYTEST_ARGS ?= --durations=15
 
-.PHONY: demo test install system-deps clean
+# The GPU check runs with the Python that has torch (python3 on PATH: a GPU machine's
+# system Python, the image's, or the active venv), not one this Makefile creates.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= runs/gpu-check
+GPU_WHEELS ?= .gpu-wheels
+DEVICE ?= cuda
+PART ?= all
+QUICK ?=
+
+.PHONY: demo test install system-deps clean gpu-check gpu-wheels
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,6 +56,17 @@ system-deps:
 
 test: system-deps $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --device $(DEVICE) --part $(PART) --out $(GPU_CHECK_OUT) \
+		--wheels $(GPU_WHEELS) $(if $(filter 1 yes true,$(QUICK)),--quick)
+
+# A stamp per wheel list: the wheels are built again only when the list changes.
+gpu-wheels: $(GPU_WHEELS)/.built
+
+$(GPU_WHEELS)/.built: requirements/gpu-wheels.txt
+	$(GPU_PYTHON) -m pip wheel --quiet --no-deps --wheel-dir $(GPU_WHEELS) -r $<
+	touch $@
 
 clean:
 	rm -rf runs .pytest_cache

@@ -42,7 +42,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="runs per configuration, alternating between them (1); median counts")
     p.add_argument("--versus-reference", action="store_true",
-                   help="the reference loop (fp32, NCHW, per-sample pipeline) against the "
+                   help="the reference loop (fp32, TF32 on a GPU as NGC sets it, NCHW, per-sample "
+                        "pipeline) against the "
                         "optimised one at --model/--batch-size (wrn, 64), side by side; "
                         "with --compile also the optimised one compiled")
 

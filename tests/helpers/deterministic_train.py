@@ -1,0 +1,32 @@
+"""`train` with CUDA's deterministic settings, for the GPU tier's exact-resume test
+(tests/gpu/test_train_gpu.py). Usage: python deterministic_train.py TRAIN-FLAGS...
+
+What bit-for-bit needs on a GPU, beyond what a checkpoint holds: cuBLAS's fixed workspace
+(CUBLAS_WORKSPACE_CONFIG, read when the first handle is made: set before torch starts
+CUDA), torch's deterministic algorithms, and cuDNN without benchmark mode (which picks
+convolution algorithms by timing them, so two runs may pick differently). `train` turns
+benchmark mode on for speed; this script swaps in the deterministic choice.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+
+import workload.training.run as training_run  # noqa: E402
+from workload.train import main  # noqa: E402
+
+
+def deterministic_cudnn(device: torch.device) -> None:
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+if __name__ == "__main__":
+    # warn_only: an operation without a deterministic kernel warns instead of stopping
+    # the run; the test then shows whether the result still matches bit for bit.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    training_run.configure_cudnn = deterministic_cudnn
+    main(sys.argv[1:])
