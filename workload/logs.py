@@ -49,3 +49,12 @@ class Progress:
     def close(self) -> None:
         if self.enabled:
             print("\r\033[K", end="", flush=True)
+
+
+def shown(value, limit: int = 60) -> str:
+    """`value` (a name or number read from a file) as it can go into one log line: its repr,
+    cut at `limit` characters, in ASCII (a NUL, a newline or a lone surrogate escaped: a
+    lone surrogate would make the log stream raise)."""
+    text = repr(value)
+    text = text[:limit] + ("..." if len(text) > limit else "")
+    return text.encode("ascii", "backslashreplace").decode()

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import CHECKPOINT_ARGS as ARGS
-from tests.helpers import pickles_and_zips, run_train
-from workload.checkpoint.formats import read_part
+from tests.helpers import clean_env, pickles_and_zips, run_train
+from workload.checkpoint.formats import read_part, write_part
 from workload.checkpoint.store import MANIFEST
 from workload.files import sha256_file
 from workload.train import main as train_main
@@ -246,3 +248,71 @@ def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_
         verify(root / name)
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     assert not (out / LOCK_NAME).exists()
+
+
+# --- `train` run twice as users run it: checkpoints kept, or moved aside in one line -------
+
+# A model whose optimizer.safetensors starts with 0x80 (the low byte of its header's
+# length), a pickle's first byte: 8 steps an epoch, a checkpoint every 5 and at epoch ends.
+TWICE = [*ARGS, "--blocks-per-stage", "2", "--epochs", "4", "--checkpoint-every", "5"]
+
+
+def train_command(out: Path, *extra: str) -> tuple[int, str]:
+    """The `train` console script as a process: its exit status and its output."""
+    done = subprocess.run([str(Path(sys.executable).parent / "train"), *TWICE, *extra,
+                           "--output-dir", str(out)], capture_output=True, text=True,
+                          timeout=600, env=clean_env(), check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ten-steps") / "run"
+    status, log = train_command(out, "--max-steps", "10")
+    assert status == 0, log[-4000:]
+    return out
+
+
+def test_checkpoints_whose_safetensors_start_like_a_pickle_are_resumed(ten_steps, tmp_path):
+    out = copy_run((ten_steps, {}), tmp_path / "run")
+    root = out / "checkpoints"
+    assert (root / "step-000000010" / "optimizer.safetensors").read_bytes()[:1] == b"\x80"
+    status, log = train_command(out, "--max-steps", "15")
+    assert status == 0, log[-4000:]
+    assert "skipping a bad checkpoint" not in log and "Traceback" not in log
+    assert f"resumed from {root / 'step-000000010'}: step 10" in log
+    assert (root / "latest").read_text().strip() == "step-000000015"
+    assert not list(root.glob("*.corrupt-*"))
+
+
+def tamper_trainer(path: Path) -> str:
+    """A trainer state behind a matching manifest: epoch 10^6, a run "done" untrained."""
+    trainer = read_part(path, "trainer")
+    write_part(path, "trainer", dict(trainer, epoch=10**6))
+    relist(path, "trainer.json")
+    return "trainer.json is not a checkpoint's trainer.json: `epoch` is 1000000"
+
+
+def nul_in_manifest(path: Path) -> str:
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"]["a\x00b"] = dict(bytes=1, sha256="00")
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    return "MANIFEST.json names 'a\\x00b', which is not a file inside"
+
+
+@pytest.mark.parametrize("damage", [tamper_trainer, nul_in_manifest], ids=lambda f: f.__name__)
+def test_damaged_content_is_moved_aside_in_one_line_and_the_one_before_resumed(
+        damage, ten_steps, tmp_path):
+    out = copy_run((ten_steps, {}), tmp_path / "run")
+    root = out / "checkpoints"
+    previous = steps_in(root)[-2]
+    words = damage(root / "step-000000010")
+    status, log = train_command(out, "--max-steps", "15")
+    assert status == 0, log[-4000:]
+    warnings = [line for line in log.splitlines() if "skipping a bad checkpoint" in line]
+    assert len(warnings) == 1 and words in warnings[0], log[-4000:]
+    assert "step-000000010" in warnings[0] and "Traceback" not in log
+    assert len(list(root.glob("step-000000010.corrupt-*"))) == 1
+    step = int(previous.split("-")[1])
+    assert f"resumed from {root / previous}: step {step}" in log
+    assert (root / "latest").read_text().strip() == "step-000000015"

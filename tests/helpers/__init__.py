@@ -52,14 +52,22 @@ def parameter_digest(model) -> str:
 
 def pickles_and_zips(folder: Path) -> list[str]:
     """Files under `folder` that start like a pickle (0x80, protocol 2 and later) or a zip
-    archive (what torch.save writes): a run folder holds none."""
+    archive (what torch.save writes): a run folder holds none. A safetensors file counts
+    only when safetensors cannot read it: it starts with its header's length, and 0x80 is
+    as likely a first byte as any."""
+    from safetensors import safe_open
+
     found = []
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not path.is_symlink():
             with open(path, "rb") as f:
                 head = f.read(4)
             if head[:1] == b"\x80" or head == b"PK\x03\x04":
-                found.append(str(path.relative_to(folder)))
+                try:
+                    with safe_open(path, "pt"):
+                        continue
+                except Exception:  # noqa: BLE001 (whatever it is, it is not safetensors)
+                    found.append(str(path.relative_to(folder)))
     return found
 
 

@@ -5,6 +5,7 @@ No training here: the files are written by the store itself."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -14,9 +15,9 @@ from torch import nn
 
 from tests.helpers import tmpfs
 from workload.checkpoint import rng
-from workload.checkpoint.formats import tensor_bytes
+from workload.checkpoint.formats import read_part, read_tensors, tensor_bytes, write_part
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.snapshot import read_checkpoint, save_checkpoint
+from workload.checkpoint.snapshot import read_checkpoint, restore, save_checkpoint
 from workload.checkpoint.space import DiskFull
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
                                        prune, prune_aside, step_name, verify)
@@ -26,13 +27,14 @@ from workload.training.trainer import TrainState
 
 def live_state(width: int = 3) -> TrainState:
     model = nn.Linear(width, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    return TrainState(model, optimizer, schedule, torch.amp.GradScaler("cpu", enabled=False))
+    return TrainState(model, optimizer, schedule, torch.amp.GradScaler("cpu"))
 
 
 def snapshot_of(state: TrainState, step: int) -> Snapshot:
-    trainer = dict(format=1, schedule=state.schedule.state_dict(),
+    schedule = dict(state.schedule.state_dict(), last_epoch=step, _step_count=step + 1)
+    trainer = dict(format=1, schedule=schedule,
                    scaler=state.scaler.state_dict(), epoch=0, batch=step, step=step,
                    accuracies=[], world_size=1)
     return Snapshot(state.model.state_dict(), state.optimizer.state_dict(), trainer,
@@ -63,7 +65,7 @@ def part(data) -> str:
 
 
 @pytest.mark.parametrize("damage, words", [
-    (lambda p: (p / "config.json").write_text("{not json"), "config.json is not a JSON object"),
+    (lambda p: (p / "config.json").write_text("{not json"), "config.json is not readable JSON"),
     (lambda p: (p / "config.json").write_text("[1, 2]"), "config.json is not a JSON object"),
     (lambda p: (p / "trainer.json").write_text(part({"step": 3})), "trainer.json"),
     (lambda p: (p / "trainer.json").write_text(part([1, 2])), "trainer.json"),
@@ -180,3 +182,182 @@ def test_a_symlinked_checkpoints_folder_is_refused_and_left_alone(tmp_path):
     with pytest.raises(UsageError, match="symbolic link.*--output-dir"):
         prepare(cfg, out, is_main=True)
     assert (out / "checkpoints").is_symlink() and (elsewhere / "step-000000004").is_dir()
+
+
+# --- content behind a matching manifest: every value checked before it is restored ---------
+
+def trained_state() -> TrainState:
+    """A live state after one step: momentum buffers and a schedule that has moved."""
+    state = live_state()
+    state.model(torch.ones(4, 3)).sum().backward()
+    state.optimizer.step()
+    state.schedule.step()
+    return state
+
+
+def edit_part(name: str, change):
+    """A damage that rewrites one part (trainer, rng, optimizer) as a forger would."""
+    def damage(path: Path) -> None:
+        tree = read_part(path, name)
+        change(tree)
+        write_part(path, name, tree)
+    return damage
+
+
+def trainer(**values):
+    return edit_part("trainer", lambda tree: tree.update(values))
+
+
+def first_rng(change):
+    return edit_part("rng", lambda tree: change(tree[0]))
+
+
+def optimizer(change):
+    return edit_part("optimizer", change)
+
+
+def nested_json(name: str, depth: int):
+    def damage(path: Path) -> None:
+        (path / name).write_text('{"format": 2, "data": ' + "[" * depth + "]" * depth + "}")
+    return damage
+
+
+def int8_weights(path: Path) -> None:
+    weights = read_tensors(path / "model.safetensors")
+    (path / "model.safetensors").write_bytes(tensor_bytes(
+        {k: v.to(torch.int8) for k, v in weights.items()}))
+
+
+DAMAGED_CONTENT = {  # (damage, words in the one line that names it)
+    "step -5": (trainer(step=-5), "trainer.json.*step"),
+    "step 10^30": (trainer(step=10**30), "trainer.json.*step"),
+    "step a bool": (trainer(step=True), "trainer.json.*step"),
+    "epoch 10^6": (trainer(epoch=10**6), "trainer.json.*epoch"),
+    "epoch -3": (trainer(epoch=-3), "trainer.json.*epoch"),
+    "batch 10^6": (trainer(batch=10**6), "trainer.json.*batch"),
+    "world size 0": (trainer(world_size=0), "trainer.json.*world_size"),
+    "world size 2, one rng": (trainer(world_size=2), "trainer.json.*world_size"),
+    "schedule {}": (trainer(schedule={}), "trainer.json.*schedule"),
+    "schedule at another step": (
+        edit_part("trainer", lambda t: t["schedule"].update(last_epoch=7)), "schedule"),
+    "schedule lr a text": (
+        edit_part("trainer", lambda t: t["schedule"].update(base_lrs=["fast"])), "schedule"),
+    "accuracies text": (trainer(accuracies=["high"]), "trainer.json.*accuracies"),
+    "accuracies NaN": (trainer(accuracies=[math.nan]), "trainer.json.*accuracies"),
+    "accuracies 7": (trainer(accuracies=[7]), "trainer.json.*accuracies"),
+    "scaler state": (trainer(scaler={"scale": "big"}), "scaler"),
+    "scaler scale 0": (trainer(scaler={"scale": 0.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                       "growth_interval": 2000, "_growth_tracker": 0}),
+                       "scale is 0"),
+    "scaler scale text": (trainer(scaler={"scale": "big", "growth_factor": 2.0,
+                                          "backoff_factor": 0.5, "growth_interval": 2000,
+                                          "_growth_tracker": 0}), "scaler.scale is a str"),
+    "rng torch float": (first_rng(lambda r: r.update(torch=torch.zeros(5056))), "rng.json"),
+    "rng torch short": (first_rng(lambda r: r.update(torch=r["torch"][:100])), "rng.json"),
+    "rng numpy keys short": (first_rng(lambda r: r["numpy"].update(keys=r["numpy"]["keys"][:9])),
+                             "rng.json"),
+    "rng numpy keys negative": (
+        first_rng(lambda r: r["numpy"].update(keys=-r["numpy"]["keys"] - 1)), "rng.json"),
+    "rng numpy pos": (first_rng(lambda r: r["numpy"].update(pos=10**6)), "rng.json"),
+    "rng python internal": (first_rng(lambda r: r["python"].update(internal=[1, 2])), "rng.json"),
+    "rng python text": (first_rng(lambda r: r["python"].update(version="three")), "rng.json"),
+    "rng cuda not tensors": (first_rng(lambda r: r.update(cuda=["x"])), "rng.json"),
+    "optimizer lr text": (optimizer(lambda o: o["param_groups"][0].update(lr="fast")),
+                          "optimizer"),
+    "optimizer lr missing": (optimizer(lambda o: o["param_groups"][0].pop("lr")), "optimizer"),
+    "optimizer lr negative": (optimizer(lambda o: o["param_groups"][0].update(lr=-0.1)),
+                              "optimizer.*lr is -0.1"),
+    "optimizer lr infinite": (
+        optimizer(lambda o: o["param_groups"][0].update(lr=math.inf)), "optimizer.*lr"),
+    "optimizer params renumbered": (
+        optimizer(lambda o: o["param_groups"][0].update(params=[0, 5])), "optimizer"),
+    "momentum of another shape": (
+        optimizer(lambda o: o["state"][0].update(momentum_buffer=torch.zeros(7))), "optimizer"),
+    "momentum int8": (optimizer(lambda o: o["state"][0].update(
+        momentum_buffer=o["state"][0]["momentum_buffer"].to(torch.int8))), "optimizer"),
+    "momentum a number": (optimizer(lambda o: o["state"][0].update(momentum_buffer=3)),
+                          "optimizer"),
+    "optimizer state a list": (optimizer(lambda o: o["state"].update({0: [1]})), "optimizer"),
+    "weights int8": (int8_weights, "model.safetensors"),
+    "trainer nested 600 deep": (nested_json("trainer.json", 600), "trainer.json"),
+    "rng nested 5000 deep": (nested_json("rng.json", 5000), "rng.json"),
+    "config nested 5000 deep": (
+        lambda p: (p / "config.json").write_text("[" * 5000 + "]" * 5000), "config.json"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_CONTENT)
+def test_damaged_content_behind_a_matching_manifest_is_corrupt(tmp_path, case):
+    damage, words = DAMAGED_CONTENT[case]
+    state = trained_state()
+    path = save(tmp_path, 1, state)
+    damage(path)
+    remanifest(path)
+    verify(path)  # the manifest is satisfied...
+    with pytest.raises(CorruptCheckpoint, match=words) as error:
+        check_fits(read_checkpoint(path, "cpu"), trained_state(), path)  # ...the content not
+    assert "\n" not in str(error.value) and len(str(error.value)) < 500
+
+
+def test_a_good_checkpoint_restores_after_every_check(tmp_path):
+    state = trained_state()
+    path = save(tmp_path, 1, state)
+    snapshot = read_checkpoint(path, "cpu")
+    fresh = live_state()
+    check_fits(snapshot, fresh, path)
+    restore(snapshot, fresh, 0, 1, path)
+    assert fresh.step == 1 and fresh.schedule.last_epoch == 1
+    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["momentum_buffer"],
+                       state.optimizer.state_dict()["state"][0]["momentum_buffer"])
+
+
+def manifest_with(text: str | bytes):
+    """The manifest with `text` as one more key's value (JSON text, or bytes)."""
+    def damage(path: Path) -> None:
+        manifest = (path / MANIFEST).read_bytes()
+        added = text if isinstance(text, bytes) else text.encode()
+        (path / MANIFEST).write_bytes(b'{"x": ' + added + b", " + manifest.lstrip()[1:])
+    return damage
+
+
+def manifest_naming(name: str):
+    """The manifest with one more file entry, named `name` (JSON text, escapes allowed)."""
+    def damage(path: Path) -> None:
+        manifest = json.loads((path / MANIFEST).read_text())
+        text = json.dumps(manifest)
+        entry = '{"bytes": 1, "sha256": "00"}'
+        (path / MANIFEST).write_text(text.replace('"files": {', f'"files": {{"{name}": {entry}, '))
+    return damage
+
+
+@pytest.mark.parametrize("damage", [
+    manifest_naming("a\\u0000b"), manifest_naming("x" * 5000), manifest_naming("\\ud800"),
+    manifest_naming("shards/" + "d/" * 300 + "f"),
+    manifest_with("[" * 100_000 + "]" * 100_000),
+    manifest_with('{"a": ' * 600 + "1" + "}" * 600),
+    manifest_with("1e400"),
+    manifest_with(b'"\xff"'),
+], ids=["NUL", "5000 characters", "lone surrogate", "300 folders deep", "100000 deep",
+        "600 deep", "1e400", "not UTF-8"])
+def test_an_edited_manifest_is_corrupt_in_one_line(tmp_path, damage):
+    path = save(tmp_path, 4)
+    damage(path)
+    with pytest.raises(CorruptCheckpoint, match="MANIFEST.json") as error:
+        verify(path)
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 500 and message.isascii()
+
+
+def test_a_shard_offset_that_is_not_a_number_of_rows_is_corrupt(tmp_path):
+    from workload.checkpoint.sharded import read_shards
+
+    folder = tmp_path / "step-000000004" / "shards"
+    folder.mkdir(parents=True)
+    (folder / "rank-00000.safetensors").write_bytes(tensor_bytes({"w": torch.ones(2, 3)}))
+    (folder / "rank-00000.json").write_text(
+        '{"format": 2, "rank": 0, "world_size": 1, "state": {"model": {"w": '
+        '{"__shard__": "w", "shape": [2, 3], "offset": 1e400, "length": 2}}, '
+        '"optimizer": {"state": {}, "param_groups": []}}}')
+    listed = {f"shards/rank-00000{suffix}": {} for suffix in (".json", ".safetensors")}
+    with pytest.raises(CorruptCheckpoint, match="rank-00000.json"):
+        read_shards(folder, 1, listed)

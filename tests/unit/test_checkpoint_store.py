@@ -9,24 +9,25 @@ import pickle
 import pytest
 import torch
 
-from workload.checkpoint.formats import read_part, read_tensors
+from workload.checkpoint.formats import read_part, read_tensors, tensor_bytes
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
                                        complete_steps, finish_checkpoint, move_aside, prune,
                                        step_name, verify)
+from workload.files import sha256_file
 
 
-def snapshot(step: int) -> Snapshot:
+def snapshot(step: int, model: dict | None = None) -> Snapshot:
     trainer = dict(step=step, epoch=0, batch=step, world_size=1)
-    return Snapshot(model={"w": torch.full((3,), float(step))}, optimizer={"state": {}},
+    return Snapshot(model=model or {"w": torch.full((3,), float(step))}, optimizer={"state": {}},
                     trainer=trainer, rng=[{"torch": torch.get_rng_state()}],
                     config={"seed": 1})
 
 
-def save(root, step: int, keep: int = 3):
+def save(root, step: int, keep: int = 3, model: dict | None = None):
     root.mkdir(exist_ok=True)
     tmp = root / f".tmp-{step_name(step)}"
     tmp.mkdir()
-    finish_checkpoint(tmp, root / step_name(step), snapshot(step), keep)
+    finish_checkpoint(tmp, root / step_name(step), snapshot(step, model), keep)
     return root / step_name(step)
 
 
@@ -96,8 +97,25 @@ def test_a_pickle_anywhere_is_refused_without_running(tmp_path, capsys, protocol
 def test_a_torch_save_file_is_refused_by_its_first_bytes(tmp_path):
     path = save(tmp_path, 3)
     torch.save({"w": torch.ones(3)}, path / "model.safetensors")
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"]["model.safetensors"] = dict(
+        bytes=(path / "model.safetensors").stat().st_size,
+        sha256=sha256_file(path / "model.safetensors"))
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    verify(path)  # a forger rewrote the manifest: the safetensors parser refuses the file
     with pytest.raises(CorruptCheckpoint, match="model.safetensors is a zip"):
-        verify(path)
+        read_tensors(path / "model.safetensors")
+
+
+def test_a_safetensors_file_whose_length_starts_like_a_pickle_is_read(tmp_path):
+    # A safetensors file starts with its header's length (u64 little-endian): one in 32
+    # headers has 0x80 as its low byte, which is also a pickle's first byte.
+    name = next(f"w{'x' * n}" for n in range(300)
+                if tensor_bytes({f"w{'x' * n}": torch.ones(2)})[0] == 0x80)
+    path = save(tmp_path, 3, model={name: torch.ones(2)})
+    assert (path / "model.safetensors").read_bytes()[:1] == b"\x80"
+    verify(path)
+    assert torch.equal(read_tensors(path / "model.safetensors")[name], torch.ones(2))
 
 
 def test_a_checkpoint_of_the_torch_save_format_is_old_not_corrupt(tmp_path):

@@ -1,34 +1,40 @@
 """What a loaded checkpoint must hold before any of it touches the live state.
 
 A checkpoint whose files match its manifest can still hold the wrong things: a config that
-is not a JSON object, a trainer state without its keys, a model file of another model. Each
-is a CorruptCheckpoint here, raised before `restore` changes anything, so `--resume auto`
-can move it aside and take the one before, and `--resume PATH` stops with one line.
+is not a JSON object, a trainer state without its keys or with a step of -5, random states
+numpy would crash on, an optimizer state of other shapes, a model file of another model.
+Each is a CorruptCheckpoint here, raised before `restore` changes anything, so `--resume
+auto` can move it aside and take the one before, and `--resume PATH` stops with one line.
+Two stages: `check_loaded` (types, ranges, and how the trainer state, the random states
+and the manifest agree) as the files are read, and `check_fits` (every tensor, number and
+switch against the live model, optimizer, schedule and scaler) before the restore.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import re
 from pathlib import Path
 
 import torch
 
-from workload.checkpoint.store import MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
+from workload.checkpoint import rng as rng_states
+from workload.checkpoint.formats import read_json
+from workload.checkpoint.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
 from workload.distributed import unwrap
+from workload.logs import shown
 
 # The trainer state's keys and their types (what `restore` reads).
 TRAINER_KEYS = dict(schedule=dict, scaler=dict, epoch=int, batch=int, step=int,
                     accuracies=list, world_size=int)
-RNG_KEYS = ("torch", "numpy", "python")
+# Counts the ranks agree on travel in an int64 tensor: anything near its end is no step.
+MAX_COUNT = 2**62
 # (FSDP's shards are checked as they are joined: workload.checkpoint.sharded.)
 
 
 def read_config(path: Path) -> dict:
     """config.json of a checkpoint: a JSON object, or CorruptCheckpoint."""
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError):
-        config = None
+    config = read_json(path / "config.json")
     if not isinstance(config, dict):
         raise CorruptCheckpoint(f"{path.name}/config.json is not a JSON object")
     return config
@@ -38,19 +44,48 @@ def _bad(path: Path, name: str, what: str) -> CorruptCheckpoint:
     return CorruptCheckpoint(f"{path.name}/{name} is not a checkpoint's {name}: {what}")
 
 
-def check_loaded(path: Path, trainer, rng) -> None:
+def check_loaded(path: Path, trainer, rng, manifest: dict) -> None:
     """The trainer state and random states `restore` relies on, each failure naming the
     file."""
     if not isinstance(trainer, dict):
         raise _bad(path, "trainer.json", "not a dictionary")
     for key, kind in TRAINER_KEYS.items():
-        if not isinstance(trainer.get(key), kind) or trainer.get(key) is True:
-            raise _bad(path, "trainer.json", f"`{key}` is missing or not a {kind.__name__}")
-    if not (isinstance(rng, list) and rng and all(
-            isinstance(r, dict) and all(k in r for k in RNG_KEYS)
-            and isinstance(r["torch"], torch.Tensor) and r["torch"].dtype == torch.uint8
-            for r in rng)):
-        raise _bad(path, "rng.json", f"not a list of random states ({', '.join(RNG_KEYS)})")
+        if not isinstance(trainer.get(key), kind) or isinstance(trainer.get(key), bool):
+            what = {dict: "a dictionary", int: "a whole number", list: "a list"}[kind]
+            raise _bad(path, "trainer.json", f"`{key}` is missing or not {what}")
+    _check_counts(path, trainer, manifest)
+    if not all(type(a) in (int, float) and 0 <= a <= 1 for a in trainer["accuracies"]):
+        raise _bad(path, "trainer.json", "`accuracies` are not all numbers from 0 to 1")
+    if not isinstance(rng, list):
+        raise _bad(path, "rng.json", "not a list of every rank's random states")
+    if len(rng) != trainer["world_size"]:
+        raise _bad(path, "trainer.json", f"`world_size` is {trainer['world_size']}, but "
+                   f"rng.json holds the random states of {len(rng)} ranks")
+    for rank, states in enumerate(rng):
+        try:
+            rng_states.check_states(states)
+        except ValueError as error:
+            raise _bad(path, "rng.json", f"rank {rank}: {error}") from None
+
+
+def _check_counts(path: Path, trainer: dict, manifest: dict) -> None:
+    """Step, epoch, batch and world size in range, and as the manifest and the folder's
+    name say: every epoch took a step at least, and so did every batch of one."""
+    step = trainer["step"]
+    for key, low, high in (("step", 0, MAX_COUNT), ("epoch", 0, step), ("batch", 0, step),
+                           ("world_size", 1, MAX_COUNT)):
+        value = trainer[key]
+        if not low <= value <= high:
+            most = "2^62" if high == MAX_COUNT else f"{high} (the step)"
+            raise _bad(path, "trainer.json", f"`{key}` is {shown(value)}, expected {low} "
+                       f"to {most}")
+        if key in manifest and manifest[key] != value:
+            raise _bad(path, "trainer.json", f"`{key}` is {shown(value)}, {MANIFEST} "
+                       f"says {shown(manifest[key])}")
+    named = re.fullmatch(r"step-(\d+)", path.name)
+    if named and int(named.group(1)) != step:
+        raise _bad(path, "trainer.json", f"`step` is {step}, the folder's name says "
+                   f"{int(named.group(1))}")
 
 
 def check_state(path: Path, where: str, model, optimizer) -> None:
@@ -71,9 +106,29 @@ def _examples(names) -> str:
 
 
 def check_fits(snapshot, state, path: Path) -> None:
-    """The checkpoint's model and optimizer fit the live ones (same parameter names and
-    shapes, same parameter groups), or CorruptCheckpoint saying what differs."""
+    """The checkpoint fits the live training state: its model and optimizer belong to this
+    model (same parameter names and shapes, same parameter groups), and every tensor,
+    number and switch has the form the live model, optimizer, schedule and scaler take;
+    else CorruptCheckpoint saying what differs."""
     live = unwrap(state.model).state_dict()  # FSDP2's DTensors have the global shapes
+    _check_model(snapshot, live, path)
+    _check_optimizer(snapshot.optimizer, state.optimizer, path,
+                     SHARDS_DIR if snapshot.rank_buffers is not None else "optimizer.json")
+    trainer = snapshot.trainer
+    for key, live_part in (("schedule", state.schedule), ("scaler", state.scaler)):
+        problem = _unlike(trainer[key], live_part.state_dict(), f"{key}.")
+        if problem:
+            raise _bad(path, "trainer.json", problem)
+    if trainer["schedule"].get("last_epoch") != trainer["step"]:
+        raise _bad(path, "trainer.json", f"the schedule is at step "
+                   f"{shown(trainer['schedule'].get('last_epoch'))}, the trainer at "
+                   f"{trainer['step']}")
+    if trainer["scaler"].get("scale", 1) == 0:  # every step skipped, silently
+        raise _bad(path, "trainer.json", "the gradient scaler's scale is 0")
+
+
+def _check_model(snapshot, live: dict, path: Path) -> None:
+    where = SHARDS_DIR if snapshot.rank_buffers is not None else MODEL_FILE
     missing, unexpected = live.keys() - snapshot.model.keys(), snapshot.model.keys() - live.keys()
     reshaped = {k for k in live.keys() & snapshot.model.keys()
                 if tuple(live[k].shape) != tuple(snapshot.model[k].shape)}
@@ -81,18 +136,92 @@ def check_fits(snapshot, state, path: Path) -> None:
         parts = [f"{len(names)} {what} ({_examples(names)})" for names, what in
                  ((missing, "missing"), (unexpected, "unexpected"), (reshaped, "of another shape"))
                  if names]
-        where = SHARDS_DIR if snapshot.rank_buffers is not None else MODEL_FILE
         raise CorruptCheckpoint(f"{path.name}/{where} holds the weights of another model: "
                                 f"{'; '.join(parts)}")
-    groups = snapshot.optimizer["param_groups"]
-    live_groups = state.optimizer.state_dict()["param_groups"]
+    own = [(name, value) for buffers in snapshot.rank_buffers or [] for name, value in
+           buffers.items() if name in live]
+    for name, value in [*snapshot.model.items(), *own]:
+        problem = _unlike(value, live[name], name)
+        if problem:
+            raise _bad(path, where, problem)
+
+
+def _check_optimizer(saved: dict, optimizer, path: Path, where: str) -> None:
+    groups, live_groups = saved["param_groups"], optimizer.state_dict()["param_groups"]
     counts = [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list)
               else -1 for g in groups]
     if counts != [len(g["params"]) for g in live_groups]:
         raise CorruptCheckpoint(f"{path.name}: its optimizer state belongs to another model "
                                 f"(parameter groups of {counts} parameters, this model has "
                                 f"{[len(g['params']) for g in live_groups]})")
-    indices = snapshot.optimizer["state"].keys()
-    if any(type(i) is not int or not 0 <= i < sum(counts) for i in indices):
-        raise CorruptCheckpoint(f"{path.name}: the optimizer state names parameters this "
-                                "model does not have")
+    for index, (group, live_group) in enumerate(zip(groups, live_groups)):
+        problem = _unlike(group, live_group, f"param_groups.{index}.")
+        if problem or group["params"] != live_group["params"]:
+            raise _bad(path, where, problem or f"param_groups.{index} numbers its "
+                       "parameters otherwise")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, values in saved["state"].items():
+        if type(index) is not int or not 0 <= index < len(params):
+            raise CorruptCheckpoint(f"{path.name}: the optimizer state names parameters "
+                                    "this model does not have")
+        for key, value in values.items():
+            problem = _state_value(key, value, params[index], f"state.{index}.{shown(key)}")
+            if problem:
+                raise _bad(path, where, problem)
+
+
+def _state_value(key, value, param, where: str) -> str | None:
+    """An optimizer's per-parameter state: tensors of the parameter's shape and dtype
+    (momentum, moments), a one-element `step` count, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return f"{where} is {shown(value)}, not a tensor"
+    if key == "step" and value.numel() == 1 and not value.dtype.is_complex:
+        return None
+    if tuple(value.shape) != tuple(param.shape) or value.dtype != param.dtype:
+        return (f"{where} is a {value.dtype} tensor of {list(value.shape)}, its parameter a "
+                f"{param.dtype} one of {list(param.shape)}")
+    return None
+
+
+def _kind(value) -> str:
+    if value is None or isinstance(value, bool):
+        return "a switch"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, torch.Tensor):
+        return "a tensor"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "a dictionary" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def _unlike(saved, live, where: str) -> str | None:
+    """What in `saved` (read from a checkpoint) has another form than `live` (the live
+    object's state dict): keys, kinds, list lengths, tensor shapes and dtypes; numbers
+    must be finite and not negative (learning rates, momenta, decays, steps, scales: a
+    negative one would train backwards). A switch (True, False, None) may be missing: an older torch did not
+    write the ones added since, and the loaders set their defaults."""
+    if _kind(saved) != _kind(live):
+        return f"{where.rstrip('.')} is {_kind(saved)} ({shown(saved)}), expected {_kind(live)}"
+    if isinstance(live, dict):
+        for key, value in live.items():
+            if key not in saved and _kind(value) != "a switch":
+                return f"{where}{key} is missing"
+        for key in saved.keys() - live.keys():
+            if _kind(saved[key]) != "a switch":
+                return f"{where}{shown(key)} is not part of this state"
+        return next(filter(None, (_unlike(saved[k], v, f"{where}{k}.") for k, v in live.items()
+                                  if k in saved)), None)
+    if isinstance(live, (list, tuple)):
+        if len(saved) != len(live):
+            return f"{where.rstrip('.')} holds {len(saved)} values, expected {len(live)}"
+        return next(filter(None, (_unlike(s, v, f"{where}{i}.") for i, (s, v) in
+                                  enumerate(zip(saved, live)))), None)
+    if isinstance(live, torch.Tensor) and (saved.shape != live.shape or saved.dtype != live.dtype):
+        return (f"{where.rstrip('.')} is a {saved.dtype} tensor of {list(saved.shape)}, "
+                f"expected {live.dtype} of {list(live.shape)}")
+    if _kind(saved) == "a number" and not (math.isfinite(saved) and saved >= 0):
+        return f"{where.rstrip('.')} is {saved}, not a finite number of 0 or more"
+    return None

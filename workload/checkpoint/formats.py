@@ -11,9 +11,12 @@ FSDP2 shard (a DTensor split along dim 0) is `{"__shard__": key, "shape": [globa
 "offset": first row, "length": rows}`; `assemble` joins the shards of every rank.
 
 Reading either format runs no code: safetensors is an 8-byte header length, a JSON header
-(names, dtypes, shapes, offsets) and raw bytes; JSON is parsed strictly. A file that is a
-pickle or a zip archive (what torch.save writes) is refused by its first bytes, before
-anything else reads it.
+(names, dtypes, shapes, offsets) and raw bytes; JSON is parsed strictly (no NaN, no number
+beyond a float's range, nothing nested deeper than a checkpoint ever is). A JSON file that
+is a pickle or a zip archive (what torch.save writes) is refused by its first bytes, before
+anything else reads it. A safetensors file is judged by the safetensors parser alone: its
+first 8 bytes are a length, which may well start with the pickle's 0x80; only when the
+parser refuses it does the message say that it looks like a pickle or a zip.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
 # First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
 # start with the PROTO opcode 0x80) and a zip archive (torch.save since 1.6).
 PICKLE_MAGIC, ZIP_MAGIC = b"\x80", b"PK\x03\x04"
+# The deepest a checkpoint's JSON is nested is about 8 (optimizer state, shard layouts);
+# anything much deeper is not a checkpoint, and would exhaust Python's recursion limit.
+MAX_DEPTH = 32
 
 
 class CorruptCheckpoint(Exception):
@@ -47,8 +53,12 @@ class Shard:
     shape: list[int]
 
 
-def sniff(file: Path) -> None:
-    """CorruptCheckpoint when `file` starts like a pickle or a zip (torch.save) archive."""
+def sniff(file: Path, safetensors_too: bool = False) -> None:
+    """CorruptCheckpoint when `file` starts like a pickle or a zip (torch.save) archive.
+    A safetensors file is left to its parser unless `safetensors_too` (after the parser
+    refused it): its first bytes are its header's length, 0x80 as likely as any."""
+    if file.suffix == ".safetensors" and not safetensors_too:
+        return
     with open(file, "rb") as f:
         head = f.read(4)
     if head.startswith(PICKLE_MAGIC) or head == ZIP_MAGIC:
@@ -126,12 +136,26 @@ def decode(data, tensors: dict):
         if tag == "__items__":
             return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
     if "__shard__" in data:
-        shard = Shard(tensors[data["__shard__"]], int(data["offset"]), list(data["shape"]))
-        if shard.tensor.shape[0] != data["length"]:
-            raise ValueError(f"shard {data['__shard__']} has {shard.tensor.shape[0]} rows, "
-                             f"its layout says {data['length']}")
-        return shard
+        return _shard(data, tensors)
     return {k: decode(v, tensors) for k, v in data.items()}
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and 0 <= value < 2**62
+
+
+def _shard(data: dict, tensors: dict) -> Shard:
+    """A shard entry whose offset, length and shape are whole numbers of rows."""
+    shape = data.get("shape")
+    if not (_is_count(data.get("offset")) and _is_count(data.get("length"))
+            and isinstance(shape, list) and shape and all(_is_count(n) for n in shape)):
+        raise ValueError(f"shard {str(data.get('__shard__'))[:80]!r} has an offset, length "
+                         "or shape that is not a number of rows")
+    shard = Shard(tensors[data["__shard__"]], data["offset"], shape)
+    if shard.tensor.dim() == 0 or shard.tensor.shape[0] != data["length"]:
+        raise ValueError(f"shard {data['__shard__']} has {list(shard.tensor.shape)} rows, "
+                         f"its layout says {data['length']}")
+    return shard
 
 
 def _hashable(key):
@@ -204,7 +228,7 @@ def read_part(folder: Path, name: str):
         if not (isinstance(data, dict) and data.get("format") == PART_FORMAT):
             raise ValueError(f"not a part of format {PART_FORMAT}")
         return decode(data["data"], tensors)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
         raise CorruptCheckpoint(f"{folder.name}/{name}.json is not a checkpoint part "
                                 f"(with {file.name}): {error}") from None
 
@@ -219,17 +243,42 @@ def tensor_bytes(tensors: dict) -> bytes:
     return save(tensors, metadata={"format": "pt"})
 
 
-def read_json(file: Path):
-    """Strict JSON (no NaN or Infinity literals), or CorruptCheckpoint naming the file."""
-    sniff(file)
+def _refuse_constant(word: str):
+    raise ValueError(f"{word} is not JSON")
 
-    def refuse(word):
-        raise ValueError(f"{word} is not JSON")
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond a float's range")
+    return value
+
+
+def _too_deep(data) -> bool:
+    """Nested deeper than MAX_DEPTH (walked without recursion)."""
+    level = [data]
+    for _ in range(MAX_DEPTH):
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return True
+
+
+def read_json(file: Path):
+    """Strict JSON (no NaN or Infinity, no number beyond a float's range, nested at most
+    MAX_DEPTH), or CorruptCheckpoint naming the file."""
+    sniff(file)
+    where = f"{file.parent.name}/{file.name}"
     try:
-        return json.loads(file.read_bytes().decode(), parse_constant=refuse)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is not readable JSON "
-                                f"({error})") from None
+        data = json.loads(file.read_bytes().decode(), parse_constant=_refuse_constant,
+                          parse_float=_finite_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise CorruptCheckpoint(f"{where} is not readable JSON ({str(error)[:200]})") from None
+    if _too_deep(data):
+        raise CorruptCheckpoint(f"{where} is nested deeper than {MAX_DEPTH} levels, which "
+                                "no checkpoint file is")
+    return data
 
 
 def read_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -237,9 +286,9 @@ def read_tensors(file: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    sniff(file)
     try:
         return load(file.read_bytes())
     except (SafetensorError, ValueError, OSError) as error:
+        sniff(file, safetensors_too=True)  # torch.save's or pickle's, named as such
         raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is not a readable "
                                 f"safetensors file ({error})") from None

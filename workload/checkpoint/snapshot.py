@@ -66,7 +66,7 @@ def read_checkpoint(path: Path, device=None) -> Snapshot:
     tensors to the device); FSDP shards are joined into full tensors. `device` is unused."""
     manifest = verify(path)
     trainer, states = read_part(path, "trainer"), read_part(path, "rng")
-    check_loaded(path, trainer, states)
+    check_loaded(path, trainer, states, manifest)
     buffers = None
     if manifest.get("sharded"):
         model, optimizer, buffers = read_shards(path / SHARDS_DIR, trainer["world_size"],

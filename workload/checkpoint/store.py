@@ -20,13 +20,13 @@ model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the
 (same filesystem, so the rename is atomic), fsyncs every file, writes the manifest, renames
 the directory into place, fsyncs the parent, replaces `latest`, and only then prunes the
 oldest beyond --keep-checkpoints. A crash at any moment leaves either the previous
-checkpoints or the new one complete. Loading verifies the manifest and refuses any file
-that starts like a pickle or a zip archive; nothing is ever unpickled.
+checkpoints or the new one complete. Loading verifies the manifest (read as strict JSON,
+its names plain ones inside the folder) and refuses a JSON file that starts like a pickle
+or a zip archive; nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -34,9 +34,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, sniff, tensor_bytes,
-                                         write_durably, write_part)
+from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, read_json, sniff,
+                                         tensor_bytes, write_durably, write_part)
 from workload.files import json_text, sha256_file
+from workload.logs import shown
 
 MANIFEST = "MANIFEST.json"
 SHARDS_DIR = "shards"
@@ -49,6 +50,9 @@ SHARDED_REQUIRED_FILES = (f"{SHARDS_DIR}/rank-00000.json", *COMMON_FILES)
 FORMAT_VERSION = 2
 OLD_FORMAT_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# What a manifest may name: the files a save writes are plain ASCII names, at most one
+# folder deep (shards/rank-00000.json); anything else is an edited manifest.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99})?")
 # A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
 _ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
 # How many moved-aside folders of each kind are kept for inspection; older ones are deleted
@@ -223,7 +227,7 @@ def _only_listed(path: Path, files: dict) -> None:
         for file in (Path(folder) / name for name in names):
             name = file.relative_to(path).as_posix()
             if name != MANIFEST and name not in files:
-                raise CorruptCheckpoint(f"{path.name}/{name} is not listed in the manifest "
+                raise CorruptCheckpoint(f"{path.name}/{shown(name)} is not listed in the manifest "
                                         "(a checkpoint holds nothing else); refusing it")
             if file.is_file() and not file.is_symlink():
                 sniff(file)
@@ -237,10 +241,12 @@ def _read_manifest(path: Path) -> tuple[dict, object]:
             raise OldFormat(old_format_message(path))
         raise CorruptCheckpoint(f"{path.name} has no {MANIFEST} (a save that did not finish)")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_json(manifest_path)
         files, version = manifest["files"], manifest.get("format")
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest") from None
+    except (CorruptCheckpoint, KeyError, TypeError, AttributeError) as error:
+        why = f" ({error})" if isinstance(error, CorruptCheckpoint) else ""
+        raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest"
+                                f"{why}") from None
     if version != FORMAT_VERSION:
         if version == 1 or old_files:
             raise OldFormat(old_format_message(path))
@@ -263,13 +269,14 @@ def _well_typed(files) -> bool:
 
 
 def inside(folder: Path, name: str) -> Path:
-    """`folder/name` when it stays inside `folder` (no absolute name, no `..`, no link out
-    of it), else CorruptCheckpoint: a manifest never names a file elsewhere."""
-    relative = Path(name)
-    if relative.is_absolute() or ".." in relative.parts or not name.strip():
-        raise CorruptCheckpoint(f"{folder.name}/{MANIFEST} names {name!r}, which is not a "
-                                "file inside the checkpoint folder")
-    file = folder / relative
+    """`folder/name` when it stays inside `folder` (a plain name, no `..`, no link out of
+    it), else CorruptCheckpoint: a manifest never names a file elsewhere, nor one no save
+    writes (a NUL byte, 5000 characters, a lone surrogate)."""
+    if not _FILE_NAME.fullmatch(name):  # no part starts with ".": no ".." either
+        raise CorruptCheckpoint(f"{folder.name}/{MANIFEST} names {shown(name)}, which is not "
+                                "a file inside the checkpoint folder (a save writes plain "
+                                "names of letters, digits, '.', '_' and '-')")
+    file = folder / name
     if not file.resolve().is_relative_to(folder.resolve()):
         raise CorruptCheckpoint(f"{folder.name}/{name} leads outside the checkpoint folder "
                                 f"(to {file.resolve()}); refusing to read it")
@@ -280,7 +287,7 @@ def _verify_file(path: Path, name: str, entry: dict) -> None:
     file = inside(path, name)
     if not file.is_file():
         raise CorruptCheckpoint(f"{path.name}/{name} is missing")
-    sniff(file)  # a pickle or a zip archive is named as such, whatever its size
+    sniff(file)  # a JSON file that is a pickle or a zip is named as such, whatever its size
     size = file.stat().st_size
     if size != entry.get("bytes"):
         raise CorruptCheckpoint(f"{path.name}/{name} has {size} bytes, the manifest says "
