@@ -14,8 +14,8 @@ from tests.helpers import CHECKPOINT_ARGS as ARGS
 from tests.helpers import clean_env, read_jsonl, write_image_folder
 
 TRAIN = str(Path(sys.executable).with_name("train"))
-# 8 steps an epoch (128 images, batch 16), enough epochs for 60 steps.
-LONG = [*ARGS, "--epochs", "8"]
+# 8 steps an epoch (32 images, batch 4: quick steps), enough epochs for 60 steps.
+LONG = [*ARGS, "--epochs", "8", "--synthetic-size", "32", "--batch-size", "4"]
 
 
 def train(args: list[str], out: Path) -> subprocess.CompletedProcess:
