@@ -134,5 +134,8 @@ def test_a_step_limit_on_a_checkpoint_step_saves_it_once(tmp_path):
     out = tmp_path / "run"
     _, log = trained([*LONG, "--checkpoint-every", "2", "--max-steps", "20"], out)
     assert saves(log).count(20) == 1, log
+    _, log = trained([*LONG, "--checkpoint-every", "2", "--max-steps", "20"], out)
+    assert saves(log) == [], "the same command again: nothing left to train or save"
+    assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     _, log = trained([*LONG, "--checkpoint-every", "2", "--max-steps", "24"], out)
     assert saves(log).count(24) == 1, log  # 24 ends epoch 3: periodic and epoch end

@@ -101,9 +101,17 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
-        trim_metrics(out / "metrics.jsonl", state.epoch)
+        trim_metrics(out / "metrics.jsonl", _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
+
+
+def _epochs_recorded(cfg, state) -> int:
+    """The epochs whose metrics.jsonl lines stay: those the checkpoint finished, and the
+    unfinished one the step limit stopped when this run trains no further (it already
+    stands at its --max-steps, so that line would not be written again)."""
+    limit = cfg.training.max_steps
+    return state.epoch + bool(state.batch and limit and state.step >= limit)
 
 
 def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
