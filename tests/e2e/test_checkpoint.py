@@ -208,6 +208,7 @@ def test_an_old_torch_save_checkpoint_is_refused_in_one_line_and_kept(
         explicit, reference, tmp_path, capsys):
     out = copy_run(reference, tmp_path / "run")
     old = old_format_checkpoint(out / "checkpoints" / "step-000000099", tmp_path / "payload")
+    (out / "checkpoints" / "latest").write_text(old.name + "\n")  # its last save, as then
     before = sorted(p.name for p in old.iterdir())
     resume = ["--resume", str(old)] if explicit else []
     with pytest.raises(SystemExit) as exit_info:

@@ -7,7 +7,9 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
     snapshot.py    the live training state <-> a checkpoint (take, save, read, restore)
     sharded.py     FSDP2 shards as safetensors per rank, joined on load for any world size
     rng.py         the random states an exact resume needs
-    resume.py      which checkpoint a run continues from (--resume, --overwrite)
+    resume.py      which checkpoint a run continues from (--resume, --overwrite), and
+                   whether one fits this run (its recorded settings and class count)
+    timeline.py    the run's timeline (`latest`), rollbacks, what --overwrite removes
     content.py     what a loaded checkpoint must hold, and that it fits the live model
     space.py       a save that runs out of disk space: partial folder removed, one line
     lock.py        one writer per run folder (train.lock, stale-lock detection)

@@ -7,17 +7,17 @@ aside and the one before is tried.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 
 from workload import distributed
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.snapshot import read_checkpoint, restore
+from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
-                                       checkpoints_dir, complete_steps, move_aside,
-                                       old_format_message, step_name, symlinked_steps)
+                                       checkpoints_dir, move_aside, old_format_message,
+                                       remove_tree, step_name, symlinked_steps)
+from workload.checkpoint.timeline import on_timeline, roll_back, written_by_train
 from workload.errors import UsageError
 from workload.files import json_text, read_jsonl_records
 from workload.logs import logger
@@ -34,36 +34,47 @@ MAY_CHANGE_ON_RESUME = {
 # (a resumed run takes its weights from the checkpoint).
 MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init_from",
                          "init_reinit_head"}
+# The run's records that --overwrite removes with its checkpoints (they would mix two runs).
+RECORDS = ("metrics.jsonl", "steps.jsonl", "summary.json")
 
 
 def prepare(cfg, out: Path, is_main: bool) -> None:
-    """--resume never: refuse an output directory holding checkpoints, unless --overwrite.
-    A `checkpoints` that is a symbolic link is refused: it is never followed (a run prunes
-    and replaces folders there), and nothing it points at is moved or lost."""
+    """--resume never: refuse an output directory holding checkpoints, unless --overwrite,
+    which removes what `train` wrote there and nothing else. A `checkpoints` that is a
+    symbolic link is refused: it is never followed (a run prunes and replaces folders
+    there), and nothing it points at is moved or lost."""
     root = checkpoints_dir(out)
     if root.is_symlink():
         raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
                          "pruned and replaced inside the run folder, so they must live "
                          "there: pass --output-dir on the file system you want instead, or "
                          "replace the link with a folder")
-    if cfg.checkpoint.resume != "never" or not (root.is_dir() and any(root.iterdir())):
+    own = written_by_train(root)
+    if cfg.checkpoint.resume != "never" or not own:
         return
     if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
                          "never would start another run over them; pass --resume auto to "
-                         "continue that run, a new --output-dir, or --overwrite to replace it")
+                         "continue that run, a new --output-dir, or --overwrite to delete "
+                         "its step-* folders, `latest`, metrics.jsonl, steps.jsonl and "
+                         "summary.json (other files there are left alone)")
     if is_main:
-        logger.warning(f"--overwrite: removing {root} and the previous run's records")
-        shutil.rmtree(root)
-        for name in ("metrics.jsonl", "summary.json"):
+        logger.warning(f"--overwrite: removing the previous run's {len(own)} checkpoint "
+                       f"entries in {root} and its records; other files there are kept")
+        for path in own:
+            if path.is_dir():
+                remove_tree(path)
+            else:
+                path.unlink()
+        for name in RECORDS:
             (out / name).unlink(missing_ok=True)
 
 
-def resume(cfg, info, state, out: Path) -> None:
+def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     """Load the checkpoint this run continues from, if there is one."""
     if cfg.checkpoint.resume == "never":
         return
-    current = cfg.to_dict()
+    current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
         snapshot = _read_explicit(path, current, state, info.device)
@@ -88,9 +99,19 @@ def resume(cfg, info, state, out: Path) -> None:
         check_fits(snapshot, state, path)
     restore(snapshot, state, info.rank, info.world_size, path)
     if info.is_main:
-        trim_metrics(out / "metrics.jsonl", state.epoch)
+        if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
+            roll_back(checkpoints_dir(out), path, state.step)
+        trim_metrics(out / "metrics.jsonl", _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
+
+
+def _epochs_recorded(cfg, state) -> int:
+    """The epochs whose metrics.jsonl lines stay: those the checkpoint finished, and the
+    unfinished one the step limit stopped when this run trains no further (it already
+    stands at its --max-steps, so that line would not be written again)."""
+    limit = cfg.training.max_steps
+    return state.epoch + bool(state.batch and limit and state.step >= limit)
 
 
 def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
@@ -119,8 +140,9 @@ def _fits_unless_other_run(snapshot: Snapshot, path: Path, current: dict, state)
 
 
 def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
-    """The newest checkpoint that verifies, loads and passes `accept(snapshot, path)`
-    (which raises CorruptCheckpoint); bad and unfinished ones moved aside."""
+    """The newest checkpoint of the run's timeline (up to `latest`) that verifies, loads
+    and passes `accept(snapshot, path)` (which raises CorruptCheckpoint); bad and
+    unfinished ones moved aside."""
     if root.is_symlink():
         logger.warning(f"{root} is a symbolic link: not followed, starting from step 0")
         return None
@@ -130,7 +152,7 @@ def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
     for link in symlinked_steps(root):
         logger.warning(f"skipping {link}: a symbolic link (to {link.resolve()}), not a "
                        "checkpoint of this run; it is never loaded, pruned or followed")
-    for step, path in reversed(complete_steps(root)):
+    for step, path in reversed(on_timeline(root)):
         try:
             snapshot = read_checkpoint(path, device)
             if accept is not None:
@@ -151,24 +173,31 @@ def _agree_on_step(step: int, info) -> int:
 
 
 def differences(saved: dict, current: dict) -> str:
-    """The settings a checkpoint's run had otherwise, as flags ("" when none)."""
+    """The settings a checkpoint's run had otherwise ("" when none)."""
     differ = [k for k in saved.keys() & current.keys()
               if k not in MAY_CHANGE_ON_RESUME and saved[k] != current[k]]
-    return ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {current[k]!r} now"
-                     for k in sorted(differ))
+    return ", ".join(_difference(k, saved[k], current[k]) for k in sorted(differ))
+
+
+def _difference(key: str, there, now) -> str:
+    if key == CLASSES:  # not a flag: what the run's data held
+        return f"its data had {there} classes, this run's data has {now}"
+    return f"--{key.replace('_', '-')} {there!r} there, {now!r} now"
 
 
 def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None:
-    """Refuse (auto) or warn about (an explicit path) a checkpoint of a different run."""
+    """Whether a checkpoint fits this run, from the settings it recorded: refuse (auto) or
+    warn about (an explicit path) one of another run. Nothing is moved aside: its files
+    are good, they belong to another run."""
     listed = differences(saved, current)
     if not listed:
         return
     if not strict:
         logger.warning(f"{path} was written with other settings ({listed}); loading it anyway")
         return
-    raise UsageError(f"{path} belongs to a run with other settings ({listed}); pass the same "
-                     "flags to resume it, a new --output-dir, or --resume never --overwrite "
-                     "to replace it")
+    raise UsageError(f"{path} belongs to another run ({listed}); resume it with its own "
+                     "settings and data, start this run in another --output-dir, or replace "
+                     "that run with --resume never --overwrite (nothing was moved or deleted)")
 
 
 def trim_metrics(path: Path, epochs_done: int) -> None:

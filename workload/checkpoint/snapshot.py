@@ -22,15 +22,27 @@ from workload.distributed import unwrap
 from workload.logs import logger
 
 
-def take_snapshot(state, cfg, world_size: int, sharded: bool) -> Snapshot:
-    """A collective (the RNG states of every rank are gathered): all ranks call it."""
+# The class count of the run's data, recorded in a checkpoint's config.json beside the
+# settings: a data folder of another class count is another run (the flags do not show it).
+CLASSES = "classes_in_data"
+
+
+def run_settings(cfg, num_classes: int) -> dict:
+    """What a checkpoint records of its run, and what a resume compares: the resolved
+    config and the class count of the data."""
+    return {**cfg.to_dict(), CLASSES: num_classes}
+
+
+def take_snapshot(state, settings: dict, world_size: int, sharded: bool) -> Snapshot:
+    """A collective (the RNG states of every rank are gathered): all ranks call it.
+    `settings`: run_settings()."""
     trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
                    scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
                    step=state.step, accuracies=list(state.accuracies), world_size=world_size)
     if sharded:  # every rank writes its own shard (its buffers included) in save_checkpoint
-        return Snapshot(None, None, trainer, rng.gather_states(world_size), cfg.to_dict())
+        return Snapshot(None, None, trainer, rng.gather_states(world_size), settings)
     return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
-                    rng.gather_states(world_size), cfg.to_dict())
+                    rng.gather_states(world_size), settings)
 
 
 def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,

@@ -95,7 +95,7 @@ def _json_bytes(data: dict) -> bytes:
     return (json_text(data, indent=2) + "\n").encode()
 
 
-def _replace_latest(root: Path, name: str) -> None:
+def replace_latest(root: Path, name: str) -> None:
     tmp = root / f".latest.tmp-{os.getpid()}"
     write_durably(tmp, name.encode() + b"\n")
     os.replace(tmp, root / "latest")
@@ -155,7 +155,7 @@ def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> 
     fsync_dir(tmp)
     _rename_into_place(tmp, final)
     fsync_dir(root)
-    _replace_latest(root, final.name)
+    replace_latest(root, final.name)
     prune(root, keep, newest=snapshot.trainer["step"])
 
 

@@ -38,12 +38,15 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
 
 
 def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """The steps this run will take (the progress lines' total)."""
     total = cfg.training.epochs * steps_per_epoch
     return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
 
 
 def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
-    total = planned_steps(cfg, steps_per_epoch)
+    # Planned over --epochs: --max-steps only stops the run where it is, so a run stopped
+    # by it and continued with a larger one follows the schedule of one run without it.
+    total = cfg.training.epochs * steps_per_epoch
     warmup = min(total, round(cfg.training.warmup_epochs * steps_per_epoch))
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup, total))

@@ -53,17 +53,18 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     checkpoint.prepare(cfg, out, info.is_main)
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     log_start(cfg, info, data, state.model, precision)
-    checkpoint.resume(cfg, info, state, out)
+    checkpoint.resume(cfg, info, state, out, data.num_classes)
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
-                                flag or PreemptionFlag())
+                                flag or PreemptionFlag(), data.num_classes)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train)))
+                      progress=progress_hooks(cfg, info, out, len(data.train)),
+                      at_step_limit=[checkpointer.at_step_limit])
         summary = Trainer(cfg, info, state, data, precision, hooks).fit()
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))

@@ -80,11 +80,13 @@ class StepDone:
 @dataclass
 class Hooks:
     """What runs beside the loop: after every optimizer step (checkpoints, preemption;
-    then the progress hooks, shown the step) and after every epoch, with the epoch's record
+    then the progress hooks, shown the step), where --max-steps stops an epoch partway
+    (its checkpoint, before the evaluation) and after every epoch, with the epoch's record
     (logs, metrics.jsonl, TensorBoard, the epoch-end checkpoint), in list order."""
     after_step: list[Callable[[], None]] = field(default_factory=list)
     after_epoch: list[Callable[[dict], None]] = field(default_factory=list)
     progress: list[Callable[[StepDone], None]] = field(default_factory=list)
+    at_step_limit: list[Callable[[], None]] = field(default_factory=list)
 
 
 def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: float,
@@ -178,32 +180,54 @@ class Trainer:
         recent = self.state.accuracies[-t.patience:]
         return len(recent) == t.patience and min(recent) >= t.target_accuracy
 
+    def stopped_partway(self) -> bool:
+        """--max-steps ended the epoch before its last batch: the run stops at a position
+        within it, not at an epoch end (a larger limit continues from there)."""
+        return self.done_stepping() and self.state.batch < len(self.data.train)
+
     def fit(self) -> dict:
         """Train epoch by epoch until the epochs, the step limit or the early-stop rule
-        ends it; the summary of the training part of the run."""
+        ends it; the summary of the training part of the run. An epoch the step limit stops
+        partway is evaluated and recorded, but stays unfinished: its checkpoint holds the
+        position within it, and its accuracy is not one of the epochs' accuracies."""
         cfg, state = self.cfg.training, self.state
         timed_images, timed_seconds, first_step_s, stopped_early = 0, 0.0, None, False
+        final = None  # the accuracy of the model as it is now, once evaluated
         while state.epoch < cfg.epochs and not self.done_stepping():
             stats = self.train_epoch(state.epoch, state.batch)
-            accuracy, test_loss = self.evaluate()
-            state.accuracies.append(accuracy)
-            record = epoch_record(state.epoch, stats, accuracy, test_loss,
+            partway = self.stopped_partway()
+            for hook in self.hooks.at_step_limit if partway else []:
+                hook()  # before the evaluation: the position an uninterrupted run passes
+            final, test_loss = self.evaluate()
+            record = epoch_record(state.epoch, stats, final, test_loss,
                                   state.schedule.get_last_lr()[0])
-            state.epoch, state.batch = state.epoch + 1, 0
+            if not partway:
+                state.accuracies.append(final)
+                state.epoch, state.batch = state.epoch + 1, 0
             timed_images += stats.timed_images
             timed_seconds += stats.timed_seconds
             first_step_s = first_step_s or stats.first_step_s
             for hook in self.hooks.after_epoch:
                 hook(record)
-            if self.reached_target():
+            if not partway and self.reached_target():
                 logger.info(f"target accuracy {cfg.target_accuracy} reached for "
                             f"{cfg.patience} epochs: stopping after epoch {state.epoch}")
                 stopped_early = True
                 break
+        final = self.final_accuracy() if final is None else final
         return dict(
-            final_accuracy=state.accuracies[-1] if state.accuracies else None,
-            best_accuracy=max(state.accuracies, default=None),
-            epochs_run=state.epoch, steps_run=state.step, stopped_early=stopped_early,
+            final_accuracy=final,
+            best_accuracy=max([*state.accuracies, *([final] if final is not None else [])],
+                              default=None),
+            epochs_run=state.epoch + bool(state.batch), steps_run=state.step,
+            stopped_early=stopped_early,
             images_per_second=timed_images / timed_seconds if timed_seconds else 0.0,
             first_step_s=first_step_s,
         )
+
+    def final_accuracy(self) -> float | None:
+        """A run that had nothing left to train: the last epoch's accuracy, or, stopped
+        partway through an epoch, the model's as it is."""
+        if self.state.batch:
+            return self.evaluate()[0]
+        return self.state.accuracies[-1] if self.state.accuracies else None
