@@ -105,6 +105,13 @@ def test_the_config_package_imports_only_the_standard_library():
     assert heavy_imports("import workload.config") == []
 
 
+def test_the_model_json_format_imports_no_torch():
+    # evaluate and predict check model.json before torch; the package loads its torch
+    # names on first use (workload/models/__init__.py).
+    assert heavy_imports("import workload.models; from workload.models import locate, "
+                         "read_description, describe_model") == []
+
+
 def test_the_launch_api_for_a_users_script_imports_no_torch():
     # workload.launch.setup() imports torch only when called; the import is cheap.
     assert heavy_imports("import workload.launch; from workload.launch import setup, "

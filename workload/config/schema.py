@@ -18,6 +18,8 @@ from workload.config.values import Every, Range, at_least, between
 MODELS = ("wrn",)
 STEMS = ("auto", "imagenet", "small")
 DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
+# The datasets read from --data-dir (the others are made in memory or ship with the package).
+FILE_DATASETS = ("cifar100", "imagefolder")
 DATA_BACKENDS = ("auto", "device", "dali", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
