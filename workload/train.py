@@ -9,7 +9,7 @@ One GPU, the Olivia guide's job line:
         --batch-size 256 --epochs 100 --base-lr 0.01 --target-accuracy 0.95 --patience 2
 
 Your own images, staged to node-local disk, from local weights (docs/your-data.md):
-    srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \
+    srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \\
         --model resnet50 --init-from resnet50.safetensors --init-reinit-head
 
 Fetch or check the data only (a login node), and run a recorded run again:
