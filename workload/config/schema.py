@@ -1,12 +1,12 @@
 """The training configuration: one dataclass per concern, each field with its help and
 default in one place. The command-line flags are generated from these fields
-(workload.config.flags): a field `batch_size` is the flag `--batch-size` unless its
+(workload.config.sources): a field `batch_size` is the flag `--batch-size` unless its
 metadata names another flag. Field names are unique across sections, so the flat
 `name -> value` mapping (config.json, recipes, resume checks) is lossless.
 """
 
 # No `from __future__ import annotations`: the fields' types are read at run time
-# (workload.config.flags gives them to argparse).
+# (workload.config.sources gives them to argparse).
 import dataclasses
 import time
 from dataclasses import dataclass, field

@@ -1,9 +1,9 @@
 """`model.json`: what a trained model is, beside its weights in `model.safetensors`.
 
 Written by `train` at the end of every run; read by `evaluate`, `predict` and
-`workload.models.load_trained`. Standard library and config/ only (importing
-`workload.models` imports no torch until a torch name is used): the commands find and check the
-file before they import torch: strict JSON (no NaN, no Infinity), every field typed and
+`workload.models.load_trained`. Standard library and config/ only, so the commands find
+and check the file before they import torch (importing `workload.models` loads no torch
+until a torch name is used): strict JSON (no NaN, no Infinity), every field typed and
 range-checked, the model's arguments within the bounds of train's config fields, so a
 damaged or hostile file is one usage error and never a model of absurd size.
 
