@@ -25,11 +25,10 @@ import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
-from workload.config import TrainConfig, add_flags, given, validate
-from workload.config.file import read_config_file
-from workload.config.trained import ModelDescription, ModelFiles, locate, read_description
+from workload.config import TrainConfig, add_flags, given, read_config_file, validate
 from workload.errors import UsageError
 from workload.files import unwritable_reason
+from workload.models import ModelDescription, ModelFiles, locate, read_description
 
 PROG = "evaluate"
 # The settings evaluation reads (the data, its batching, the device and numerics); the
@@ -91,7 +90,7 @@ def evaluate(args: argparse.Namespace, files: ModelFiles, cfg: TrainConfig) -> d
     from workload.data import build_data
     from workload.distributed import init_distributed
     from workload.logs import setup_logging
-    from workload.models.trained import load_described
+    from workload.models import load_described
     from workload.precision import configure_cudnn, configure_tf32, resolve_precision
     from workload.training.evaluation import evaluate_model
 

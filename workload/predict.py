@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
-from workload.config.trained import ModelDescription, ModelFiles, locate, read_description
+from workload.config import add_flags
 from workload.errors import UsageError
+from workload.models import ModelDescription, ModelFiles, locate, read_description
 
 PROG = "predict"
 # What a folder is searched for (a file named on the command line is read whatever its name).
@@ -44,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", metavar="IMAGES", nargs="+", help="image files or folders")
     p.add_argument("--top-k", type=positive, default=5, metavar="K",
                    help="classes per image, most probable first (default: 5)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto takes CUDA when a GPU is visible, else the CPU")
+    add_flags(p, ("hardware",), only={"device"}, field_defaults=True)
     p.add_argument("--batch-size", type=positive, default=64, metavar="N",
                    help="images per forward pass (default: 64)")
     return p
@@ -120,7 +120,7 @@ def predict(args: argparse.Namespace) -> None:
     from workload.data.imagefolder import eval_transform
     from workload.distributed import resolve_device
     from workload.files import json_text
-    from workload.models.trained import load_described
+    from workload.models import load_described
 
     device = resolve_device(args.device)
     _, model = load_described(files)  # a damaged model: refused before any image is read

@@ -9,7 +9,7 @@ One GPU, the Olivia guide's job line:
         --batch-size 256 --epochs 100 --base-lr 0.01 --target-accuracy 0.95 --patience 2
 
 Your own images, staged to node-local disk, from local weights (docs/your-data.md):
-    srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \
+    srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \\
         --model resnet50 --init-from resnet50.safetensors --init-reinit-head
 
 Fetch or check the data only (a login node), and run a recorded run again:
@@ -27,9 +27,8 @@ import errno
 import sys
 
 from workload.commands import command_parser, run_command
-from workload.config import TrainConfig, add_flags, build_config, flag_of, given
-from workload.config.derived import resolve_stem
-from workload.config.file import read_config_file, repeatable
+from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
+                             given, read_config_file, repeatable, resolve_stem)
 from workload.errors import UsageError
 from workload.logs import say, warn
 
@@ -111,7 +110,7 @@ def warn_container_paths(cfg: TrainConfig) -> None:
     from workload.launch.paths import outside_submit_dir
 
     paths = {"--output-dir": cfg.logging.output_dir}
-    if cfg.data.dataset not in ("digits", "synthetic"):  # these read no files
+    if cfg.data.dataset in FILE_DATASETS:
         paths["--data-dir"] = cfg.data.data_dir
     if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         for warning in outside_submit_dir(paths, os.environ, os.getcwd()):

@@ -38,6 +38,23 @@ def test_each_console_script_answers_help_version_and_a_bad_flag(script):
     assert done.returncode == 2 and f"{script}: error: " in done.stderr
 
 
+SOURCES = dict(train="workload/train.py", bench="workload/bench/cli.py",
+               report="workload/report.py", doctor="workload/doctor/cli.py",
+               evaluate="workload/evaluate.py", predict="workload/predict.py")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_keeps_each_continued_example_line_as_written(script):
+    # A shell example continued with a backslash must stay two lines a user can paste (a
+    # lone backslash in the docstring joined them, and the help printed them as one).
+    source = (REPO / SOURCES[script]).read_text().split('"""')[1]
+    continued = [line.replace("\\\\", "\\") for line in source.splitlines()
+                 if line.rstrip().endswith("\\")]
+    shown = run([str(BIN / script), "--help"]).stdout.splitlines()
+    for line in continued:
+        assert line in shown, f"{script} --help lost the line break after {line!r}"
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_each_python_m_entry_answers_help(module):
     done = run([sys.executable, "-m", module, "--help"])

@@ -242,7 +242,7 @@ ABSURD_CARDS = {
 
 @pytest.mark.parametrize("case", sorted(ABSURD_CARDS))
 def test_absurd_model_json_values_are_refused_before_torch(case, digits_run, tmp_path):
-    from workload.config.trained import read_description
+    from workload.models import read_description
     from workload.errors import UsageError
 
     run = tmp_path / "run"

@@ -48,7 +48,7 @@ def test_init_from_a_runs_weights_and_a_refused_head(tmp_path, capsys):
     first = run_train([*TINY, *SYNTHETIC, "--max-steps", "2"], tmp_path / "a")
     weights = tmp_path / "a" / "model.safetensors"
     from workload.models import build_model
-    from workload.models.weights import load_initial_weights
+    from workload.models import load_initial_weights
     from workload.records import model_sha256
 
     fresh = build_model("wrn", 4, width=8, blocks_per_stage=1)

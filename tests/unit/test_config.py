@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from workload.config import (Every, TrainConfig, add_flags, build_config, flag_of, given)
-from workload.config.schema import FIELDS, KEYS
+from workload.config import FIELDS, KEYS
 from workload.errors import UsageError
 
 
@@ -145,7 +145,7 @@ def test_unsafe_torch_load_variable_is_refused(monkeypatch):
 def test_config_file_values_and_their_checks(tmp_path):
     import json
 
-    from workload.config.file import read_config_file
+    from workload.config import read_config_file
 
     good = tmp_path / "run.json"
     good.write_text(json.dumps(dict(TrainConfig().to_dict(), batch_size=64,
@@ -207,7 +207,7 @@ def test_non_finite_and_absurd_values_are_usage_errors(argv, words):
 def test_every_boolean_flag_can_be_turned_off_over_a_config_file(tmp_path):
     import json
 
-    from workload.config.file import read_config_file
+    from workload.config import read_config_file
 
     booleans = [key for key, f in FIELDS.items() if f.type is bool]
     assert {"compile", "tensorboard", "wandb", "download", "channels_last"} <= set(booleans)
@@ -226,8 +226,8 @@ def test_one_shot_actions_are_not_recorded_and_not_repeated(tmp_path, capsys):
     --overwrite --resume never (which would delete B's checkpoints) nor its downloads."""
     import json
 
-    from workload.config.file import read_config_file, repeatable
-    from workload.config.schema import ONE_SHOT
+    from workload.config import read_config_file, repeatable
+    from workload.config import ONE_SHOT
 
     assert set(ONE_SHOT) == {"overwrite", "resume", "download", "prepare_data"}
     cfg = build_config(dict(overwrite=True, resume="never", download=True), "cpu")
@@ -244,7 +244,7 @@ def test_one_shot_actions_are_not_recorded_and_not_repeated(tmp_path, capsys):
     ("latin1.json", b'{"data_dir": "/d\xe9"}'),
 ])
 def test_a_hostile_config_file_is_one_usage_error(tmp_path, name, text):
-    from workload.config.file import read_config_file
+    from workload.config import read_config_file
 
     path = tmp_path / name
     path.write_bytes(text if isinstance(text, bytes) else text.encode())

@@ -105,6 +105,30 @@ def test_the_config_package_imports_only_the_standard_library():
     assert heavy_imports("import workload.config") == []
 
 
+def test_the_config_package_imports_nothing_of_the_package_but_its_errors():
+    for path in sorted((ROOT / "config").glob("*.py")):
+        outside = {m for m in imports_of(path) if not m.startswith("workload.config")}
+        assert outside <= {"workload.errors"}, (path.name, outside)
+
+
+@pytest.mark.parametrize("package", ["config", "models"])
+def test_other_code_imports_these_packages_through_their_public_names(package):
+    inner = f"workload.{package}."
+    others = [p for p in SOURCES if (ROOT / package) not in p.parents]
+    others += sorted((ROOT.parent / "tests").rglob("*.py"))
+    others += sorted((ROOT.parent / "tools").rglob("*.py"))
+    for path in others:
+        reaching = sorted(m for m in imports_of(path) if m.startswith(inner))
+        assert not reaching, f"{path.name} imports {reaching}; import from workload.{package}"
+
+
+def test_the_model_json_format_imports_no_torch():
+    # evaluate and predict check model.json before torch; the package loads its torch
+    # names on first use (workload/models/__init__.py).
+    assert heavy_imports("import workload.models; from workload.models import locate, "
+                         "read_description, describe_model") == []
+
+
 def test_the_launch_api_for_a_users_script_imports_no_torch():
     # workload.launch.setup() imports torch only when called; the import is cheap.
     assert heavy_imports("import workload.launch; from workload.launch import setup, "

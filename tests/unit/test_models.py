@@ -68,7 +68,7 @@ def test_resnet50_flops_follow_the_stem_for_the_image_size():
                                         (224, "imagenet")])
 def test_auto_stem_follows_the_image_size(size, stem):
     from workload.config import build_config
-    from workload.config.derived import resolve_stem
+    from workload.config import resolve_stem
 
     cfg = build_config(dict(model="resnet18", dataset="synthetic", image_size=size))
     assert resolve_stem(cfg) == stem
@@ -95,7 +95,7 @@ def test_init_from_loads_every_tensor_and_refuses_a_mismatch(tmp_path):
     from safetensors.torch import save_file
 
     from workload.errors import UsageError
-    from workload.models.weights import load_initial_weights, save_weights
+    from workload.models import load_initial_weights, save_weights
     from workload.records import model_sha256
 
     source = build_model("resnet18", num_classes=10)
@@ -138,7 +138,7 @@ def test_init_from_refuses_weights_it_would_truncate_or_that_are_not_finite(tmp_
     from safetensors.torch import save_file
 
     from workload.errors import UsageError
-    from workload.models.weights import load_initial_weights
+    from workload.models import load_initial_weights
 
     model = torch.nn.Linear(2, 2)
     save_file({"weight": tensor, "bias": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
@@ -153,7 +153,7 @@ def test_init_from_refuses_weights_it_would_truncate_or_that_are_not_finite(tmp_
 def test_init_from_takes_weights_of_another_float_precision(tmp_path):
     from safetensors.torch import save_file
 
-    from workload.models.weights import load_initial_weights
+    from workload.models import load_initial_weights
 
     model = torch.nn.Linear(2, 2)
     save_file({"weight": torch.ones(2, 2, dtype=torch.bfloat16), "bias": torch.zeros(2)},

@@ -1,6 +1,6 @@
 """`bench`'s own flags and their checks (standard library only: `bench --help` and a bad
 flag answer before torch is imported). The data, hardware and model flags are train's,
-generated from the config (workload.config.flags)."""
+generated from the config (workload.config.add_flags)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,35 @@
 """The one typed training configuration: sections by concern, flags generated from them,
-validation and tuned recipes. Standard library only: the command-line tools parse and
-validate here before they import torch.
+validation and tuned recipes. Standard library (and the bottom layer's errors) only: the
+command-line tools parse and validate here before they import torch. Import from the
+package, not its modules.
 
     schema.py    the dataclasses (model, data, training, hardware, distributed,
-                 checkpoint, logging): each field's default and help in one place
+                 checkpoint, logging): each field's default, help, bounds and example
     values.py    typed values a flag gives as text (`--checkpoint-every 10m` -> Every)
-    flags.py     argparse groups generated from the fields
-    validate.py  one UsageError naming the first bad value and the fix
-    recipes.py   tuned values for the flags left out, and `build_config`
+                 and the Range a number must be in
+    sources.py   argparse groups generated from the fields, and `--config FILE`
+    resolve.py   recipes and device defaults for the flags left out (`build_config`),
+                 validation (one UsageError naming the first bad value and the fix), and
+                 what follows from other settings (image size, stem)
 
 The resolved config is written to `<output-dir>/config.json` (flat: key = flag name with
 underscores) so a run says exactly what it did.
 """
 
-from workload.config.flags import add_flags, given
-from workload.config.recipes import DEVICE_DEFAULTS, RECIPES, build_config
-from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS, MODELS,
-                                    PRECISIONS, PREEMPT_SIGNALS, STRATEGIES, TrainConfig,
-                                    flag_of)
-from workload.config.validate import UNSAFE_LOAD_ENV, validate
+from workload.config.resolve import (DEVICE_DEFAULTS, NATURAL_IMAGE_SIZE, RECIPES,
+                                     UNSAFE_LOAD_ENV, build_config, describe_stem,
+                                     image_size_of, resolve_stem, stems_of, validate)
+from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, FIELDS, FILE_DATASETS,
+                                    KEYS, LR_SCALINGS, MIN_IMAGE_SIZE, MODELS, ONE_SHOT,
+                                    PRECISIONS, PREEMPT_SIGNALS, STEMS, STRATEGIES, TrainConfig,
+                                    flag_of, out_of_bounds)
+from workload.config.sources import add_flags, given, read_config_file, repeatable
 from workload.config.values import Every
 
-__all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "LR_SCALINGS",
-           "MODELS", "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STRATEGIES",
-           "TrainConfig", "UNSAFE_LOAD_ENV", "add_flags", "build_config", "flag_of", "given",
-           "validate"]
+__all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "FIELDS",
+           "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MIN_IMAGE_SIZE", "MODELS",
+           "NATURAL_IMAGE_SIZE", "ONE_SHOT",
+           "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STEMS", "STRATEGIES", "TrainConfig",
+           "UNSAFE_LOAD_ENV", "add_flags", "build_config", "describe_stem", "flag_of", "given",
+           "image_size_of", "out_of_bounds", "read_config_file", "repeatable", "resolve_stem",
+           "stems_of", "validate"]

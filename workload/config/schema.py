@@ -1,12 +1,12 @@
 """The training configuration: one dataclass per concern, each field with its help and
 default in one place. The command-line flags are generated from these fields
-(workload.config.flags): a field `batch_size` is the flag `--batch-size` unless its
+(workload.config.sources): a field `batch_size` is the flag `--batch-size` unless its
 metadata names another flag. Field names are unique across sections, so the flat
 `name -> value` mapping (config.json, recipes, resume checks) is lossless.
 """
 
 # No `from __future__ import annotations`: the fields' types are read at run time
-# (workload.config.flags gives them to argparse).
+# (workload.config.sources gives them to argparse).
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,8 @@ from workload.config.values import Every, Range, at_least, between
 MODELS = ("wrn",)
 STEMS = ("auto", "imagenet", "small")
 DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
+# The datasets read from --data-dir (the others are made in memory or ship with the package).
+FILE_DATASETS = ("cifar100", "imagefolder")
 DATA_BACKENDS = ("auto", "device", "dali", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from workload.config import TrainConfig
-from workload.config.derived import NATURAL_IMAGE_SIZE, image_size_of  # noqa: F401
+from workload.config import NATURAL_IMAGE_SIZE, image_size_of  # noqa: F401
 from workload.data.augment import Normalizer
 from workload.data.datasets import SplitDataset, load_cifar100, load_digits, load_synthetic
 from workload.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, load_imagefolder

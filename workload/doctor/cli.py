@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
+from workload.config import add_flags
 from workload.errors import UsageError
 from workload.files import unwritable_reason
 
@@ -36,8 +37,7 @@ EXIT_FAILED = 1
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(PROG, __doc__)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="as train's --device (default auto: the GPU when one is visible)")
+    add_flags(p, ("hardware",), only={"device"}, field_defaults=True)
     p.add_argument("--output-dir", default="runs",
                    help="the folder train will write to; checked for writing (default runs)")
     p.add_argument("--json", metavar="PATH", help="also write the findings as JSON (rank 0)")

@@ -1,6 +1,13 @@
 """Weights as safetensors (no unpickler, readable anywhere): `--init-from FILE` into a
-fresh model, strictly unless the head is re-initialised, and `model.safetensors` written at
-the end of a run.
+fresh model, strictly unless the head is re-initialised; `model.safetensors` written at
+the end of a run; and a finished run's model back from its folder: the architecture
+model.json describes, the weights of model.safetensors, every tensor matching by name and
+shape.
+
+    from workload.models import load_trained, model_input
+    model = load_trained("runs/digits")   # eval mode, on the CPU
+    prepare = model_input("runs/digits")  # uint8 RGB N x 3 x H x W -> normalised floats
+    probabilities = model(prepare(images)).softmax(1)
 
 Turning torchvision's published weights into such a file, on a login node with internet:
     python -c "import torchvision as t; from safetensors.torch import save_file;
@@ -17,6 +24,9 @@ import torch.nn as nn
 from workload.distributed import unwrap
 from workload.errors import UsageError
 from workload.files import honour_umask
+from workload.models.description import (ModelDescription, ModelFiles, locate,
+                                         read_description)
+from workload.models.networks import build_model
 
 
 def head_names(model: nn.Module) -> set[str]:
@@ -109,3 +119,62 @@ def save_weights(model: nn.Module, path: Path, write: bool) -> None:
             raise
         honour_umask(tmp)
         tmp.replace(path)
+
+
+def load_trained(path: str, device: str | torch.device = "cpu") -> nn.Module:
+    """The model of a finished run (its folder, model.json or model.safetensors), in eval
+    mode on `device`; a UsageError when a file is missing or does not match."""
+    files = locate(str(path))
+    _, model = load_described(files)
+    return model.to(device).eval()
+
+
+def model_input(path: str):
+    """The normalisation model.json names, as a function of uint8 RGB batches (N x 3 x H x W,
+    already at the model's input size) on any device."""
+    description = read_description(locate(str(path)).description)
+    mean = torch.tensor(description.mean).view(1, 3, 1, 1)
+    std = torch.tensor(description.std).view(1, 3, 1, 1)
+
+    def prepare(images: torch.Tensor) -> torch.Tensor:
+        shift, scale = mean.to(images.device), std.to(images.device)
+        return (images.float() / 255 - shift) / scale
+
+    return prepare
+
+
+def load_described(files: ModelFiles) -> tuple[ModelDescription, nn.Module]:
+    """model.json checked, and the model it describes with the weights loaded (CPU)."""
+    description = read_description(files.description)
+    model = build_described(description, files)
+    load_weights(model, files)
+    return description, model
+
+
+def build_described(description: ModelDescription, files: ModelFiles) -> nn.Module:
+    try:  # the arguments were checked with model.json (description.py)
+        return build_model(description.model, description.num_classes,
+                           **description.arguments)
+    except UsageError as error:
+        raise UsageError(f"{files.description}: {error}") from None
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise UsageError(f"{files.description}: the model cannot be built from its "
+                         f"arguments ({error})") from None
+
+
+def load_weights(model: nn.Module, files: ModelFiles) -> None:
+    """model.safetensors into `model`: every tensor by name and shape, or a UsageError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        theirs = load_file(str(files.weights))
+    except (OSError, SafetensorError) as error:
+        raise UsageError(f"{files.weights} is not a readable safetensors file ({error}); "
+                         "the weights are damaged: train the run again or restore them"
+                         ) from None
+    problem = first_mismatch(model.state_dict(), theirs, set(), set())
+    if problem:
+        raise UsageError(f"{files.weights} does not fit the architecture in "
+                         f"{files.description.name}: {problem}")
+    model.load_state_dict(theirs)

@@ -14,8 +14,7 @@ from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.logs import logger
-from workload.models import model_for
-from workload.models.weights import load_initial_weights
+from workload.models import load_initial_weights, model_for
 from workload.precision import grad_scaler
 from workload.training.trainer import TrainState
 

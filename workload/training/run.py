@@ -11,16 +11,13 @@ import torch
 from workload import checkpoint, distributed
 from workload.caches import ensure_writable_caches
 from workload.checkpoint import Checkpointer, PreemptionFlag
-from workload.config import TrainConfig
-from workload.config.derived import describe_stem
-from workload.config.trained import MODEL_JSON, WEIGHTS, describe_model
+from workload.config import TrainConfig, describe_stem
 from workload.data import build_data
 from workload.data.staging import stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
 from workload.logs import logger, setup_logging
-from workload.models import count_parameters
-from workload.models.weights import save_weights
+from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.records import model_sha256, prepare_output_dir, versions
 from workload.tensorboard import open_board

@@ -1,8 +1,9 @@
 """`model.json`: what a trained model is, beside its weights in `model.safetensors`.
 
 Written by `train` at the end of every run; read by `evaluate`, `predict` and
-`workload.models.load_trained`. Standard library only: the commands find and check the
-file before they import torch: strict JSON (no NaN, no Infinity), every field typed and
+`workload.models.load_trained`. Standard library and config/ only, so the commands find
+and check the file before they import torch (importing `workload.models` loads no torch
+until a torch name is used): strict JSON (no NaN, no Infinity), every field typed and
 range-checked, the model's arguments within the bounds of train's config fields, so a
 damaged or hostile file is one usage error and never a model of absurd size.
 
@@ -23,9 +24,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.config.derived import image_size_of, resolve_stem
-from workload.config.schema import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfig,
-                                    out_of_bounds)
+from workload.config import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfig,
+                             image_size_of, out_of_bounds, resolve_stem)
 from workload.errors import UsageError
 
 MODEL_JSON, WEIGHTS = "model.json", "model.safetensors"
