@@ -29,10 +29,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from workload.config import TrainConfig
-from workload.data.stagefiles import (StagingStopped, copy_in, first_difference, identity,
-                                      listing, staged_name)
-from workload.data.staginglock import (NoLocks, hold_shared, let_go, lock_path,
-                                       remove_if_unused)
+from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_difference,
+                                      hold_shared, identity, let_go, listing, lock_path,
+                                      remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import write_json

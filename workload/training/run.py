@@ -14,8 +14,7 @@ from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig
 from workload.config.derived import describe_stem
 from workload.config.trained import MODEL_JSON, WEIGHTS, describe_model
-from workload.data import build_data
-from workload.data.staging import stage_data
+from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
 from workload.logs import logger, setup_logging
