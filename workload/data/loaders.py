@@ -16,7 +16,7 @@ import torch
 
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
-from workload.launch.cpus import process_cpus
+from workload.launch.devices import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -113,7 +113,7 @@ class DeviceLoader(ShardedBatches):
 
 
 def default_workers(local_world_size: int = 1) -> int:
-    """DataLoader workers per process: the CPUs it owns (workload.launch.cpus: its share
+    """DataLoader workers per process: the CPUs it owns (workload.launch.devices: its share
     of the task's under torchrun), one left for the training loop, at most 8."""
     return max(0, min(8, process_cpus(os.environ, local_world_size) - 1))
 
