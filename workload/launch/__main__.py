@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import visible_gpu_count
 from workload.launch.jobs import copy_jobs, find_jobs
 from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
 from workload.logs import say, warn
-from workload.version import add_version_argument
 
 TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
 # Commands of this package that pick their GPU from the resolution themselves: the
