@@ -4,10 +4,11 @@ JSON lines, sha256, cache folders every user can write. Standard library only.
 The JSON written here is strict JSON that any reader takes: a NaN or infinite number (a
 diverged loss) is written as null, never as the `NaN`/`Infinity` Python would write.
 
-Cache folders that every user can write, also on a /tmp shared between users: The image points the Triton, Inductor, CUDA, DALI (numba), matplotlib and pip caches at
-fixed folders under /tmp, because its root filesystem is read-only under Apptainer. But
-Apptainer binds the host's /tmp: on a shared node the first user to run creates those
-folders and the next one cannot write into them. Such a cache moves to a per-user folder.
+Cache folders every user can write, also on a /tmp shared between users: the image points
+the Triton, Inductor, CUDA, DALI (numba), matplotlib and pip caches at fixed folders under
+/tmp, because its root filesystem is read-only under Apptainer. But Apptainer binds the
+host's /tmp: on a shared node the first user to run creates those folders and the next one
+cannot write into them. Such a cache moves to a per-user folder.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ chooses the data backend (`--data-backend`), reads the dataset named by the conf
 returns the training and test loaders for this rank, with the backend's name and the
 reason for the choice.
 
-The backends by name: `device` and `torch` are always there; `dali` registers itself the first time the registry
-is consulted, only if `nvidia.dali` imports (NVIDIA DeepLearningExamples does the same), so
-everything else works without DALI and runs that never ask pay nothing for importing it.
+The backends by name: `device` and `torch` are always there; `dali` registers itself the
+first time the registry is consulted, only if `nvidia.dali` imports (NVIDIA
+DeepLearningExamples does the same), so everything else works without DALI and runs that
+never ask pay nothing for importing it.
 
 `stage_data` (staging.py) copies the dataset to node-local storage first (`--stage-to`).
 """

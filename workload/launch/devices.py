@@ -1,14 +1,14 @@
 """The CPUs and the GPU one process owns, read without importing torch.
 
-CPUs: the one place a process's thread count and its data workers come from.
-A task's CPUs are SLURM_CPUS_PER_TASK (capped by the affinity mask: a bogus 999999999 would
-make libgomp abort at start), else its affinity mask. They are shared by the processes
-started inside it: torchrun's LOCAL_WORLD_SIZE workers in one task (one task per node),
-or the processes of one node started without SLURM (they share one mask). A task of its
-own per process (srun per task) owns all of its task's CPUs.
+CPUs: the one place a process's thread count and its data workers come from. A task's
+CPUs are SLURM_CPUS_PER_TASK (capped by the affinity mask: a bogus 999999999 would make
+libgomp abort at start), else its affinity mask. They are shared by the processes started
+inside it: torchrun's LOCAL_WORLD_SIZE workers in one task (one task per node), or the
+processes of one node started without SLURM (they share one mask). A task of its own per
+process (srun per task) owns all of its task's CPUs.
 
-GPU: A task started with ``srun --gpus-per-task=1`` (or with a narrowed CUDA_VISIBLE_DEVICES)
-sees one GPU, numbered 0, while its LOCAL_RANK may be 3: the usual
+The GPU: a task started with ``srun --gpus-per-task=1`` (or with a narrowed
+CUDA_VISIBLE_DEVICES) sees one GPU, numbered 0, while its LOCAL_RANK may be 3: the usual
 ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` then fails. The launch layer
 picks device 0 there (the local rank when the task sees the node's GPUs) and exports the
 choice as LOCAL_GPU, the variable a script should index its GPU with.

@@ -6,9 +6,10 @@ SLURM's compressed notation (``nid[001-004]``, ``gpu[01-02]-ib[0-1]``, ``a1,b[2-
 counts such as ``2(x3),1``) is expanded with python-hostlist, never scontrol: scontrol is
 usually missing inside containers.
 
-Relative paths that would land inside a container, the pyxis/enroot pitfall: pyxis (``srun --container-image=...``) starts the task in the image's WORKDIR, not in the
-folder the job was submitted from, and the container's root file system is writable and
-thrown away at the end of the job. A relative ``--output-dir`` (the default
+Relative paths that would land inside a container, the pyxis/enroot pitfall: pyxis
+(``srun --container-image=...``) starts the task in the image's WORKDIR, not in the folder
+the job was submitted from, and the container's root file system is writable and thrown
+away at the end of the job. A relative ``--output-dir`` (the default
 ``runs/<time>``) or ``--data-dir`` (default ``data``) then resolves inside the container:
 the run is written, and lost, without an error. Apptainer keeps the submit folder as the
 current folder, so there the same paths are fine.
