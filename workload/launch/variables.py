@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Mapping
 
@@ -64,6 +65,12 @@ def in_slurm(env: Mapping[str, str]) -> bool:
 def in_step(env: Mapping[str, str]) -> bool:
     """True inside an srun step; False in the batch script or an salloc shell."""
     return in_slurm(env) and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+
+
+def node_name() -> str:
+    """This node in messages: SLURM's name for it when there is one (several slurmd
+    "nodes" may share a host, as on test clusters), else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def under_torchrun(env: Mapping[str, str]) -> bool:
