@@ -3,16 +3,155 @@
 
 Standard library only: `--help`, `--version` and every usage error answer before a
 command imports torch.
+
+What `--version` prints: this package's version and the torch, CUDA and DALI it runs with
+(`add_version_argument(parser)`, which every CLI's parser gets). Nothing here imports
+torch or DALI (a `--version` that takes seconds to load CUDA libraries answers the wrong
+question). Versions come from installed package metadata, and the CUDA versions from the
+installed files read as text: torch's `torch/version.py` (`cuda = '13.0'`) and DALI's
+`nvidia/dali/__init__.py` (`__cuda_version__ = int('12.9.86'...)`), matched with regular
+expressions, never executed. `doctor` reads the same facts through `installed()`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as metadata
+import importlib.util
+import platform
+import re
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from workload.errors import UsageError, exit_with_usage_error
-from workload.version import add_version_argument
+
+DISTRIBUTION = "hpc-train"
+# DALI's wheels are named after the CUDA major they are built for (NGC's images too).
+DALI_DISTRIBUTIONS = ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110",
+                      "nvidia-dali")
+
+# `cuda = '13.0'`, `cuda: Optional[str] = '12.8'` or `cuda = None` in torch/version.py.
+_TORCH_VERSION_RE = re.compile(r"""^__version__\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", re.M)
+_TORCH_CUDA_RE = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*(?:['"]([^'"]*)['"]|None)""", re.M)
+# `__version__ = '2.4.0'` and `__cuda_version__ = int('12.9.86'.replace('.', ''))`.
+_DALI_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
+_DALI_CUDA_RE = re.compile(r"""^__cuda_version__\s*=\s*int\(\s*['"]([\d.]+)['"]""", re.M)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Versions as installed; None where a package is absent or says nothing."""
+
+    package: str | None
+    torch: str | None
+    torch_cuda: str | None  # the CUDA torch was built for; None for a CPU-only build
+    dali: str | None
+    dali_cuda: str | None   # the CUDA DALI was built for
+
+
+def distribution_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_file(module: str, relative: str) -> Path | None:
+    """A file inside an installed package, located without importing the package."""
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: finds, imports nothing
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:  # a namespace package has several
+        path = Path(folder, *rest.split(".") if rest else (), relative)
+        if path.is_file():
+            return path
+    return None
+
+
+def read_text(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def first_match(pattern: re.Pattern, text: str) -> str | None:
+    found = pattern.search(text)
+    return (found.group(1) or None) if found else None
+
+
+def torch_versions(text: str | None = None) -> tuple[str | None, str | None]:
+    """(torch version, CUDA it was built for) from torch/version.py's text."""
+    if text is None:
+        text = read_text(package_file("torch", "version.py"))
+    version = first_match(_TORCH_VERSION_RE, text) or distribution_version("torch")
+    return version, first_match(_TORCH_CUDA_RE, text)
+
+
+def dali_versions(text: str | None = None) -> tuple[str | None, str | None]:
+    """(DALI version, CUDA it was built for) from nvidia/dali/__init__.py's text."""
+    if text is None:
+        text = read_text(package_file("nvidia.dali", "__init__.py"))
+    version = first_match(_DALI_VERSION_RE, text)
+    if version is None:
+        version = next(filter(None, map(distribution_version, DALI_DISTRIBUTIONS)), None)
+    return version, first_match(_DALI_CUDA_RE, text)
+
+
+def installed() -> Installed:
+    torch, torch_cuda = torch_versions()
+    dali, dali_cuda = dali_versions()
+    return Installed(distribution_version(DISTRIBUTION), torch, torch_cuda, dali, dali_cuda)
+
+
+def version_text(prog: str = DISTRIBUTION, found: Installed | None = None) -> str:
+    """Lines for `--version`, e.g.
+
+    train (hpc-train 0.1.0)
+    torch 2.14.1+cu130, built for CUDA 13.0
+    DALI 2.4.0, built for CUDA 12.9.86
+    Python 3.11.7 on Linux x86_64
+    """
+    found = found or installed()
+    package = f"{DISTRIBUTION} {found.package or 'not installed, run from a checkout'}"
+    head = package if prog == DISTRIBUTION else f"{prog} ({package})"
+    if found.torch is None:
+        torch_line = "torch not installed"
+    else:
+        cuda = f"built for CUDA {found.torch_cuda}" if found.torch_cuda else "CPU-only build"
+        torch_line = f"torch {found.torch}, {cuda}"
+    if found.dali is None:
+        dali_line = "DALI not installed"
+    else:
+        dali_line = f"DALI {found.dali}" + (f", built for CUDA {found.dali_cuda}"
+                                            if found.dali_cuda else "")
+    python = f"Python {platform.python_version()} on {platform.system()} {platform.machine()}"
+    return "\n".join((head, torch_line, dali_line, python))
+
+
+class _VersionAction(argparse.Action):
+    """argparse's own 'version' action re-wraps the text into one paragraph; this prints
+    the lines as they are, and only when asked (nothing is read at parser build time)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the versions of hpc-train, torch, CUDA and DALI, then exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(parser.prog))
+        parser.exit()
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action=_VersionAction)
 
 
 def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:

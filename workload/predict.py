@@ -116,8 +116,7 @@ def predict_batch(model, normalize, description: ModelDescription, tensors: list
 
 def predict(args: argparse.Namespace) -> None:
     files, description, paths = checked(args)
-    from workload.data.augment import Normalizer
-    from workload.data.imagefolder import eval_transform
+    from workload.data import Normalizer, eval_transform
     from workload.distributed import resolve_device
     from workload.files import json_text
     from workload.models import load_described

@@ -1,17 +1,31 @@
-"""What a run leaves behind: config.json, metrics.jsonl, summary.json in the output directory."""
+"""What a run leaves behind in the output directory: config.json, metrics.jsonl,
+summary.json (the folder's check, the model's sha256, the versions), and the metrics for
+TensorBoard and Weights & Biases.
+
+`train --tensorboard`: the per-epoch metrics as TensorBoard event files; `train --wandb`:
+the same metrics, under the same names, to Weights & Biases.
+
+Rank 0 writes them into <output-dir>/tensorboard; view them with
+    tensorboard --logdir runs/        (or: report RUN_DIR for PNG figures)
+W&B runs offline unless WANDB_MODE is set (compute nodes rarely reach the internet): the
+run lands in <output-dir>/wandb/; upload it from a login node with
+    wandb sync <output-dir>/wandb/offline-run-*
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from workload.commands import DISTRIBUTION, dali_versions, distribution_version
 from workload.distributed import unwrap
 from workload.errors import UsageError
 from workload.files import unwritable_reason
-from workload.version import DISTRIBUTION, dali_versions, distribution_version
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -53,3 +67,72 @@ def versions() -> dict:
         "workload": distribution_version(DISTRIBUTION),
     }
     return {k: v for k, v in found.items() if v is not None}
+
+
+# metrics.jsonl field -> TensorBoard tag
+TAGS = {"train_loss": "loss/train", "test_loss": "loss/test", "accuracy": "accuracy/test",
+        "images_per_second": "throughput/images_per_second", "lr": "lr",
+        "epoch_time_s": "time/epoch_s"}
+
+
+class Board:
+    """One SummaryWriter; `log_epoch` takes the same record that goes to metrics.jsonl."""
+
+    def __init__(self, out: Path):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+
+    def log_epoch(self, record: dict) -> None:
+        for key, tag in TAGS.items():
+            if record.get(key) is not None:
+                self.writer.add_scalar(tag, record[key], global_step=record["epoch"])
+        self.writer.flush()  # a job killed at its time limit keeps every finished epoch
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbBoard:
+    """One W&B run (project from WANDB_PROJECT, default hpc-train; named after the run
+    folder), logging what TensorBoard gets at the same steps (epochs)."""
+
+    def __init__(self, out: Path, config: dict):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        import wandb
+
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),
+                              name=out.name, dir=str(out), config=config)
+
+    def log_epoch(self, record: dict) -> None:
+        self.run.log({tag: record[key] for key, tag in TAGS.items()
+                      if record.get(key) is not None}, step=record["epoch"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Boards:
+    """The boards a run writes to (none, either or both), behind one `log_epoch`."""
+
+    def __init__(self, boards: list):
+        self.boards = boards
+
+    def log_epoch(self, record: dict) -> None:
+        for board in self.boards:
+            board.log_epoch(record)
+
+    def close(self) -> None:
+        for board in self.boards:
+            board.close()
+
+
+@contextlib.contextmanager
+def open_board(enabled: bool, out: Path, wandb_config: dict | None = None):
+    """TensorBoard when `enabled`; W&B too when given the run's config."""
+    boards = Boards([Board(out)] if enabled else [])
+    try:
+        if wandb_config is not None:
+            boards.boards.append(WandbBoard(out, wandb_config))
+        yield boards
+    finally:
+        boards.close()

@@ -107,7 +107,7 @@ def warn_container_paths(cfg: TrainConfig) -> None:
     """Relative output/data folders that pyxis would put inside the container (rank 0)."""
     import os
 
-    from workload.launch.paths import outside_submit_dir
+    from workload.launch.variables import outside_submit_dir
 
     paths = {"--output-dir": cfg.logging.output_dir}
     if cfg.data.dataset in FILE_DATASETS:

@@ -61,8 +61,9 @@ def test_each_python_m_entry_answers_help(module):
     assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr
 
 
-def test_python_m_version_prints_the_version():
-    done = run([sys.executable, "-m", "workload.version"])
+@pytest.mark.parametrize("module", MODULES)
+def test_each_python_m_entry_prints_the_version(module):
+    done = run([sys.executable, "-m", module, "--version"])
     assert done.returncode == 0 and "hpc-train" in done.stdout, done.stderr
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers import TINY, run_train, write_image_folder
-from workload.data.backends import available, choose
+from workload.data import available, choose
 from workload.errors import UsageError
 
 SYNTHETIC = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes", "4",

@@ -16,7 +16,7 @@ from workload.data.augment import Normalizer
 from workload.data.dali import ArraySource, DaliLoader
 from workload.data.datasets import CIFAR100_MEAN, CIFAR100_STD, ArrayDataset
 from workload.data.loaders import DeviceLoader, TorchLoader
-from workload.data.per_sample import ArrayImages
+from workload.data.augment import ArrayImages
 
 CPU = torch.device("cpu")
 

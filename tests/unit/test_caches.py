@@ -4,7 +4,7 @@ The image test runs `train` as an unprivileged UID with the image's cache settin
 
 import os
 
-from workload.caches import ensure_writable_caches, private_cache_dir
+from workload.files import ensure_writable_caches, private_cache_dir
 
 
 def test_unwritable_cache_moves_to_a_private_folder(tmp_path):

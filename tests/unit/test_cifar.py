@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from tests.helpers import write_cifar100
-from workload.data.datasets import find_cifar100, load_cifar100, read_cifar100_split
+from workload.data.cifar import find_cifar100, load_cifar100, read_cifar100_split
 from workload.errors import UsageError
 
 
@@ -109,7 +109,7 @@ def np_reconstruct(np):
 READ_UNDER_A_MEMORY_LIMIT = """
 import resource, sys
 from pathlib import Path
-from workload.data.datasets import read_cifar100_split
+from workload.data.cifar import read_cifar100_split
 from workload.errors import UsageError
 # What the process maps now (torch included) and 1 GiB more: a reader that builds what a
 # hostile file declares fails here with MemoryError instead of taking the machine down.

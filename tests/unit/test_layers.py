@@ -14,10 +14,10 @@ import workload
 
 ROOT = Path(workload.__file__).parent
 LAYERS = {
-    1: {"errors", "commands", "files", "logs", "version", "launch"},
+    1: {"errors", "commands", "files", "logs", "launch"},
     2: {"config"},
-    3: {"distributed", "precision", "caches"},
-    4: {"models", "data", "checkpoint", "records", "tensorboard"},
+    3: {"distributed", "precision"},
+    4: {"models", "data", "checkpoint", "records"},
     5: {"training"},
     6: {"train", "bench", "doctor", "report", "evaluate", "predict", "launch.__main__"},
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workload.data.sharding import batch_seed, batch_slice, epoch_order, eval_shard
+from workload.data.loaders import batch_seed, batch_slice, epoch_order, eval_shard
 
 
 def test_ranks_read_disjoint_equal_shares_of_one_epoch():

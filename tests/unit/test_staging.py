@@ -17,7 +17,7 @@ from workload.errors import UsageError
 
 
 def others(folder):
-    """What is in `folder` besides stagings' lock files (empty files, see staginglock.py)."""
+    """What is in `folder` besides stagings' lock files (empty files, see stagefiles.py)."""
     return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
 
 
@@ -126,7 +126,7 @@ def test_without_file_locks_staging_works_and_keeps_older_stagings(tmp_path, mon
     def no_locks(fd, how):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr("workload.data.staginglock.fcntl.flock", no_locks)
+    monkeypatch.setattr("workload.data.stagefiles.fcntl.flock", no_locks)
     data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
     first, said = stage_once(data, tmp_path / "local")
     assert "staged" in said

@@ -1,4 +1,4 @@
-"""workload.version: the `--version` text, read without importing torch or DALI."""
+"""workload.commands: the `--version` text, read without importing torch or DALI."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from workload import version
-from workload.version import Installed, dali_versions, torch_versions, version_text
+from workload import commands
+from workload.commands import Installed, dali_versions, torch_versions, version_text
 
 TORCH_VERSION_PY = """from typing import Optional
 
@@ -70,7 +70,7 @@ def test_text_says_what_is_missing():
 
 def test_installed_agrees_with_the_imported_packages():
     import torch
-    found = version.installed()
+    found = commands.installed()
     assert found.torch == torch.__version__ and found.torch_cuda == torch.version.cuda
     try:
         import nvidia.dali as dali
@@ -82,7 +82,7 @@ def test_installed_agrees_with_the_imported_packages():
 
 
 def test_version_imports_neither_torch_nor_dali():
-    probe = ("import sys; from workload.version import version_text; print(version_text()); "
+    probe = ("import sys; from workload.commands import version_text; print(version_text()); "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') "
              "or m.startswith('nvidia.dali')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -93,7 +93,7 @@ def test_version_imports_neither_torch_nor_dali():
 
 def test_version_argument_prints_the_lines_and_exits_0(capsys):
     parser = argparse.ArgumentParser(prog="bench")
-    version.add_version_argument(parser)
+    commands.add_version_argument(parser)
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args(["--version"])
     assert exit_.value.code == 0

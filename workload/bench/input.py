@@ -11,8 +11,7 @@ import torch
 
 from workload.bench.common import config_from, print_table, summarise, timed, write_report
 from workload.bench.reference import ReferenceLoader
-from workload.data import build_data
-from workload.data.backends import DataRequest, available, read_in_memory
+from workload.data import DataRequest, available, build_data, read_in_memory
 from workload.distributed import resolve_device
 from workload.errors import UsageError
 

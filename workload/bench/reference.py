@@ -13,7 +13,7 @@ import torch
 import torchvision.transforms as transforms
 from PIL import Image
 
-from workload.data.datasets import ArrayDataset
+from workload.data import ArrayDataset
 
 
 class ReferenceImages(torch.utils.data.Dataset):

@@ -16,8 +16,7 @@ from workload.bench.flags import parse_sizes
 from workload.bench.common import config_from, print_table, summarise, timed, write_report
 from workload.bench.input import endless
 from workload.bench.reference import ReferenceLoader, reference_step
-from workload.data import build_data
-from workload.data.backends import NATURAL_IMAGE_SIZE, DataRequest, read_in_memory
+from workload.data import NATURAL_IMAGE_SIZE, DataRequest, build_data, read_in_memory
 from workload.models import model_for
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model

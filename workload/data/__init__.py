@@ -1,19 +1,184 @@
 """Datasets (read into uint8 tensors or image folders) and the loaders that feed training.
 
 `build_data(cfg, device, rank, world_size, local_world_size)` is the one entry point: it
-chooses the data backend (`--data-backend`, see workload.data.backends), reads the dataset
-named by the config and returns the training and test loaders for this rank, with the
-backend's name and the reason for the choice.
+chooses the data backend (`--data-backend`), reads the dataset named by the config and
+returns the training and test loaders for this rank, with the backend's name and the
+reason for the choice.
+
+The backends by name: `device` and `torch` are always there; `dali` registers itself the
+first time the registry is consulted, only if `nvidia.dali` imports (NVIDIA
+DeepLearningExamples does the same), so everything else works without DALI and runs that
+never ask pay nothing for importing it.
+
+`stage_data` (staging.py) copies the dataset to node-local storage first (`--stage-to`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
 import torch
 
-from workload.config import DATA_BACKENDS, TrainConfig
-from workload.data.backends import (NATURAL_IMAGE_SIZE, DataBundle, DataRequest, available,
-                                    choose)
+from workload.config import DATA_BACKENDS, NATURAL_IMAGE_SIZE, TrainConfig, image_size_of
+from workload.data.augment import ArrayImages, Normalizer
+from workload.data.cifar import load_cifar100
+from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, ArrayDataset, SplitDataset,
+                                    eval_transform, load_digits, load_imagefolder,
+                                    load_synthetic)
+from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
+from workload.data.staging import stage_data
 from workload.errors import UsageError
+
+DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (nvidia-dali-cuda130 for CUDA 13)"
+
+
+@dataclass
+class DataBundle:
+    train: object  # DeviceLoader | TorchLoader | DaliLoader: len() and batches(epoch, start)
+    test: object
+    num_classes: int
+    num_train_samples: int
+    backend: str
+    reason: str
+    mean: tuple[float, ...] = ()   # the normalisation every split gets (model.json)
+    std: tuple[float, ...] = ()
+    classes: list[str] | None = None  # class names where the data has them (image folders)
+
+
+class Loaders(NamedTuple):
+    """What a backend builder returns."""
+    train: object
+    test: object
+    num_classes: int
+    num_train: int
+    normalizer: Normalizer
+    classes: list[str] | None = None
+
+
+@dataclass
+class DataRequest:
+    """What every backend builder needs: the config and where this process sits."""
+    cfg: TrainConfig
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def image_size(self) -> int:
+        return image_size_of(self.cfg)
+
+    @property
+    def shard(self) -> dict:
+        return dict(seed=self.cfg.training.seed, rank=self.rank, world_size=self.world_size)
+
+    @property
+    def workers(self) -> int:
+        workers = self.cfg.data.workers
+        return workers if workers >= 0 else default_workers(self.local_world_size)
+
+
+Builder = Callable[[DataRequest], Loaders]
+BACKENDS: dict[str, Builder] = {}
+_dali_error: str | None = None  # why DALI is unavailable, once we tried
+
+
+def register(name: str):
+    def add(builder: Builder) -> Builder:
+        BACKENDS[name] = builder
+        return builder
+    return add
+
+
+def read_in_memory(req: DataRequest) -> SplitDataset:
+    cfg = req.cfg
+    if cfg.data.dataset == "cifar100":
+        return load_cifar100(cfg.data.data_dir, cfg.data.download)
+    if cfg.data.dataset == "digits":
+        return load_digits(req.image_size)
+    return load_synthetic(cfg.data.synthetic_size, req.image_size, cfg.data.num_classes)
+
+
+def _normalizer(req: DataRequest, split: SplitDataset | None) -> Normalizer:
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if split is None else (split.mean, split.std)
+    return Normalizer(mean, std, req.device, req.cfg.hardware.channels_last)
+
+
+@register("device")
+def build_device(req: DataRequest):
+    split = read_in_memory(req)
+    normalizer = _normalizer(req, split)
+    make = lambda data, train: DeviceLoader(data, req.cfg.training.batch_size, req.device,
+                                            normalizer, train=train, **req.shard)
+    return Loaders(make(split.train, True), make(split.test, False), split.train.num_classes,
+                   len(split.train), normalizer)
+
+
+@register("torch")
+def build_torch(req: DataRequest):
+    if req.cfg.data.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
+        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+    else:
+        split, names = read_in_memory(req), None
+        train, test = ArrayImages(split.train, train=True), ArrayImages(split.test, train=False)
+        normalizer, classes = _normalizer(req, split), split.train.num_classes
+    make = lambda data, is_train: TorchLoader(data, req.cfg.training.batch_size, req.device,
+                                              normalizer, train=is_train, workers=req.workers,
+                                              **req.shard)
+    return Loaders(make(train, True), make(test, False), classes, len(train), normalizer, names)
+
+
+def build_dali(req: DataRequest):
+    from workload.data import dali
+
+    if req.cfg.data.dataset == "imagefolder":
+        train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
+        sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
+        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+    else:
+        split, names = read_in_memory(req), None
+        sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
+        normalizer, classes = _normalizer(req, split), split.train.num_classes
+    loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
+                                 max(1, req.workers), **req.shard)
+    return Loaders(*loaders, classes, len(sources[0].labels), normalizer, names)
+
+
+def available() -> dict[str, Builder]:
+    """The registry, with `dali` in it when nvidia.dali imports."""
+    global _dali_error
+    if "dali" not in BACKENDS and _dali_error is None:
+        try:
+            import workload.data.dali  # noqa: F401  (imports nvidia.dali)
+        except ImportError as error:
+            _dali_error = str(error)
+        else:
+            BACKENDS["dali"] = build_dali
+    return BACKENDS
+
+
+def choose(requested: str, dataset: str, device: torch.device) -> tuple[str, str]:
+    """The backend for this run and the reason, printed at the start of every run."""
+    in_memory = dataset != "imagefolder"
+    if requested == "device" and not in_memory:
+        raise UsageError("--data-backend device needs an in-memory dataset (cifar100, digits, "
+                         "synthetic); imagefolder reads files: use --data-backend auto, torch "
+                         "or dali")
+    if requested == "dali" and "dali" not in available():
+        raise UsageError(f"--data-backend dali needs NVIDIA DALI, which does not import here "
+                         f"({_dali_error}); {DALI_INSTALL_HINT}, or use --data-backend auto")
+    if requested != "auto":
+        return requested, "chosen with --data-backend"
+    if in_memory:
+        return "device", (f"the {dataset} dataset fits in memory: it is augmented in "
+                          f"batches on {device.type}")
+    if device.type == "cuda" and "dali" in available():
+        return "dali", "image files are decoded on the GPU by NVIDIA DALI"
+    if device.type == "cuda":
+        return "torch", f"DALI is not installed ({DALI_INSTALL_HINT} decodes on the GPU)"
+    return "torch", "no GPU: image files are decoded by DataLoader worker processes"
 
 
 def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,
@@ -41,4 +206,6 @@ def no_steps_message(batch_size: int, num_train: int, world_size: int) -> str:
             f"epoch would train 0 steps; {fix}, or run fewer processes")
 
 
-__all__ = ["DATA_BACKENDS", "NATURAL_IMAGE_SIZE", "DataBundle", "build_data"]
+__all__ = ["DATA_BACKENDS", "NATURAL_IMAGE_SIZE", "ArrayDataset", "DataBundle", "DataRequest",
+           "Normalizer", "available", "build_data", "choose", "eval_transform",
+           "read_in_memory", "stage_data"]

@@ -1,9 +1,14 @@
-"""Batched augmentation on the training device: the reference's transforms, whole batches at once.
+"""Augmentation and normalisation: batched on the training device, or one sample at a time.
 
 The reference applies RandomHorizontalFlip, RandomCrop(32, padding=4) (zero fill) and
 Normalize to one PIL image at a time. Here the same distribution is drawn for a whole
 uint8 batch with a few tensor operations on the device that trains: every image gets an
 independent crop offset uniform in [0, 2*padding] per axis and a flip with probability 1/2.
+
+`ArrayImages` is what `--data-backend torch` reads for CIFAR, digits and synthetic data:
+one uint8 C x H x W tensor at a time through torchvision's RandomHorizontalFlip and
+RandomCrop(size, padding=4) in DataLoader workers; normalisation then runs batched on the
+training device with the same `Normalizer` every backend uses.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+import torchvision.transforms.v2 as T
+
+from workload.data.datasets import ArrayDataset
+
+PADDING = 4  # pixels of zeros around an image before the random crop (the reference's)
 
 
 def draw_flips_and_offsets(n: int, padding: int, generator: torch.Generator,
@@ -75,7 +85,29 @@ class Normalizer:
         return out.contiguous(memory_format=self.memory_format)
 
 
-def augment(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+def augment(images: torch.Tensor, generator: torch.Generator,
+            padding: int = PADDING) -> torch.Tensor:
     """The reference's training augmentation (flip, then padded crop) on a uint8 batch."""
     flip, dy, dx = draw_flips_and_offsets(len(images), padding, generator, images.device)
     return flip_and_crop(images, padding, flip, dy, dx)
+
+
+def train_transform(image_size: int) -> T.Compose:
+    return T.Compose([T.RandomHorizontalFlip(), T.RandomCrop(image_size, padding=PADDING)])
+
+
+class ArrayImages(torch.utils.data.Dataset):
+    """(uint8 image, label) pairs from an ArrayDataset, augmented one sample at a time."""
+
+    def __init__(self, data: ArrayDataset, train: bool):
+        self.images, self.labels = data.images, data.labels
+        self.transform = train_transform(data.images.shape[-1]) if train else None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])

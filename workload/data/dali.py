@@ -1,12 +1,12 @@
 """The `dali` data backend: NVIDIA DALI pipelines fed in the shared shard order.
 
-Imported only when `nvidia.dali` imports (workload.data.backends registers it then). The
+Imported only when `nvidia.dali` imports (workload.data's registry adds it then). The
 pipeline runs on the GPU when the training device is CUDA (image files decoded by DALI's
 "mixed" GPU decoder) and CPU-only (`device_id=None`) otherwise: the same code either way,
 so CI exercises it on the CPU.
 
 Which samples a rank reads is the shared sharding rule, and the flips and crop offsets come
-from the shared per-batch seed (workload.data.augment), so DALI draws the augmentation
+from the shared per-batch seed (workload.data.loaders), so DALI draws the augmentation
 distribution of the device backend (on the CPU the very same images) and a resumed run
 starts mid-epoch exactly. DALI cuts and mirrors in uint8, a quarter of the bytes of floats;
 normalisation is the `Normalizer` every backend shares.
@@ -23,12 +23,10 @@ import torch
 from nvidia.dali import pipeline_def
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
-from workload.data.augment import Normalizer, batch_work_threads, draw_flips_and_offsets
+from workload.data.augment import PADDING, Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
-from workload.data.loaders import ShardedBatches
-from workload.data.sharding import batch_seed, batch_slice
+from workload.data.loaders import ShardedBatches, batch_seed, batch_slice
 
-PADDING = 4
 # RandomResizedCrop's defaults, as the torch backend uses for image folders.
 RANDOM_AREA = (0.08, 1.0)
 RANDOM_ASPECT = (3 / 4, 4 / 3)

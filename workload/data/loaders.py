@@ -1,4 +1,6 @@
-"""Loaders that feed the training loop: `device` for in-memory datasets, `torch` for folders.
+"""Loaders that feed the training loop: `device` for in-memory datasets, `torch` for folders,
+and the one rule, shared by every data backend, of which samples each rank reads in which
+order.
 
 Every loader offers the same small interface: `len(loader)` batches per epoch on this rank,
 and `loader.batches(epoch, start=0)` yielding (images, labels) already on the training
@@ -14,10 +16,51 @@ import torch
 
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
-from workload.data.sharding import batch_seed, batch_slice, epoch_order, eval_shard
-from workload.launch.cpus import process_cpus
+from workload.launch.devices import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+# Mixing constants so that (seed, epoch, rank, batch) pairs never share a generator seed.
+_EPOCH_STRIDE = 1_000_003
+_RANK_STRIDE = 10_007
+_BATCH_STRIDE = 101
+# torch generators take seeds below 2**64: the mixed values wrap around there (a seed up to
+# --seed's limit of 2**32 - 1 would overflow otherwise; smaller ones are unchanged).
+_SEED_SPACE = 2**64
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: int,
+                shuffle: bool = True) -> torch.Tensor:
+    """This rank's sample indices for one epoch.
+
+    Shuffled with a generator seeded by (seed, epoch), the same on every rank, then dealt
+    round-robin; every rank gets the same count (the remainder is left out this epoch) so
+    that all ranks run the same number of steps.
+    """
+    if shuffle:
+        generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
+        order = torch.randperm(num_samples, generator=generator)
+    else:
+        order = torch.arange(num_samples)
+    per_rank = num_samples // world_size
+    return order[rank::world_size][:per_rank]
+
+
+def eval_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's share of the test set: every sample is evaluated exactly once overall."""
+    return torch.arange(rank, num_samples, world_size)
+
+
+def batch_slice(indices, batch: int, batch_size: int):
+    """The indices of batch number `batch` (the last one may be short)."""
+    return indices[batch * batch_size:(batch + 1) * batch_size]
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """Seed of the augmentation randomness of one batch: a resumed run can start mid-epoch
+    and still draw exactly what the uninterrupted run drew."""
+    mixed = ((seed * _EPOCH_STRIDE + epoch) * _RANK_STRIDE + rank) * _BATCH_STRIDE + batch
+    return mixed % _SEED_SPACE
 
 
 def num_batches(num_samples: int, batch_size: int, train: bool) -> int:
@@ -70,7 +113,7 @@ class DeviceLoader(ShardedBatches):
 
 
 def default_workers(local_world_size: int = 1) -> int:
-    """DataLoader workers per process: the CPUs it owns (workload.launch.cpus: its share
+    """DataLoader workers per process: the CPUs it owns (workload.launch.devices: its share
     of the task's under torchrun), one left for the training loop, at most 8."""
     return max(0, min(8, process_cpus(os.environ, local_world_size) - 1))
 

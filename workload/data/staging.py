@@ -29,15 +29,15 @@ from pathlib import Path
 import torch.distributed as dist
 
 from workload.config import TrainConfig
-from workload.data.stagefiles import (StagingStopped, copy_in, first_difference, identity,
-                                      listing, staged_name)
-from workload.data.staginglock import (NoLocks, hold_shared, let_go, lock_path,
-                                       remove_if_unused)
+from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_difference,
+                                      hold_shared, identity, let_go, listing, lock_path,
+                                      remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import write_json
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
                                         exit_for_requeue)
+from workload.launch.variables import node_name
 from workload.logs import logger
 
 WAIT_FOR_STAGING = timedelta(hours=6)  # how long the other ranks wait for a node's copy
@@ -92,11 +92,6 @@ def _gather(status: dict | None, info: DistInfo) -> list:
     gathered: list = [None] * info.world_size
     dist.all_gather_object(gathered, status, group=group)
     return gathered
-
-
-def node_name() -> str:
-    """This node in messages (SLURM's name for it: test clusters share one host)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def data_root(target: Path) -> Path:

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
-from workload.version import torch_versions
+from workload.commands import torch_versions
 
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 # Where NGC images keep CUDA's forward-compatibility libraries (newer libcuda for older

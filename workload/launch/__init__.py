@@ -10,12 +10,12 @@ The names in ``__all__`` are the stable API (docs/your-script.md): ``setup`` and
 the standard library and python-hostlist only.
 """
 
-from workload.launch.errors import LaunchError
-from workload.launch.gpus import GPU_VARIABLE
+from workload.errors import LaunchError
+from workload.launch.devices import GPU_VARIABLE
 from workload.launch.preemption import REQUEUE_EXIT_STATUS, PreemptionFlag, exit_for_requeue
-from workload.launch.resolve import PER_TASK, SINGLE, TORCHRUN, Resolution, resolve
+from workload.launch.resolve import (PER_TASK, SINGLE, TORCHRUN, Resolution, resolve,
+                                     resolve_for_torchrun)
 from workload.launch.script import Launch, setup
-from workload.launch.torchrun import resolve_for_torchrun
 
 __all__ = ["setup", "Launch", "PreemptionFlag", "exit_for_requeue", "REQUEUE_EXIT_STATUS",
            "GPU_VARIABLE", "LaunchError", "Resolution", "resolve", "resolve_for_torchrun",

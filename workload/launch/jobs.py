@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from workload.launch.errors import LaunchError
+from workload.errors import LaunchError
 
 # Where the Dockerfile and apptainer/*.def put jobs/; HPC_TRAIN_JOBS overrides both.
 IMAGE_JOBS = Path("/opt/hpc-train/jobs")

@@ -4,6 +4,8 @@ One pure function, :func:`resolve`, reads an environment mapping and returns the
 variables torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 NODE_RANK, MASTER_ADDR, MASTER_PORT), the layout, the GPU index and thread count for
 this process, and warnings. It never touches ``os.environ``; callers apply the result.
+A torchrun about to start on a node gets :func:`resolve_for_torchrun` instead: the node's
+rank, the node count and the rendezvous (its workers then resolve their own ranks).
 
 Precedence, per variable:
 1. a value torchrun or the user already set wins and is never overwritten (a warning
@@ -18,22 +20,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from workload.launch.cpus import process_cpus, thread_count, usable_cpus
-from workload.launch.errors import LaunchError
-from workload.launch.gpus import GPU_VARIABLE, gpu_index, local_rank_warning
-from workload.launch.nodes import first_node, tasks_per_node
-from workload.launch.variables import (first_whole_number, in_slurm, in_step, under_torchrun,
-                                       whole_number)
+from workload.errors import LaunchError
+from workload.launch.devices import (GPU_VARIABLE, gpu_index, local_rank_warning,
+                                     process_cpus, thread_count, usable_cpus)
+from workload.launch.variables import (first_whole_number, in_slurm, in_step, slurm_master_addr,
+                                       slurm_port, slurm_world, under_torchrun, whole_number)
 
-KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+DIST_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
         "MASTER_ADDR", "MASTER_PORT")
 SINGLE, PER_TASK, TORCHRUN = "single", "per-task", "torchrun-per-node"
 
-# MASTER_PORT = PORT_BASE + 10 * (job id mod 1000) + step slot: below Linux's ephemeral
-# range (32768+), distinct for up to 10 concurrent steps of one job and for jobs whose
-# ids differ by less than 1000. The batch script itself (no step) uses slot 9.
-PORT_BASE, PORT_LAST = 20000, 29999
-BATCH_STEP_SLOT = 9
 DEFAULT_PORT = 29500  # torch's own default, used outside SLURM
 # Warning text `check` turns into a problem: the rendezvous address was guessed.
 NO_ADDRESS = "no rendezvous address"
@@ -55,51 +51,6 @@ class Resolution:
                                   # not a worker (a torchrun about to start)
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
-
-
-# ------------------------------------------------------------------ SLURM values
-def slurm_master_addr(env: Mapping[str, str]) -> str | None:
-    """First host of the step's node list, else of the job's (het group 0 first)."""
-    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST_HET_GROUP_0",
-                 "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        if env.get(name):
-            return first_node(name, env[name])
-    return None
-
-
-def slurm_port(env: Mapping[str, str]) -> int | None:
-    job = first_whole_number(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    if job is None:
-        return None
-    step = first_whole_number(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
-    slot = BATCH_STEP_SLOT if step is None else step % 10
-    return PORT_BASE + 10 * (job % 1000) + slot
-
-
-def slurm_world(env: Mapping[str, str]) -> dict[str, int | None]:
-    """Rank layout from SLURM: step variables first, then the job's."""
-    if not in_step(env):
-        # The batch script or an salloc shell: one process, whatever the job's task count.
-        return dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, LOCAL_WORLD_SIZE=1, NODE_RANK=0,
-                    NUM_NODES=1)
-    node_rank = whole_number(env, "SLURM_NODEID")
-    return dict(
-        RANK=whole_number(env, "SLURM_PROCID"),
-        LOCAL_RANK=whole_number(env, "SLURM_LOCALID"),
-        WORLD_SIZE=first_whole_number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS",
-                              minimum=1),
-        LOCAL_WORLD_SIZE=_tasks_on_node(env, node_rank or 0),
-        NODE_RANK=node_rank,
-        NUM_NODES=first_whole_number(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1),
-    )
-
-
-def _tasks_on_node(env: Mapping[str, str], node_rank: int) -> int | None:
-    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        if env.get(name):
-            counts = tasks_per_node(name, env[name])
-            return counts[node_rank] if node_rank < len(counts) else None
-    return whole_number(env, "SLURM_NTASKS_PER_NODE", minimum=1)
 
 
 # ------------------------------------------------------------------ the rules
@@ -156,7 +107,7 @@ def _validate(values: Mapping[str, str]) -> None:
             raise LaunchError(key, value, "a host name, address or number without shell "
                               "metacharacters", f"unset {key} or fix its value")
     numbers = {key: whole_number(values, key, minimum=1 if key.endswith("WORLD_SIZE") else 0)
-               for key in KEYS if key in values and key != "MASTER_ADDR"}
+               for key in DIST_KEYS if key in values and key != "MASTER_ADDR"}
     for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
         if rank in numbers and size in numbers and numbers[rank] >= numbers[size]:
             raise LaunchError(rank, values[rank], f"a rank below {size}={values[size]}",
@@ -244,3 +195,69 @@ def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int)
         if procid is not None:
             notes["slurm_procid"] = str(procid)
     return notes
+
+
+# ------------------------------------------------------------------ torchrun per node
+# Why torchrun gets a c10d rendezvous and a store of its own per restart
+# ---------------------------------------------------------------------
+# Since torch 2.4 torchrun's agent hosts one TCPStore and hands it to the workers
+# (TORCHELASTIC_USE_AGENT_STORE=True; init_process_group's env:// then connects to it as
+# a client). The agent creates that store once and keeps it for every restart: the
+# static rendezvous (torchrun --master-addr/--master-port) always, the c10d one
+# (--standalone, --rdzv-backend=c10d) since its store is only built on the first round.
+# A restarted worker group therefore finds the keys of the dead group still in the store:
+# gloo reads the old ranks' listening addresses ("Gloo connectFullMesh failed ...
+# Connection refused", or a hang), NCCL an old unique id, whenever a peer reads before
+# the new rank 0 overwrote them -- about every second restart on one node, for any
+# script. torch keys nothing by attempt (TORCHELASTIC_RESTART_COUNT is per node and
+# differs between nodes, so it cannot be). Upstream:
+#   https://github.com/pytorch/pytorch/issues/135712 (store shared across restarts;
+#     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is the reported cure)
+#   https://github.com/pytorch/pytorch/issues/167288 (still seen with --max-restarts)
+# What avoids it: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with the c10d rendezvous. Each
+# rendezvous round then publishes a fresh port under round-scoped keys and the workers'
+# rank 0 starts a new, empty store there; the round is the same on every node (the
+# restart counter is not). The static rendezvous ignores the variable, so under SLURM
+# torchrun gets the c10d rendezvous at the job-derived address instead: the store on the
+# first node (is_host, decided by SLURM's node id rather than by host-name matching).
+# Flags on torchrun's command line still win over these PET_* defaults.
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
+    """Variables for a torchrun about to start on this node (one task per node).
+
+    torchrun assigns RANK/LOCAL_RANK/WORLD_SIZE to its workers itself; what it needs
+    from us is the node's rank, the node count and the rendezvous. torchrun reads its
+    flag defaults from PET_<FLAG> variables, so exporting PET_NNODES, PET_NODE_RANK,
+    PET_MASTER_ADDR/PORT and PET_RDZV_* makes a bare ``torchrun --nproc-per-node=4``
+    join the other nodes; flags given on its command line still win. Elastic restarts
+    (--max-restarts) need a fresh store per restart: see the note above.
+    """
+    warnings: list[str] = []
+    values: dict[str, str] = {}
+    if in_slurm(env):
+        slurm = slurm_world(env)
+        nodes = slurm["NUM_NODES"] or 1
+        values["NODE_RANK"] = _pick(env, "NODE_RANK", slurm["NODE_RANK"], "SLURM_NODEID",
+                                    0, warnings)
+        values |= _rendezvous_values(env, warnings, nodes)
+        pet = {"PET_NNODES": str(nodes), "PET_NODE_RANK": values["NODE_RANK"],
+               "PET_MASTER_ADDR": values["MASTER_ADDR"], "PET_MASTER_PORT": values["MASTER_PORT"],
+               "PET_RDZV_BACKEND": "c10d",
+               "PET_RDZV_ENDPOINT": f"{values['MASTER_ADDR']}:{values['MASTER_PORT']}",
+               "PET_RDZV_ID": _rendezvous_id(env),
+               "PET_RDZV_CONF": f"is_host={int(values['NODE_RANK'] == '0')}"}
+        values |= {key: env.get(key) or value for key, value in pet.items()}
+    values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
+    _validate(values)
+    notes = _notes(env, values, 0)
+    return Resolution(TORCHRUN, values, None, None, warnings=tuple(warnings),
+                      notes=notes)
+
+
+def _rendezvous_id(env: Mapping[str, str]) -> str:
+    """One id per job step, the same on every node: ``slurm-<job>-<step>``."""
+    job = first_whole_number(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    step = first_whole_number(env, "SLURM_STEP_ID", "SLURM_STEPID") if in_step(env) else None
+    return f"slurm-{job}-{'batch' if step is None else step}"

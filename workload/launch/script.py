@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, MutableMapping
 
-from workload.launch.gpus import visible_gpu_count
+from workload.launch.devices import visible_gpu_count
 from workload.launch.resolve import SINGLE, resolve
 from workload.logs import warn
 

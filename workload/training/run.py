@@ -9,18 +9,15 @@ from pathlib import Path
 import torch
 
 from workload import checkpoint, distributed
-from workload.caches import ensure_writable_caches
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig, describe_stem
-from workload.data import build_data
-from workload.data.staging import stage_data
+from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
-from workload.files import append_jsonl, write_json
+from workload.files import append_jsonl, ensure_writable_caches, write_json
 from workload.logs import logger, setup_logging
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
-from workload.records import model_sha256, prepare_output_dir, versions
-from workload.tensorboard import open_board
+from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.training.build import build_state, planned_steps
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer

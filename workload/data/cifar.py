@@ -1,5 +1,6 @@
-"""A file of the 'CIFAR-100 python version' (a pickle) read without letting it run code or
-make the reader allocate more than such a file can hold.
+"""CIFAR-100: found in --data-dir (or downloaded with --download), its 'python version'
+files (pickles) read without letting them run code or make the reader allocate more than
+such a file can hold.
 
 Three checks, each before anything large is allocated:
 
@@ -22,6 +23,10 @@ import pickletools
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from workload.data.datasets import ArrayDataset, SplitDataset
+from workload.errors import UsageError
 
 MAX_ROWS = 50_000  # images in CIFAR-100's training file (its test file holds 10,000)
 ROW_BYTES = 3 * 32 * 32
@@ -202,3 +207,60 @@ def images_of(value) -> np.ndarray:
         raise HostileFile(f"images of shape {rows.shape} and type {rows.dtype}: "
                           f"N x {ROW_BYTES} bytes were expected")
     return rows
+
+
+CIFAR100_FOLDER = "cifar-100-python"
+
+
+def find_cifar100(data_dir: str) -> Path:
+    """The cifar-100-python folder inside `data_dir` (or `data_dir` itself)."""
+    root = Path(data_dir).expanduser()
+    for candidate in (root / CIFAR100_FOLDER, root):
+        if (candidate / "train").is_file() and (candidate / "test").is_file():
+            return candidate
+    raise UsageError(
+        f"CIFAR-100 not found: looked for {root / CIFAR100_FOLDER}/train and /test. "
+        f"Compute nodes usually have no internet: on a login node run "
+        f"'train --dataset cifar100 --data-dir {root} --download --prepare-data' "
+        f"(or python -c \"import torchvision; torchvision.datasets.CIFAR100('{root}', "
+        f"download=True)\"), then point --data-dir at that folder")
+
+
+def read_cifar100_split(path: Path) -> ArrayDataset:
+    """Read one file of the 'CIFAR-100 python version' straight into uint8 tensors, with
+    no code run and nothing allocated beyond what such a file holds (see `load`)."""
+    try:
+        entry = load(path)
+        data = images_of(entry[b"data"])
+        labels = labels_of(entry[b"fine_labels"])
+        images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError,
+            AttributeError, IndexError, OverflowError) as error:
+        raise UsageError(
+            f"{path} is not a readable CIFAR-100 python file ({type(error).__name__}: {error}); "
+            f"delete the folder and fetch it again with --download") from None
+    if (len(images) != len(labels) or labels.size == 0 or labels.max() >= 100
+            or labels.min() < 0):
+        span = f"{labels.min()}..{labels.max()}" if labels.size else "?"
+        raise UsageError(f"{path} holds {len(images)} images and {len(labels)} labels in "
+                         f"{span} (CIFAR-100 has labels 0..99): not CIFAR-100; "
+                         "fetch it again with --download")
+    return ArrayDataset(images, torch.from_numpy(labels), num_classes=100)
+
+
+def download_cifar100(data_dir: str) -> None:
+    import torchvision  # only needed for the download
+
+    try:
+        torchvision.datasets.CIFAR100(str(Path(data_dir).expanduser()), download=True)
+    except Exception as error:  # network errors come in many types
+        raise UsageError(f"downloading CIFAR-100 into {data_dir} failed ({error}); "
+                         "run --download on a machine with internet access") from None
+
+
+def load_cifar100(data_dir: str, download: bool = False) -> SplitDataset:
+    if download:
+        download_cifar100(data_dir)
+    folder = find_cifar100(data_dir)
+    return SplitDataset(read_cifar100_split(folder / "train"),
+                        read_cifar100_split(folder / "test"))
