@@ -28,7 +28,7 @@ DEVICE ?= cuda
 PART ?= all
 QUICK ?=
 
-.PHONY: demo test install system-deps clean gpu-check gpu-wheels
+.PHONY: demo test lint install system-deps clean gpu-check gpu-wheels
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -54,7 +54,11 @@ demo: $(RUNTIME_STAMP)
 system-deps:
 	tools/install-debian-packages.sh
 
-test: system-deps $(STAMP)
+# The linter first: a finding fails the suite before any test runs (config: pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: system-deps lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 gpu-check:
