@@ -12,10 +12,9 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from workload import distributed
-from workload.bench.flags import parse_sizes
 from workload.bench.common import config_from, print_table, summarise, timed, write_report
-from workload.bench.input import endless
-from workload.bench.reference import ReferenceLoader, reference_step
+from workload.bench.flags import parse_sizes
+from workload.bench.input import ReferenceLoader, endless
 from workload.data import build_data
 from workload.data.backends import NATURAL_IMAGE_SIZE, DataRequest, read_in_memory
 from workload.models import model_for
@@ -49,6 +48,15 @@ class Spec:
     channels_last: bool
     compile: bool = False
     reference: bool = False
+
+
+def reference_step(model, optimizer, loss_fn, images, labels) -> None:
+    """The reference's step (the guide's train_utils.train loop body): fp32, no autocast,
+    no scaler."""
+    loss = loss_fn(model(images), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 def peak_tflops(device: torch.device, precision: str) -> tuple[str, float] | None:
