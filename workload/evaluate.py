@@ -93,7 +93,7 @@ def evaluate(args: argparse.Namespace, files: ModelFiles, cfg: TrainConfig) -> d
     from workload.logs import setup_logging
     from workload.models.trained import load_described
     from workload.precision import configure_cudnn, configure_tf32, resolve_precision
-    from workload.training.evaluation import evaluate_model
+    from workload.training.trainer import evaluate_model
 
     description, model = load_described(files)  # a damaged model: refused before any work
     info = init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
