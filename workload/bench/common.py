@@ -9,15 +9,18 @@ import platform
 import socket
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from workload.bench.flags import BENCH_FIXED
 from workload.config import TrainConfig, build_config
-from workload.distributed import resolve_device
+from workload.distributed import DistInfo, resolve_device
 from workload.files import write_json
 from workload.records import versions
+from workload.training.build import start_process
 from workload.training.trainer import sync
 
 
@@ -26,6 +29,19 @@ def config_from(args: dict, **overrides) -> TrainConfig:
     given = {**args, **BENCH_FIXED, **overrides}
     device = resolve_device(given.get("device") or TrainConfig().hardware.device)
     return build_config(given, device.type)
+
+
+@contextmanager
+def bench_process(args: dict, cfg: TrainConfig) -> Iterator[DistInfo]:
+    """The process started as `train` starts it (launch, device, process group with
+    --dist-timeout, left at the end), then bench's --threads."""
+    with start_process(cfg) as (info, _):
+        # On a shared, busy CPU, fewer threads than cores can be much faster: parallel
+        # regions wait for their slowest thread. One setting for every run keeps the
+        # comparison fair; set after the start, which sets the launch's own count.
+        if args.get("threads"):
+            torch.set_num_threads(args["threads"])
+        yield info
 
 
 def timed(device: torch.device, work) -> float:

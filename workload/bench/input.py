@@ -18,11 +18,11 @@ import torch
 import torchvision.transforms as transforms
 from PIL import Image
 
-from workload.bench.common import config_from, print_table, summarise, timed, write_report
+from workload.bench.common import (bench_process, config_from, print_table, summarise, timed,
+                                   write_report)
 from workload.data import build_data
 from workload.data.backends import DataRequest, available, read_in_memory
 from workload.data.datasets import ArrayDataset
-from workload.distributed import resolve_device
 from workload.errors import UsageError
 
 REFERENCE = "reference"
@@ -123,7 +123,11 @@ def compare(results: dict) -> str:
 
 def run(args: dict) -> dict:
     cfg = config_from(args, batch_size=args.get("batch_size") or 256)
-    device = resolve_device(cfg.hardware.device)
+    with bench_process(args, cfg) as info:
+        return measure_backends(args, cfg, info.device)
+
+
+def measure_backends(args: dict, cfg, device: torch.device) -> dict:
     names = chosen_backends(args.get("backends"), cfg.data.dataset)
     loaders = {name: build_loader(name, cfg, device) for name in names}
     rates: dict[str, list[float]] = {name: [] for name in names}

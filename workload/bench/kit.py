@@ -26,10 +26,9 @@ import sys
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from workload import distributed
-from workload.bench.common import config_from, fingerprint
+from workload.bench.common import bench_process, config_from, fingerprint
 from workload.bench.train import Runner, peak_tflops, specs_for
 from workload.bench.train import run as bench_train
-from workload.logs import setup_logging
 from workload.training.trainer import sync
 
 # The comparison at full size (GPU) and at tiny sizes (--quick: CI on a 2-core CPU). Both
@@ -79,7 +78,6 @@ def facts() -> dict:
 
 
 def run_bench(device_flag: str, quick: bool) -> dict:
-    setup_logging(0)
     size = QUICK if quick else FULL
     device = distributed.resolve_device(device_flag)
     rows = [row(model, bench_train(bench_args(device_flag, size, model)), device)
@@ -102,8 +100,12 @@ HOST_SYNCS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceS
 
 def profile_step(args: dict) -> dict:
     """Profile PROFILED_STEPS steps of train's defaults after WARMUP_STEPS; the summary."""
-    info = distributed.init_distributed(args["device"])
     cfg = config_from(args)
+    with bench_process(args, cfg) as info:
+        return profiled(args, cfg, info)
+
+
+def profiled(args: dict, cfg, info) -> dict:
     spec = next(s for s in specs_for(args, cfg, info.device) if not s.reference)
     runner = Runner(spec, cfg, info)
     runner.steps(WARMUP_STEPS)  # also sets TF32 as the run does
