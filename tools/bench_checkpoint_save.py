@@ -36,8 +36,7 @@ from workload.training.build import build_state
 def training_state(width: int):
     """The state after one step, so the optimizer holds its momentum buffers."""
     cfg = TrainConfig.from_flat({"model": "wrn", "width": width, "device": "cpu"})
-    info = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1,
-                    device=torch.device("cpu"), backend=None)
+    info = DistInfo.alone(torch.device("cpu"))
     state = build_state(cfg, info, num_classes=100, steps_per_epoch=10, precision="fp32")
     loss = state.model(torch.randn(2, 3, 32, 32)).sum()
     loss.backward()

@@ -22,26 +22,40 @@ import torch.distributed as dist
 from torch import nn
 
 from workload.errors import UsageError
-from workload.launch import SINGLE, LaunchError, Resolution, resolve
+from workload.launch import Launch, LaunchError, Resolution, resolve
 from workload.logs import warn
+
+
+def _from_launch(name: str) -> property:
+    return property(lambda info: getattr(info.launch, name), doc=f"The launch record's {name}.")
 
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits in the job."""
+    """Where this process sits in the job, and what torch made of it. The place is the
+    launch layer's own record (`launch`: rank, world size, layout, ...; the record a
+    user's script gets from setup()), read through here rather than copied; this adds the
+    device as torch's and the process group's backend."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
+    launch: Launch
     device: torch.device
-    backend: str | None   # None when not initialised (single process)
-    layout: str = SINGLE  # single, per-task or torchrun-per-node
-    num_nodes: int = 1
+    backend: str | None = None  # None: one process, no process group
+
+    rank = _from_launch("rank")
+    local_rank = _from_launch("local_rank")
+    world_size = _from_launch("world_size")
+    local_world_size = _from_launch("local_world_size")
+    layout = _from_launch("layout")  # single, per-task or torchrun-per-node
+    is_main = _from_launch("is_main")
 
     @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @classmethod
+    def alone(cls, device: torch.device) -> DistInfo:
+        """One process by itself on `device` (tools and tests that start no job)."""
+        return cls(Launch(0, 0, 1, 1, 0, str(device)), device)
 
 
 def apply_launch_env(env=os.environ) -> Resolution:
@@ -98,13 +112,13 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
     values = {key: int(res.values[key]) for key in
               ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
     chosen = pick_device(device, res)
-    backend = None
-    if values["WORLD_SIZE"] > 1:
-        backend = "nccl" if chosen.type == "cuda" else "gloo"
-        join_group(backend, timeout_s, values["RANK"], values["WORLD_SIZE"])
-    nodes = max(1, values["WORLD_SIZE"] // max(1, values["LOCAL_WORLD_SIZE"]))
-    return DistInfo(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
-                    values["LOCAL_WORLD_SIZE"], chosen, backend, res.layout, nodes)
+    place = Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
+                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], str(chosen),
+                   chosen.index if chosen.type == "cuda" else None, res.layout, res.cpus or 1)
+    if place.world_size == 1:
+        return DistInfo(place, chosen)
+    join_group(place.backend, timeout_s, place.rank, place.world_size)
+    return DistInfo(place, chosen, place.backend)
 
 
 def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> None:
@@ -228,25 +242,6 @@ def _fully_shard(model: nn.Module, info: DistInfo) -> nn.Module:
             fully_shard(child, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def lr_scale(mode: str, world_size: int) -> float:
-    """Learning-rate factor for the global batch (batch size x processes).
-
-    Data parallelism multiplies the images per optimizer step by the number of processes;
-    to train like a single process on the same global batch, scale the learning rate with
-    it ("linear"), or keep it ("none") and accept the different dynamics.
-    """
-    return float(world_size) if mode == "linear" else 1.0
-
-
-def describe(info: DistInfo, strategy: str, lr_scaling: str, lr: float,
-             batch_size: int) -> dict:
-    """The summary.json fields that say how the run was spread over processes."""
-    return dict(layout=info.layout, num_nodes=info.num_nodes, backend=info.backend,
-                strategy=strategy if info.world_size > 1 else None, lr_scaling=lr_scaling,
-                effective_base_lr=lr, global_batch_size=batch_size * info.world_size,
-                local_world_size=info.local_world_size)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -84,22 +84,23 @@ def check_data(description: ModelDescription, data) -> None:
                          "name the folders as in training")
 
 
-def evaluate(args: argparse.Namespace, files: ModelFiles, cfg: TrainConfig) -> dict:
+def evaluate(files: ModelFiles, cfg: TrainConfig) -> dict:
+    from workload.models.trained import load_described
+    from workload.training.build import start_process
+
+    description, model = load_described(files)  # a damaged model: refused before any work
+    with start_process(cfg) as (info, precision):
+        return evaluate_in_process(cfg, files, description, model, info, precision)
+
+
+def evaluate_in_process(cfg: TrainConfig, files: ModelFiles, description: ModelDescription,
+                        model, info, precision: str) -> dict:
+    """The test split shared out over the ranks, the model's sums all-reduced."""
     import torch
 
     from workload.data import build_data
-    from workload.distributed import init_distributed
-    from workload.logs import setup_logging
-    from workload.models import load_described
-    from workload.precision import configure_cudnn, configure_tf32, resolve_precision
-    from workload.training.evaluation import evaluate_model
+    from workload.training.trainer import evaluate_model
 
-    description, model = load_described(files)  # a damaged model: refused before any work
-    info = init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
-    setup_logging(info.rank)
-    precision = resolve_precision(cfg.hardware.precision, info.device)
-    configure_tf32(precision)
-    configure_cudnn(info.device)
     data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size,
                       for_training=False)
     check_data(description, data)
@@ -116,7 +117,7 @@ def evaluate(args: argparse.Namespace, files: ModelFiles, cfg: TrainConfig) -> d
 
 def run(args: argparse.Namespace) -> dict:
     files, cfg = checked(args)
-    record = evaluate(args, files, cfg)
+    record = evaluate(files, cfg)
     if record.pop("is_main"):
         print(f"{PROG}: accuracy {record['accuracy']:.4f} ({record['correct']}/"
               f"{record['images']} images), loss {record['loss']:.4f} on the "

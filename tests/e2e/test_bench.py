@@ -126,3 +126,23 @@ def test_the_checkpoint_save_benchmark_prints_both_times_and_their_ratio():
     ratio = re.search(r"^ratio +([0-9.]+)x$", done.stdout, re.M)
     assert ratio and float(ratio.group(1)) > 0, done.stdout
     assert re.search(r"^save \(train's path\) +[0-9.]+ s", done.stdout, re.M), done.stdout
+
+
+def test_bench_train_waits_for_a_missing_rank_only_as_long_as_dist_timeout(tmp_path):
+    # bench starts its process as train does: --dist-timeout bounds the rendezvous, and a
+    # rank that never comes is one line naming the address, not a ten-minute hang.
+    import socket
+
+    from tests.helpers import clean_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**clean_env(), "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, "-m", "workload.bench.cli", "train", *TINY_DATA,
+                           *TINY_MODEL, "--batch-sizes", "4", "--steps", "1", "--warmup", "1",
+                           "--dist-timeout", "3"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "within 3 s" in done.stderr, done.stderr

@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import DOCTOR_FAST as FAST
 from tests.helpers import by_check, clean_env, tmpfs
-from workload.doctor.ranks import cpu_ranges
+from workload.doctor.findings import cpu_ranges
 
 
 

@@ -15,7 +15,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-import workload.training.run as training_run  # noqa: E402
+import workload.training.build as training_build  # noqa: E402
 from workload.train import main  # noqa: E402
 
 
@@ -28,5 +28,5 @@ if __name__ == "__main__":
     # warn_only: an operation without a deterministic kernel warns instead of stopping
     # the run; the test then shows whether the result still matches bit for bit.
     torch.use_deterministic_algorithms(True, warn_only=True)
-    training_run.configure_cudnn = deterministic_cudnn
+    training_build.configure_cudnn = deterministic_cudnn
     main(sys.argv[1:])

@@ -16,15 +16,16 @@ import torch
 
 from workload import distributed
 from workload.train import parse_config
-from workload.training.run import run
+from workload.training import run as training_run
 
 captured = {}
-wrap_model = distributed.wrap_model
+save_model = training_run.save_model
 
 
-def capture(model, info, strategy):
-    captured["model"] = wrap_model(model, info, strategy)
-    return captured["model"]
+def digest_then_save(cfg, data, model, out, write):
+    # The trained model, while the process group that FSDP's shards need still stands.
+    captured["digest"] = parameter_digest(model)
+    save_model(cfg, data, model, out, write)
 
 
 def parameter_digest(model) -> str:
@@ -39,13 +40,9 @@ def parameter_digest(model) -> str:
 
 
 def main() -> None:
-    distributed.wrap_model = capture
-    try:
-        run(parse_config(sys.argv[1:]))
-        digest = parameter_digest(captured["model"])
-        print(f"rank-digest {os.environ.get('RANK', '0')} {digest}", flush=True)
-    finally:
-        distributed.teardown()
+    training_run.save_model = digest_then_save
+    training_run.run(parse_config(sys.argv[1:]))
+    print(f"rank-digest {os.environ.get('RANK', '0')} {captured['digest']}", flush=True)
 
 
 if __name__ == "__main__":

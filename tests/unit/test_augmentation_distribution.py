@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers.augmentation import (BATCH, COUNT, assert_reference_augmentation,
                                         collect, coordinate_images)
-from workload.bench.reference import ReferenceLoader
+from workload.bench.input import ReferenceLoader
 from workload.data.augment import Normalizer
 from workload.data.dali import ArraySource, DaliLoader
 from workload.data.datasets import CIFAR100_MEAN, CIFAR100_STD, ArrayDataset

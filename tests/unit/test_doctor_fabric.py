@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from workload.doctor import fabric
+from workload.doctor import ranks
 
 PREFIX = "nid001:51234:51290 [0] NCCL INFO "
 SOCKET_LOG = [PREFIX + line for line in (
@@ -46,8 +46,8 @@ def sys_class(tmp_path, **devices):
     (OFI_LOG, "AWS Libfabric", ["NET/AWS Libfabric"], "cxi"),
 ])
 def test_nccl_log_names_network_and_channel_transports(log, network, transports, provider):
-    assert fabric.parse_nccl_log(log) == dict(network=network, transports=transports,
-                                              ofi_provider=provider)
+    assert ranks.parse_nccl_log(log) == dict(network=network, transports=transports,
+                                             ofi_provider=provider)
 
 
 @pytest.mark.parametrize("devices, fix_words", [
@@ -55,8 +55,8 @@ def test_nccl_log_names_network_and_channel_transports(log, network, transports,
     ({"cxi": ["cxi0", "cxi1"]}, ["NCCL_NET='AWS Libfabric'", "FI_PROVIDER=cxi"]),
 ])
 def test_sockets_next_to_a_fabric_warn_with_the_fix(tmp_path, devices, fix_words):
-    found = fabric.fabric_devices(sys_class(tmp_path, **devices))
-    finding = fabric.transport_finding("nccl", fabric.parse_nccl_log(SOCKET_LOG), found, 2)
+    found = ranks.fabric_devices(sys_class(tmp_path, **devices))
+    finding = ranks.transport_finding("nccl", ranks.parse_nccl_log(SOCKET_LOG), found, 2)
     assert finding.status == "warn" and "fell back to TCP sockets" in finding.detail
     for word in fix_words:
         assert word in finding.fix
@@ -70,21 +70,21 @@ def test_sockets_next_to_a_fabric_warn_with_the_fix(tmp_path, devices, fix_words
      {"infiniband": ["mlx5_0"]}, 1),                 # one node: data moves over P2P
 ])
 def test_no_warning_when_the_fabric_is_used_or_absent(tmp_path, log, devices, nodes):
-    found = fabric.fabric_devices(sys_class(tmp_path, **devices))
-    assert fabric.transport_finding("nccl", fabric.parse_nccl_log(log), found, nodes).status == "ok"
+    found = ranks.fabric_devices(sys_class(tmp_path, **devices))
+    assert ranks.transport_finding("nccl", ranks.parse_nccl_log(log), found, nodes).status == "ok"
 
 
 def test_gloo_says_tcp_and_one_process_says_no_collective(tmp_path):
-    found = fabric.fabric_devices(sys_class(tmp_path, cxi=["cxi0"]))
-    gloo = fabric.transport_finding("gloo", fabric.parse_nccl_log([]), found, 2)
+    found = ranks.fabric_devices(sys_class(tmp_path, cxi=["cxi0"]))
+    gloo = ranks.transport_finding("gloo", ranks.parse_nccl_log([]), found, 2)
     assert gloo.status == "info" and "TCP" in gloo.detail and "Slingshot (cxi0)" in gloo.detail
-    assert fabric.transport_finding(None, {}, {}, 1).status == "info"
+    assert ranks.transport_finding(None, {}, {}, 1).status == "info"
 
 
 def test_nccl_log_goes_to_a_private_file_unless_the_user_chose(tmp_path):
     env = {}
-    path = fabric.capture_nccl_log(tmp_path, env)
+    path = ranks.capture_nccl_log(tmp_path, env)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
     assert path.parent == tmp_path
     mine = {"NCCL_DEBUG": "WARN"}
-    assert fabric.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
+    assert ranks.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}

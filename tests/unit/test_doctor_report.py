@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import io
 
-from workload.doctor.findings import INFO, OK, Finding, worst
-from workload.doctor.output import print_report
+from workload.doctor.findings import INFO, OK, Finding, print_report, worst
 
 
 def test_a_healthy_machine_reads_ready(tmp_path):

@@ -21,7 +21,7 @@ LAYERS = {
     5: {"training"},
     6: {"train", "bench", "doctor", "report", "evaluate", "predict", "launch.__main__"},
 }
-COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor.cli",
+COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor",
                    "workload.report", "workload.evaluate", "workload.predict",
                    "workload.launch.__main__"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
@@ -142,8 +142,8 @@ def test_the_launch_api_for_a_users_script_imports_no_torch():
     ("workload.train", ["--checkpoint-every", "soon"]),
     ("workload.bench.cli", ["--help"]),
     ("workload.bench.cli", ["train", "--steps", "0"]),
-    ("workload.doctor.cli", ["--help"]),
-    ("workload.doctor.cli", ["--probe-iters", "0"]),
+    ("workload.doctor", ["--help"]),
+    ("workload.doctor", ["--probe-iters", "0"]),
     ("workload.report", ["--help"]),
     ("workload.evaluate", ["--help"]),
     ("workload.evaluate", ["--version"]),

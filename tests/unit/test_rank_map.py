@@ -3,7 +3,8 @@ two ranks on one GPU, CPU lists written as taskset does."""
 
 from __future__ import annotations
 
-from workload.doctor.ranks import cpu_ranges, crowded_nodes, shared_devices
+from workload.doctor.findings import cpu_ranges
+from workload.doctor.ranks import crowded_nodes, shared_devices
 
 
 def test_cpu_ranges_read_like_taskset():

@@ -50,17 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 def bench(args: dict) -> dict:
     flags.check(args)
     build_config({**args, **flags.BENCH_FIXED})  # train's flags, validated before torch
-    import torch
-
     from workload.bench import input as input_bench
     from workload.bench import train as train_bench
-    from workload.logs import setup_logging
 
-    setup_logging(0)
-    # On a shared, busy CPU, fewer threads than cores can be much faster: parallel regions
-    # wait for their slowest thread. One setting for every run keeps the comparison fair.
-    if threads := args.pop("threads"):
-        torch.set_num_threads(threads)
     command = args.pop("command")
     return (input_bench if command == "input" else train_bench).run(args)
 

@@ -18,6 +18,7 @@ BENCH_DEFAULTS = dict(dataset="synthetic", synthetic_size=10_000)
 def add_common(p: argparse.ArgumentParser) -> None:
     add_flags(p, ("data", "hardware"))
     add_flags(p, ("training",), only={"batch_size", "seed"})
+    add_flags(p, ("distributed",), only={"dist_timeout_s"})
     p.add_argument("--json", help="write the results and the fingerprint to this file")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads for every run (0 = torch's default)")

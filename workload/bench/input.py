@@ -1,21 +1,66 @@
 """`bench input`: images/s of every available data backend and of the reference's
 per-sample pipeline, on the same data in one process, runs alternating. On an image folder
 (decode + augment) the backends are compared with `torch`, such as DALI on the CPU:
-    bench input --dataset imagefolder --data-dir $DATA --device cpu --workers 8"""
+    bench input --dataset imagefolder --data-dir $DATA --device cpu --workers 8
+
+The reference is the Olivia guide's workload, as the baseline: exactly what its
+dataset_utils.py and train_utils.py do, one PIL image at a time through
+RandomHorizontalFlip, RandomCrop(32, padding=4), ToTensor and Normalize in a DataLoader
+with num_workers=0; its plain fp32 step is `bench train`'s reference_step.
+"""
 
 from __future__ import annotations
 
 import itertools
+from typing import Iterator
 
 import torch
+import torchvision.transforms as transforms
+from PIL import Image
 
-from workload.bench.common import config_from, print_table, summarise, timed, write_report
-from workload.bench.reference import ReferenceLoader
-from workload.data import DataRequest, available, build_data, read_in_memory
-from workload.distributed import resolve_device
+from workload.bench.common import (bench_process, config_from, print_table, summarise, timed,
+                                   write_report)
+from workload.data import ArrayDataset, DataRequest, available, build_data, read_in_memory
 from workload.errors import UsageError
 
 REFERENCE = "reference"
+
+
+class ReferenceImages(torch.utils.data.Dataset):
+    """uint8 arrays served as torchvision's CIFAR100 serves them: a PIL image per sample."""
+
+    def __init__(self, data: ArrayDataset, mean, std):
+        self.hwc = data.images.permute(0, 2, 3, 1).contiguous().numpy()
+        self.labels = data.labels.tolist()
+        self.transform = transforms.Compose([
+            transforms.RandomHorizontalFlip(),
+            transforms.RandomCrop(data.images.shape[-1], padding=4),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.transform(Image.fromarray(self.hwc[index])), self.labels[index]
+
+
+class ReferenceLoader:
+    """The guide's DataLoader, with the interface of the project's loaders."""
+
+    def __init__(self, data: ArrayDataset, mean, std, batch_size: int, device: torch.device):
+        self.device = device
+        self.loader = torch.utils.data.DataLoader(
+            ReferenceImages(data, mean, std), batch_size=batch_size, shuffle=True,
+            drop_last=True, num_workers=0, pin_memory=device.type == "cuda")
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, labels in self.loader:
+            yield images.to(self.device), labels.to(self.device)
 
 
 def chosen_backends(requested: str | None, dataset: str) -> list[str]:
@@ -76,7 +121,11 @@ def compare(results: dict) -> str:
 
 def run(args: dict) -> dict:
     cfg = config_from(args, batch_size=args.get("batch_size") or 256)
-    device = resolve_device(cfg.hardware.device)
+    with bench_process(args, cfg) as info:
+        return measure_backends(args, cfg, info.device)
+
+
+def measure_backends(args: dict, cfg, device: torch.device) -> dict:
     names = chosen_backends(args.get("backends"), cfg.data.dataset)
     loaders = {name: build_loader(name, cfg, device) for name in names}
     rates: dict[str, list[float]] = {name: [] for name in names}

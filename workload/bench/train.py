@@ -12,13 +12,13 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from workload import distributed
+from workload.bench.common import (bench_process, config_from, print_table, summarise, timed,
+                                   write_report)
 from workload.bench.flags import parse_sizes
-from workload.bench.common import config_from, print_table, summarise, timed, write_report
-from workload.bench.input import endless
-from workload.bench.reference import ReferenceLoader, reference_step
+from workload.bench.input import ReferenceLoader, endless
 from workload.data import NATURAL_IMAGE_SIZE, DataRequest, build_data, read_in_memory
 from workload.models import model_for
-from workload.precision import configure_cudnn, configure_tf32, resolve_precision
+from workload.precision import configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model
 from workload.training.trainer import Trainer
 
@@ -48,6 +48,15 @@ class Spec:
     channels_last: bool
     compile: bool = False
     reference: bool = False
+
+
+def reference_step(model, optimizer, loss_fn, images, labels) -> None:
+    """The reference's step (the guide's train_utils.train loop body): fp32, no autocast,
+    no scaler."""
+    loss = loss_fn(model(images), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 def peak_tflops(device: torch.device, precision: str) -> tuple[str, float] | None:
@@ -165,9 +174,12 @@ def result_for(runner: Runner, warm: tuple[int, float], runs: list[tuple[int, fl
 
 
 def run(args: dict) -> dict:
-    info = distributed.init_distributed(args.get("device") or "auto")
     cfg = config_from(args)
-    configure_cudnn(info.device)
+    with bench_process(args, cfg) as info:
+        return measure_specs(args, cfg, info)
+
+
+def measure_specs(args: dict, cfg, info: distributed.DistInfo) -> dict:
     specs = specs_for(args, cfg, info.device)
     runners = [Runner(spec, cfg, info) for spec in specs]
     warm = {r.spec.name: r.steps(args["warmup"]) for r in runners}

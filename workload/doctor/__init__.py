@@ -1,15 +1,84 @@
-"""`doctor`: preflight checks for a node, a container and a whole allocation.
+"""`doctor`: check a node, a container and a whole allocation before a long training job.
 
-One process:        doctor [--output-dir $SCRATCH/runs] [--json doctor.json]
-Every rank (srun):  srun -N2 --ntasks-per-node=4 --gpus-per-task=1 \\
-                        apptainer exec --nv image.sif doctor --json doctor.json
-torchrun per node:  srun -N2 --ntasks-per-node=1 apptainer exec --nv image.sif \\
-                        torchrun --nproc-per-node=4 ... -m workload.doctor
-CPU, two processes: torchrun --nproc-per-node=2 -m workload.doctor --device cpu
+One process (a login node, an interactive GPU node, a container on a laptop):
+    doctor
+    apptainer exec --nv image.sif doctor --output-dir $SCRATCH/runs
 
-See workload/doctor/cli.py for what is checked and the exit status.
+Every rank of a job, exactly as train will be started (one task per GPU):
+    srun -N2 --ntasks-per-node=4 --gpus-per-task=1 apptainer exec --nv image.sif doctor
+
+One task per node running torchrun (the Olivia guide's layout):
+    srun -N2 --ntasks-per-node=1 apptainer exec --nv image.sif \\
+        torchrun --nproc-per-node=4 --nnodes=2 --rdzv-backend=c10d \\
+        --rdzv-endpoint=$MASTER_ADDR:29500 -m workload.doctor
+
+CPU smoke run with two processes (gloo):
+    torchrun --nproc-per-node=2 -m workload.doctor --device cpu
+
+Rank 0 prints the rank map, the all-reduce bandwidth and every finding; `--json PATH`
+writes the same. Exit status 1 when a check failed (each failure names its fix), 2 on bad
+flags, 0 otherwise (warnings included).
 """
 
-from workload.doctor.cli import main
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from workload.commands import command_parser, main_of
+from workload.config import add_flags
+from workload.errors import UsageError
+from workload.files import unwritable_reason
+
+PROG = "doctor"
+EXIT_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser(PROG, __doc__)
+    add_flags(p, ("hardware",), only={"device"}, field_defaults=True)
+    p.add_argument("--output-dir", default="runs",
+                   help="the folder train will write to; checked for writing (default runs)")
+    p.add_argument("--json", metavar="PATH", help="also write the findings as JSON (rank 0)")
+    p.add_argument("--probe-mib", type=float, default=64.0,
+                   help="all-reduce probe size in MiB (default 64; 0 = no probe)")
+    p.add_argument("--probe-iters", type=int, default=5, help="timed all-reduces (default 5)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for all ranks to join (default 120)")
+    p.add_argument("--shm-path", default="/dev/shm",
+                   help="the shared-memory mount to check (default /dev/shm)")
+    return p
+
+
+def check_flags(args) -> None:
+    """Bad flags: one line and exit status 2 before any process group forms."""
+    if args.probe_mib < 0:
+        raise UsageError(f"--probe-mib must be 0 (no probe) or more, got {args.probe_mib}")
+    if args.probe_iters < 1:
+        raise UsageError(f"--probe-iters must be 1 or more, got {args.probe_iters}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be more than 0 seconds, got {args.timeout}; "
+                         "pass e.g. --timeout 120")
+    if args.json and unwritable_reason(Path(args.json).parent):
+        raise UsageError(f"--json {args.json}: cannot write into "
+                         f"{Path(args.json).parent}; pass a path in a folder you can write to")
+
+
+def doctor(args) -> None:
+    check_flags(args)
+    from workload.doctor.diagnose import diagnose
+    from workload.doctor.findings import FAIL, print_report, worst, write_json_report
+
+    outcome = diagnose(args)
+    findings = [f for _, f in outcome["findings"]]
+    if outcome.get("is_main", True):
+        print_report(outcome, sys.stdout)
+        if args.json:
+            write_json_report(Path(args.json), outcome)
+    sys.exit(EXIT_FAILED if worst(findings) == FAIL else 0)
+
+
+main = main_of(PROG, build_parser(), doctor)
 
 __all__ = ["main"]

@@ -5,6 +5,6 @@
 
 import sys
 
-from workload.doctor.cli import main
+from workload.doctor import main
 
 sys.exit(main())

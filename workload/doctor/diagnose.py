@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import driver, fabric, local, ranks
+from workload.doctor import driver, local, ranks
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
@@ -63,7 +63,7 @@ def diagnose(args) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
     with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
-        return diagnose_ranks(args, fabric.capture_nccl_log(Path(folder)))
+        return diagnose_ranks(args, ranks.capture_nccl_log(Path(folder)))
 
 
 def diagnose_ranks(args, nccl_log: Path | None) -> dict:
@@ -79,9 +79,9 @@ def diagnose_ranks(args, nccl_log: Path | None) -> dict:
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
-    transport = fabric.transport_finding(info.backend, fabric.read_nccl_log(nccl_log),
-                                         fabric.fabric_devices(),
-                                         len({place["node"] for place in rank_map}))
+    transport = ranks.transport_finding(info.backend, ranks.read_nccl_log(nccl_log),
+                                        ranks.fabric_devices(),
+                                        len({place["node"] for place in rank_map}))
     return dict(world_size=info.world_size, backend=info.backend, is_main=info.is_main,
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]

@@ -1,4 +1,8 @@
-"""The one build path of a training state, shared by `train` and `bench`:
+"""The one start of a process, shared by `train`, `evaluate` and `bench`: the launch
+variables, the device, the process group with --dist-timeout, logging, writable caches,
+numerics and the seed, and the group left on the way out (`start_process`).
+
+The one build path of a training state, shared by `train` and `bench`:
 model -> device and memory format -> DDP/FSDP wrapping -> optimizer (learning rate scaled
 for the number of processes) -> schedule -> gradient scaler -> torch.compile.
 """
@@ -6,17 +10,50 @@ for the number of processes) -> schedule -> gradient scaler -> torch.compile.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
 
 from workload import distributed
+from workload.caches import ensure_writable_caches
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
-from workload.logs import logger
+from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for
-from workload.precision import grad_scaler
+from workload.precision import configure_cudnn, configure_tf32, grad_scaler, resolve_precision
 from workload.training.trainer import TrainState
+
+
+@contextmanager
+def start_process(cfg: TrainConfig) -> Iterator[tuple[DistInfo, str]]:
+    """Join the job as `cfg` says, set up logging, caches, numerics and the seed; yields
+    where this process sits and the precision to use. The process group is left on every
+    way out (a bad launch value is a UsageError before any group forms)."""
+    info = distributed.init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
+    try:
+        setup_logging(info.rank)
+        for variable, folder in ensure_writable_caches().items():
+            logger.warning(f"{variable} is not writable by this user (a shared /tmp?); "
+                           f"using {folder}")
+        precision = resolve_precision(cfg.hardware.precision, info.device)
+        configure_tf32(precision)
+        configure_cudnn(info.device)
+        torch.manual_seed(cfg.training.seed)
+        yield info, precision
+    finally:
+        distributed.teardown()
+
+
+def lr_scale(mode: str, world_size: int) -> float:
+    """Learning-rate factor for the global batch (batch size x processes).
+
+    Data parallelism multiplies the images per optimizer step by the number of processes;
+    to train like a single process on the same global batch, scale the learning rate with
+    it ("linear"), or keep it ("none") and accept the different dynamics.
+    """
+    return float(world_size) if mode == "linear" else 1.0
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
@@ -69,7 +106,7 @@ def build_state(cfg: TrainConfig, info: DistInfo, num_classes: int, steps_per_ep
     """Everything that changes while training, ready for the first step (or a resume)."""
     model = place_model(cfg, info, num_classes)
     optimizer = build_optimizer(model, cfg, info.device)
-    scale = distributed.lr_scale(cfg.distributed.lr_scaling, info.world_size)
+    scale = lr_scale(cfg.distributed.lr_scaling, info.world_size)
     for group in optimizer.param_groups:  # before the schedule records its base lr
         group["lr"] *= scale
     state = TrainState(model, optimizer, build_schedule(optimizer, cfg, steps_per_epoch),

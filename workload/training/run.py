@@ -6,19 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
-from workload import checkpoint, distributed
+from workload import checkpoint
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
-from workload.files import append_jsonl, ensure_writable_caches, write_json
-from workload.logs import logger, setup_logging
+from workload.files import append_jsonl, write_json
+from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
-from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
-from workload.training.build import build_state, planned_steps
+from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 
@@ -26,7 +23,13 @@ from workload.training.trainer import Hooks, Trainer
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
-    info, precision = start_process(cfg)
+    with start_process(cfg) as (info, precision):
+        return run_in_process(cfg, info, precision, flag, started)
+
+
+def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
+                   flag: PreemptionFlag | None, started: float) -> dict:
+    """The data, then (unless --prepare-data) the training in the run folder."""
     data_dir = stage_data(cfg, info, flag)
     data = build_data(cfg.replace(data_dir=data_dir), info.device, info.rank, info.world_size,
                       info.local_world_size, for_training=not cfg.data.prepare_data)
@@ -73,20 +76,6 @@ def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
     if write:
         write_json(out / MODEL_JSON, describe_model(cfg, data.num_classes, data.classes,
                                                     data.mean, data.std))
-
-
-def start_process(cfg: TrainConfig) -> tuple[DistInfo, str]:
-    """Join the job, set up logging, caches, numerics and the seed; the precision to use."""
-    info = distributed.init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
-    setup_logging(info.rank)
-    for variable, folder in ensure_writable_caches().items():
-        logger.warning(f"{variable} is not writable by this user (a shared /tmp?); "
-                       f"using {folder}")
-    precision = resolve_precision(cfg.hardware.precision, info.device)
-    configure_tf32(precision)
-    configure_cudnn(info.device)
-    torch.manual_seed(cfg.training.seed)
-    return info, precision
 
 
 def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
@@ -137,14 +126,20 @@ def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> 
 
 def run_facts(cfg: TrainConfig, info: DistInfo, model, precision: str) -> dict:
     """The summary.json fields that describe the run rather than its training."""
-    d = cfg.distributed
-    lr = cfg.training.base_lr * distributed.lr_scale(d.lr_scaling, info.world_size)
     return dict(world_size=info.world_size, device=str(info.device), precision=precision,
                 model=cfg.model.name, dataset=cfg.data.dataset,
                 parameters=count_parameters(model), model_sha256=model_sha256(model),
-                versions=versions(),
-                **distributed.describe(info, d.strategy, d.lr_scaling, lr,
-                                       cfg.training.batch_size))
+                versions=versions(), **spread_facts(cfg, info))
+
+
+def spread_facts(cfg: TrainConfig, info: DistInfo) -> dict:
+    """The summary.json fields that say how the run was spread over processes."""
+    d = cfg.distributed
+    return dict(layout=info.layout, num_nodes=info.num_nodes, backend=info.backend,
+                strategy=d.strategy if info.world_size > 1 else None, lr_scaling=d.lr_scaling,
+                effective_base_lr=cfg.training.base_lr * lr_scale(d.lr_scaling, info.world_size),
+                global_batch_size=cfg.training.batch_size * info.world_size,
+                local_world_size=info.local_world_size)
 
 
 def write_summary(out: Path, summary: dict) -> None:

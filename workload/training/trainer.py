@@ -1,6 +1,10 @@
 """The training loop: epochs of steps, evaluation, early stopping, and the hooks that
 checkpointing and logging attach to (passed in, called after every step and epoch).
 
+The test-set evaluation (`evaluate_model`) has one home here for `train` (after every
+epoch) and `evaluate`: the same batches, precision and sums, so `evaluate` on a run's own
+data gives its final accuracy.
+
 No host synchronisation inside a step: losses are summed on the device and read once per
 epoch; the clock is read after a device synchronisation at the timing boundaries only. The
 summed loss is also read every FINITE_CHECK_EVERY steps: a loss that became NaN or infinite
@@ -23,7 +27,6 @@ from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.logs import Progress, logger
 from workload.precision import autocast
-from workload.training.evaluation import evaluate_model
 
 
 # Steps between two reads of the summed training loss (one host synchronisation each).
@@ -37,6 +40,32 @@ class NonFiniteLoss(UsageError):
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    accuracy: float
+    loss: float      # mean cross-entropy per image
+    images: int      # over every rank
+    correct: int
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, test_loader, precision: str,
+                   device: torch.device) -> Evaluation:
+    """Accuracy and mean loss over the whole test set, summed across ranks (every rank
+    calls it: it ends with a collective)."""
+    model.eval()
+    totals = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
+    for images, labels in test_loader.batches(0):
+        with autocast(precision, device):
+            logits = model(images)
+        totals[0] += (logits.argmax(1) == labels).sum()
+        totals[1] += nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        totals[2] += len(labels)
+    correct, loss_sum, count = distributed.all_reduce_sum(totals).tolist()
+    return Evaluation(correct / max(1, count), loss_sum / max(1, count), int(count),
+                      int(correct))
 
 
 @dataclass
