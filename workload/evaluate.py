@@ -85,7 +85,7 @@ def check_data(description: ModelDescription, data) -> None:
 
 
 def evaluate(files: ModelFiles, cfg: TrainConfig) -> dict:
-    from workload.models.trained import load_described
+    from workload.models import load_described
     from workload.training.build import start_process
 
     description, model = load_described(files)  # a damaged model: refused before any work

@@ -13,13 +13,13 @@ import pytest
 
 from workload.config import FIELDS, KEYS, TrainConfig, flag_of
 
-COMMANDS = ("workload.train", "workload.evaluate", "workload.predict", "workload.doctor.cli",
+COMMANDS = ("workload.train", "workload.evaluate", "workload.predict", "workload.doctor",
             "workload.bench.cli")
 FLAG_KEYS = {flag_of(key): key for key in KEYS}
 # Flags that share a setting's name but are another setting, deliberately.
 NOT_THE_SETTING = {
     ("workload.predict", "--batch-size"): "images per forward pass, not a training batch",
-    ("workload.doctor.cli", "--output-dir"): "an existing folder to check, no timestamped default",
+    ("workload.doctor", "--output-dir"): "an existing folder to check, no timestamped default",
 }
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -1,4 +1,4 @@
-"""What `doctor` checks on each rank and across the job (see workload/doctor/cli.py):
+"""What `doctor` checks on each rank and across the job (see workload/doctor/__init__.py):
 local findings, joining the process group, the all-reduce probe, consistency of ranks."""
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 
 from workload import distributed
-from workload.caches import ensure_writable_caches
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
+from workload.files import ensure_writable_caches
 from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for
 from workload.precision import configure_cudnn, configure_tf32, grad_scaler, resolve_precision
