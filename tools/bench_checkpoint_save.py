@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: a temp folder)")
     args = parser.parse_args()
     cfg, state = training_state(args.width)
-    snapshot = take_snapshot(state, cfg, world_size=1, sharded=False)
+    snapshot = take_snapshot(state, cfg.to_dict(), world_size=1, sharded=False)
     work = Path(tempfile.mkdtemp(prefix="bench-save-", dir=args.dir))
     try:
         first = work / "first"
