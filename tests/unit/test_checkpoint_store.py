@@ -43,6 +43,31 @@ def test_a_save_is_complete_verified_and_pointed_to(tmp_path):
     assert read_part(path, "trainer") == snapshot(7).trainer
 
 
+def test_a_save_writes_each_file_once_and_reads_none_back(tmp_path, monkeypatch):
+    # Each byte is hashed from memory as it is written: the manifest is built without
+    # opening a file of the checkpoint again (a 137 MB state would be read twice).
+    import builtins
+    import io
+
+    opened, real_open = [], builtins.open
+
+    def spy(file, mode="r", *args, **kwargs):
+        opened.append((str(file), mode))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(io, "open", spy)
+    path = save(tmp_path, 5)
+    monkeypatch.undo()
+    mine = [(f, m) for f, m in opened if f.startswith(str(tmp_path))]
+    assert [f for f, m in mine if "r" in m] == []
+    written = [f.replace(".tmp-", "") for f, m in mine if "w" in m]
+    assert len(written) == len(set(written))  # each file written once
+    assert set(verify(path)["files"]) == {"model.safetensors", "optimizer.json",
+                                          "trainer.json", "rng.json", "rng.safetensors",
+                                          "config.json"}
+
+
 def test_pruning_keeps_the_newest(tmp_path):
     for step in (1, 2, 3, 4):
         save(tmp_path, step, keep=2)

@@ -35,15 +35,18 @@ def is_sharded(model: nn.Module) -> bool:
     return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
-def save_shards(model: nn.Module, optimizer, folder: Path, world_size: int) -> None:
-    """Every rank writes its own shard file and layout (fsynced)."""
+def save_shards(model: nn.Module, optimizer, folder: Path, world_size: int) -> dict:
+    """Every rank writes its own shard file and layout (fsynced); their manifest entries
+    by file name (rank 0 gathers them for the manifest)."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     tensors: dict = {}
     state = encode({"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()},
                    tensors)
-    write_durably(folder / f"{shard_name(rank)}.safetensors", tensor_bytes(tensors))
+    name = shard_name(rank)
     layout = dict(format=PART_FORMAT, rank=rank, world_size=world_size, state=state)
-    write_durably(folder / f"{shard_name(rank)}.json", json_bytes(layout))
+    return {f"{name}.safetensors": write_durably(folder / f"{name}.safetensors",
+                                                 tensor_bytes(tensors)),
+            f"{name}.json": write_durably(folder / f"{name}.json", json_bytes(layout))}
 
 
 def _read_shard(folder: Path, rank: int, world_size: int, listed) -> dict:

@@ -58,19 +58,28 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
             tmp.mkdir()
             if sharded_state is not None:
                 (tmp / SHARDS_DIR).mkdir()
-    if sharded_state is not None:
-        distributed.barrier()  # the folder exists before anyone writes into it
-        with guarded_save(root, tmp, snapshot):
-            save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
-                        snapshot.trainer["world_size"])
-        distributed.barrier()  # every shard is on disk before rank 0 lists and renames them
+    shard_files = _save_shards(root, tmp, snapshot, sharded_state)
     final = root / step_name(snapshot.trainer["step"])
     if is_main:
         with guarded_save(root, tmp, snapshot):
-            finish_checkpoint(tmp, final, snapshot, keep)
+            finish_checkpoint(tmp, final, snapshot, keep, shard_files)
     distributed.barrier()  # the others wait until the checkpoint is complete
     return final
 
+
+def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> dict:
+    """FSDP: every rank writes its shard; rank 0 gets the manifest entries of all of them.
+    The gather is the barrier: no rank contributes before its shard is on disk, so rank 0
+    names and renames only complete files, and never reads one back to hash it."""
+    if sharded_state is None:
+        return {}
+    world_size = snapshot.trainer["world_size"]
+    distributed.barrier()  # the folder exists before anyone writes into it
+    with guarded_save(root, tmp, snapshot):
+        mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
+                           world_size)
+    return {f"{SHARDS_DIR}/{name}": entry for entries in
+            distributed.gather_objects(mine, world_size) for name, entry in entries.items()}
 
 
 def read_checkpoint(path: Path, device=None) -> Snapshot:

@@ -132,20 +132,22 @@ class Snapshot:
     rank_buffers: list[dict] | None = None
 
 
-def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> None:
-    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning."""
+def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
+                      shard_files: dict | None = None) -> None:
+    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning.
+    `shard_files`: the manifest entries of the FSDP shards every rank wrote, gathered."""
     root = final.parent
+    files = dict(shard_files or {})
     if snapshot.model is not None:
-        write_durably(tmp / MODEL_FILE, tensor_bytes(
+        files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, tensor_bytes(
             {k: v.detach().to("cpu", copy=True).contiguous() for k, v in snapshot.model.items()}))
-        write_part(tmp, "optimizer", snapshot.optimizer)
+        files |= write_part(tmp, "optimizer", snapshot.optimizer)
     elif (tmp / SHARDS_DIR).is_dir():
         fsync_dir(tmp / SHARDS_DIR)
-    write_part(tmp, "trainer", snapshot.trainer)
-    write_part(tmp, "rng", snapshot.rng)
-    write_durably(tmp / "config.json", _json_bytes(snapshot.config))
-    files = {str(p.relative_to(tmp)): dict(bytes=p.stat().st_size, sha256=sha256_file(p))
-             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    files |= write_part(tmp, "trainer", snapshot.trainer)
+    files |= write_part(tmp, "rng", snapshot.rng)
+    files["config.json"] = write_durably(tmp / "config.json", _json_bytes(snapshot.config))
+    files = dict(sorted(files.items()))
     manifest = dict(format=FORMAT_VERSION, step=snapshot.trainer["step"],
                     epoch=snapshot.trainer["epoch"], batch=snapshot.trainer["batch"],
                     sharded=snapshot.model is None,
