@@ -18,22 +18,11 @@ from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
                                        checkpoints_dir, move_aside, old_format_message,
                                        remove_tree, step_name, symlinked_steps)
 from workload.checkpoint.timeline import on_timeline, roll_back, written_by_train
+from workload.config import MAY_CHANGE_ON_RESUME, flag_of
 from workload.errors import UsageError
 from workload.files import json_text, read_jsonl_records
 from workload.logs import logger
 
-# Settings a resumed run may change: where things are, how long to train, how to checkpoint.
-# Any other difference from the checkpoint's config means another run's checkpoints.
-MAY_CHANGE_ON_RESUME = {
-    "epochs", "max_steps", "target_accuracy", "patience", "output_dir", "data_dir",
-    "download", "workers", "compile", "device", "recipe", "resume", "overwrite",
-    "checkpoint_every", "keep_checkpoints", "preempt_signal", "dist_timeout_s",
-    "allow_nonfinite_loss",
-}
-# Also where the data is staged, how progress is shown and tracked, and the starting weights
-# (a resumed run takes its weights from the checkpoint).
-MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init_from",
-                         "init_reinit_head"}
 # The run's records that --overwrite removes with its checkpoints (they would mix two runs).
 RECORDS = ("metrics.jsonl", "steps.jsonl", "summary.json")
 
@@ -182,7 +171,7 @@ def differences(saved: dict, current: dict) -> str:
 def _difference(key: str, there, now) -> str:
     if key == CLASSES:  # not a flag: what the run's data held
         return f"its data had {there} classes, this run's data has {now}"
-    return f"--{key.replace('_', '-')} {there!r} there, {now!r} now"
+    return f"{flag_of(key)} {there!r} there, {now!r} now"
 
 
 def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None:

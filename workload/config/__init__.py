@@ -15,13 +15,13 @@ underscores) so a run says exactly what it did.
 
 from workload.config.flags import add_flags, given
 from workload.config.recipes import DEVICE_DEFAULTS, RECIPES, build_config
-from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS, MODELS,
-                                    PRECISIONS, PREEMPT_SIGNALS, STRATEGIES, TrainConfig,
-                                    flag_of)
+from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, LR_SCALINGS,
+                                    MAY_CHANGE_ON_RESUME, MODELS, PRECISIONS, PREEMPT_SIGNALS,
+                                    STRATEGIES, TrainConfig, flag_of)
 from workload.config.validate import UNSAFE_LOAD_ENV, validate
 from workload.config.values import Every
 
 __all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "LR_SCALINGS",
-           "MODELS", "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STRATEGIES",
+           "MAY_CHANGE_ON_RESUME", "MODELS", "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STRATEGIES",
            "TrainConfig", "UNSAFE_LOAD_ENV", "add_flags", "build_config", "flag_of", "given",
            "validate"]
