@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint.snapshot import save_checkpoint, take_snapshot
+from workload.checkpoint import save_checkpoint, take_snapshot
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.training.build import build_state

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from workload.checkpoint.formats import read_part, read_tensors, tensor_bytes
+from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
                                        complete_steps, finish_checkpoint, move_aside, prune,
                                        step_name, verify)
@@ -136,7 +136,7 @@ def test_a_safetensors_file_whose_length_starts_like_a_pickle_is_read(tmp_path):
     # A safetensors file starts with its header's length (u64 little-endian): one in 32
     # headers has 0x80 as its low byte, which is also a pickle's first byte.
     name = next(f"w{'x' * n}" for n in range(300)
-                if tensor_bytes({f"w{'x' * n}": torch.ones(2)})[0] == 0x80)
+                if safetensors_bytes({f"w{'x' * n}": torch.ones(2)})[0] == 0x80)
     path = save(tmp_path, 3, model={name: torch.ones(2)})
     assert (path / "model.safetensors").read_bytes()[:1] == b"\x80"
     verify(path)

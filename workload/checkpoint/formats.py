@@ -217,7 +217,7 @@ def write_part(folder: Path, name: str, value) -> dict:
     files = {}
     if tensors:
         files[f"{name}.safetensors"] = write_durably(folder / f"{name}.safetensors",
-                                                     tensor_bytes(tensors))
+                                                     safetensors_bytes(tensors))
     files[f"{name}.json"] = write_durably(folder / f"{name}.json", json_bytes(data))
     return files
 
@@ -240,7 +240,8 @@ def json_bytes(data) -> bytes:
     return (json.dumps(data, indent=1, allow_nan=False) + "\n").encode()
 
 
-def tensor_bytes(tensors: dict) -> bytes:
+def safetensors_bytes(tensors: dict) -> bytes:
+    """A safetensors file's bytes, in memory (write_durably hashes them as it writes)."""
     from safetensors.torch import save
 
     return save(tensors, metadata={"format": "pt"})

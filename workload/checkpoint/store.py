@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, read_json, sniff,
-                                         tensor_bytes, write_durably, write_part)
+                                         safetensors_bytes, write_durably, write_part)
 from workload.files import json_text, sha256_file
 from workload.logs import shown
 
@@ -139,7 +139,7 @@ def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
     root = final.parent
     files = dict(shard_files or {})
     if snapshot.model is not None:
-        files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, tensor_bytes(
+        files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, safetensors_bytes(
             {k: v.detach().to("cpu", copy=True).contiguous() for k, v in snapshot.model.items()}))
         files |= write_part(tmp, "optimizer", snapshot.optimizer)
     elif (tmp / SHARDS_DIR).is_dir():
