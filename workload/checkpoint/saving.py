@@ -41,7 +41,7 @@ from workload.checkpoint.store import (SHARDS_DIR, Snapshot, checkpoints_dir, co
 from workload.errors import UsageError
 # The flag and the requeue request live in the launch layer (torch-free), where a user's
 # own script can use them too; this module adds what needs torch.
-from workload.launch.preemption import (REQUEUE_EXIT_STATUS, REQUEUE_FILE_ENV,  # noqa: F401
+from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-exported)
                                         PreemptionFlag, request_requeue)
 from workload.logs import logger
 
