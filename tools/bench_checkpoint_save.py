@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint.snapshot import run_settings, save_checkpoint, take_snapshot
+from workload.checkpoint import save_checkpoint, take_snapshot
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.training.build import build_state
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: a temp folder)")
     args = parser.parse_args()
     cfg, state = training_state(args.width)
-    snapshot = take_snapshot(state, run_settings(cfg, 100), world_size=1, sharded=False)
+    snapshot = take_snapshot(state, cfg.to_dict(), world_size=1, sharded=False)
     work = Path(tempfile.mkdtemp(prefix="bench-save-", dir=args.dir))
     try:
         first = work / "first"

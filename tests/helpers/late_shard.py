@@ -11,18 +11,18 @@ import time
 
 import torch.distributed as dist
 
-from workload.checkpoint import snapshot
+from workload.checkpoint import saving
 from workload.train import main
 
 LATE_RANK, DELAY_S = 1, 0.5
-original_save_shards = snapshot.save_shards
+original_save_shards = saving.save_shards
 
 
-def save_shards_late(*args, **kwargs) -> None:
+def save_shards_late(*args, **kwargs) -> dict:
     if dist.get_rank() == LATE_RANK:
         time.sleep(DELAY_S)
-    original_save_shards(*args, **kwargs)
+    return original_save_shards(*args, **kwargs)
 
 
-snapshot.save_shards = save_shards_late
+saving.save_shards = save_shards_late
 main(sys.argv[1:])

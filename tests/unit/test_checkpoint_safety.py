@@ -14,11 +14,10 @@ import torch
 from torch import nn
 
 from tests.helpers import tmpfs
-from workload.checkpoint import rng
-from workload.checkpoint.formats import read_part, read_tensors, tensor_bytes, write_part
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.snapshot import read_checkpoint, restore, save_checkpoint
-from workload.checkpoint.space import DiskFull
+from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes, write_part
+from workload.checkpoint.saving import DiskFull, save_checkpoint
+from workload.checkpoint.snapshot import local_states, read_checkpoint, restore
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
                                        prune, prune_aside, step_name, verify)
 from workload.files import sha256_file
@@ -38,7 +37,7 @@ def snapshot_of(state: TrainState, step: int) -> Snapshot:
                    scaler=state.scaler.state_dict(), epoch=0, batch=step, step=step,
                    accuracies=[], world_size=1)
     return Snapshot(state.model.state_dict(), state.optimizer.state_dict(), trainer,
-                    [rng.local_states()], {"seed": 1})
+                    [local_states()], {"seed": 1})
 
 
 def save(root: Path, step: int, state: TrainState | None = None, keep: int = 3) -> Path:
@@ -71,7 +70,7 @@ def part(data) -> str:
     (lambda p: (p / "trainer.json").write_text(part([1, 2])), "trainer.json"),
     (lambda p: (p / "trainer.json").write_text('{"format": 2, "data": NaN}'), "trainer.json"),
     (lambda p: (p / "trainer.json").write_text(part({"__tensor__": "x"})), "trainer.json"),
-    (lambda p: (p / "model.safetensors").write_bytes(tensor_bytes({})), "model.safetensors"),
+    (lambda p: (p / "model.safetensors").write_bytes(safetensors_bytes({})), "model.safetensors"),
     (lambda p: (p / "model.safetensors").write_bytes(b"\x08" + bytes(7) + b"{}      "),
      "model.safetensors"),
     (lambda p: (p / "rng.json").write_text(part([{}])), "rng.json"),
@@ -224,7 +223,7 @@ def nested_json(name: str, depth: int):
 
 def int8_weights(path: Path) -> None:
     weights = read_tensors(path / "model.safetensors")
-    (path / "model.safetensors").write_bytes(tensor_bytes(
+    (path / "model.safetensors").write_bytes(safetensors_bytes(
         {k: v.to(torch.int8) for k, v in weights.items()}))
 
 
@@ -349,11 +348,11 @@ def test_an_edited_manifest_is_corrupt_in_one_line(tmp_path, damage):
 
 
 def test_a_shard_offset_that_is_not_a_number_of_rows_is_corrupt(tmp_path):
-    from workload.checkpoint.sharded import read_shards
+    from workload.checkpoint.snapshot import read_shards
 
     folder = tmp_path / "step-000000004" / "shards"
     folder.mkdir(parents=True)
-    (folder / "rank-00000.safetensors").write_bytes(tensor_bytes({"w": torch.ones(2, 3)}))
+    (folder / "rank-00000.safetensors").write_bytes(safetensors_bytes({"w": torch.ones(2, 3)}))
     (folder / "rank-00000.json").write_text(
         '{"format": 2, "rank": 0, "world_size": 1, "state": {"model": {"w": '
         '{"__shard__": "w", "shape": [2, 3], "offset": 1e400, "length": 2}}, '

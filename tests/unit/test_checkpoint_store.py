@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from workload.checkpoint.formats import read_part, read_tensors, tensor_bytes
+from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
                                        complete_steps, finish_checkpoint, move_aside, prune,
                                        step_name, verify)
@@ -41,6 +41,31 @@ def test_a_save_is_complete_verified_and_pointed_to(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
     assert torch.equal(read_tensors(path / "model.safetensors")["w"], torch.full((3,), 7.0))
     assert read_part(path, "trainer") == snapshot(7).trainer
+
+
+def test_a_save_writes_each_file_once_and_reads_none_back(tmp_path, monkeypatch):
+    # Each byte is hashed from memory as it is written: the manifest is built without
+    # opening a file of the checkpoint again (a 137 MB state would be read twice).
+    import builtins
+    import io
+
+    opened, real_open = [], builtins.open
+
+    def spy(file, mode="r", *args, **kwargs):
+        opened.append((str(file), mode))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(io, "open", spy)
+    path = save(tmp_path, 5)
+    monkeypatch.undo()
+    mine = [(f, m) for f, m in opened if f.startswith(str(tmp_path))]
+    assert [f for f, m in mine if "r" in m] == []
+    written = [f.replace(".tmp-", "") for f, m in mine if "w" in m]
+    assert len(written) == len(set(written))  # each file written once
+    assert set(verify(path)["files"]) == {"model.safetensors", "optimizer.json",
+                                          "trainer.json", "rng.json", "rng.safetensors",
+                                          "config.json"}
 
 
 def test_pruning_keeps_the_newest(tmp_path):
@@ -111,7 +136,7 @@ def test_a_safetensors_file_whose_length_starts_like_a_pickle_is_read(tmp_path):
     # A safetensors file starts with its header's length (u64 little-endian): one in 32
     # headers has 0x80 as its low byte, which is also a pickle's first byte.
     name = next(f"w{'x' * n}" for n in range(300)
-                if tensor_bytes({f"w{'x' * n}": torch.ones(2)})[0] == 0x80)
+                if safetensors_bytes({f"w{'x' * n}": torch.ones(2)})[0] == 0x80)
     path = save(tmp_path, 3, model={name: torch.ones(2)})
     assert (path / "model.safetensors").read_bytes()[:1] == b"\x80"
     verify(path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workload.checkpoint.timeline import latest_step, on_timeline, roll_back, written_by_train
+from workload.checkpoint.resume import latest_step, on_timeline, roll_back, written_by_train
 
 
 def steps(root: Path, *numbers: int, latest: int | None = None) -> Path:
@@ -64,3 +64,18 @@ def test_train_s_own_entries_are_told_from_other_files(tmp_path):
     (root / "step-000000009").symlink_to(tmp_path)
     assert [p.name for p in written_by_train(root)] == sorted(
         [*own, "latest", "step-000000002"])
+
+
+def test_what_a_resume_may_change_is_read_from_the_config_fields():
+    # The rule sits on each field (schema.py: resumable=True); a new field is another
+    # run's setting unless it says otherwise. A refusal names the flags as `train` has them.
+    from workload.checkpoint.resume import differences
+    from workload.config import MAY_CHANGE_ON_RESUME, TrainConfig
+
+    run = TrainConfig().to_dict()
+    assert {"epochs", "max_steps", "output_dir", "dist_timeout_s", "resume", "overwrite",
+            "recipe"} <= MAY_CHANGE_ON_RESUME
+    assert not {"batch_size", "model", "seed", "strategy"} & MAY_CHANGE_ON_RESUME
+    assert differences(run, dict(run, epochs=7, dist_timeout_s=5.0)) == ""
+    assert differences(run, dict(run, model="resnet18", batch_size=8)) == (
+        "--batch-size 256 there, 8 now, --model 'wrn' there, 'resnet18' now")

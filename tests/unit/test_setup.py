@@ -168,10 +168,10 @@ def test_the_flag_then_exit_for_requeue(tmp_path):
 
 
 def test_the_trainer_uses_the_same_flag():
-    from workload.checkpoint import preemption
+    import workload.checkpoint as checkpoint
 
-    assert preemption.PreemptionFlag is PreemptionFlag
-    assert preemption.REQUEUE_EXIT_STATUS == REQUEUE_EXIT_STATUS
+    assert checkpoint.PreemptionFlag is PreemptionFlag
+    assert checkpoint.REQUEUE_EXIT_STATUS == REQUEUE_EXIT_STATUS
 
 
 # ------------------------------------------------------------------ jobs

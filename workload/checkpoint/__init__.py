@@ -1,33 +1,32 @@
 """Checkpoints: atomic, verified saves of the whole training state, exact resume, and
 preemption (a signal -> one checkpoint -> exit status 75 -> the job script requeues).
 
-    formats.py     the file formats: state trees as JSON + safetensors, pickles refused
-    store.py       the files: layout, atomic save with a manifest, verify,
-                   moving bad ones aside, pruning
-    snapshot.py    the live training state <-> a checkpoint (take, save, read, restore)
-    sharded.py     FSDP2 shards as safetensors per rank, joined on load for any world size
-    rng.py         the random states an exact resume needs
-    resume.py      which checkpoint a run continues from (--resume, --overwrite), and
-                   whether one fits this run (its recorded settings and class count)
-    timeline.py    the run's timeline (`latest`), rollbacks, what --overwrite removes
-    content.py     what a loaded checkpoint must hold, and that it fits the live model
-    space.py       a save that runs out of disk space: partial folder removed, one line
-    lock.py        one writer per run folder (train.lock, stale-lock detection)
-    policy.py      when to save (Checkpointer: --checkpoint-every, epoch ends, preemption)
-    preemption.py  the signal flag, the agreement across ranks, the requeue request
+    formats.py   the file formats: state trees as JSON + safetensors, pickles refused,
+                 the strict JSON and safetensors readers and the durable write
+    store.py     the folder: layout, atomic save with a manifest, verify, moving bad
+                 ones aside, pruning
+    content.py   what a loaded checkpoint must hold (random states included), and that
+                 it fits the live model, optimizer, schedule and scaler
+    snapshot.py  the live training state <-> a checkpoint (take, read, restore), FSDP2
+                 shards joined for any world size, the random states
+    saving.py    when to save (Checkpointer), the collective save, preemption's save
+                 and agreement across ranks, a save that runs out of disk space
+    resume.py    which checkpoint a run continues from (--resume, --overwrite), whether
+                 one fits this run, and the run's timeline (`latest`, rollbacks)
+    lock.py      one writer per run folder (train.lock, stale-lock detection)
 
-The public API is what this module exports; the training loop uses nothing else.
+The public API is what this module exports; code outside the package uses nothing else.
 """
 
 from workload.checkpoint.lock import lock_run_folder
-from workload.checkpoint.policy import Checkpointer
-from workload.checkpoint.preemption import (REQUEUE_EXIT_STATUS, Preempted, PreemptionFlag,
-                                            request_requeue)
 from workload.checkpoint.resume import prepare, resume
-from workload.checkpoint.space import guarded_final_model, tensor_bytes
+from workload.checkpoint.saving import (REQUEUE_EXIT_STATUS, Checkpointer, Preempted,
+                                        PreemptionFlag, guarded_final_model, request_requeue,
+                                        save_checkpoint, tensor_bytes)
+from workload.checkpoint.snapshot import take_snapshot
 from workload.checkpoint.store import CorruptCheckpoint, checkpoints_dir, step_name
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "Preempted", "PreemptionFlag",
            "REQUEUE_EXIT_STATUS", "checkpoints_dir", "guarded_final_model",
-           "lock_run_folder", "prepare", "request_requeue", "resume", "step_name",
-           "tensor_bytes"]
+           "lock_run_folder", "prepare", "request_requeue", "resume", "save_checkpoint",
+           "step_name", "take_snapshot", "tensor_bytes"]

@@ -13,12 +13,13 @@ switch against the live model, optimizer, schedule and scaler) before the restor
 from __future__ import annotations
 
 import math
+import random
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from workload.checkpoint import rng as rng_states
 from workload.checkpoint.formats import read_json
 from workload.checkpoint.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
 from workload.distributed import unwrap
@@ -29,7 +30,7 @@ TRAINER_KEYS = dict(schedule=dict, scaler=dict, epoch=int, batch=int, step=int,
                     accuracies=list, world_size=int)
 # Counts the ranks agree on travel in an int64 tensor: anything near its end is no step.
 MAX_COUNT = 2**62
-# (FSDP's shards are checked as they are joined: workload.checkpoint.sharded.)
+# (FSDP's shards are checked as they are joined: workload.checkpoint.snapshot.)
 
 
 def read_config(path: Path) -> dict:
@@ -63,7 +64,7 @@ def check_loaded(path: Path, trainer, rng, manifest: dict) -> None:
                    f"rng.json holds the random states of {len(rng)} ranks")
     for rank, states in enumerate(rng):
         try:
-            rng_states.check_states(states)
+            check_states(states)
         except ValueError as error:
             raise _bad(path, "rng.json", f"rank {rank}: {error}") from None
 
@@ -225,3 +226,61 @@ def _unlike(saved, live, where: str) -> str | None:
     if _kind(saved) == "a number" and not (math.isfinite(saved) and saved >= 0):
         return f"{where.rstrip('.')} is {saved}, not a finite number of 0 or more"
     return None
+
+
+# --- random states ------------------------------------------------------------
+# What rng.json holds per rank (workload.checkpoint.snapshot takes and sets them).
+RNG_KEYS = ("torch", "numpy", "python")  # and "cuda" where CUDA was there
+
+
+def numpy_state(n: dict) -> tuple:
+    return (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+            n["cached"])
+
+
+def python_state(p: dict) -> tuple:
+    return (p["version"], tuple(p["internal"]), p["gauss_next"])
+
+
+def _is_number(value, low: float, high: float) -> bool:
+    return type(value) in (int, float) and low <= value <= high
+
+
+def check_states(states) -> None:
+    """ValueError saying what is wrong when `states` (one rank's, read from a checkpoint)
+    cannot be set. The forms are tried on throwaway generators (the global ones are
+    untouched); what they do not check is checked here first (numpy takes a position past
+    its 624 keys without a word and then crashes the process)."""
+    if not (isinstance(states, dict) and all(k in states for k in RNG_KEYS)):
+        raise ValueError(f"not a dictionary of random states ({', '.join(RNG_KEYS)})")
+    n, t = states["numpy"], states["torch"]
+    if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1):
+        raise ValueError("torch's state is not a uint8 tensor")
+    keys = n.get("keys") if isinstance(n, dict) else None
+    if not (isinstance(keys, torch.Tensor) and keys.dtype == torch.int64
+            and keys.shape == (624,) and 0 <= int(keys.min()) <= int(keys.max()) < 2**32):
+        raise ValueError("numpy's state has no 624 keys of 32 bits")
+    if not (_is_number(n.get("pos"), 0, 624) and n.get("has_gauss") in (0, 1)
+            and _is_number(n.get("cached"), -math.inf, math.inf)):
+        raise ValueError("numpy's state has a position, has_gauss or cached value out of range")
+    try:
+        torch.Generator().set_state(t)
+        np.random.RandomState().set_state(numpy_state(n))
+        random.Random().setstate(python_state(states["python"]))
+    except (KeyError, TypeError, ValueError, OverflowError, RuntimeError,
+            AttributeError) as error:
+        raise ValueError(f"a state torch, numpy or python cannot take ({str(error)[:120]})"
+                         ) from None
+    _check_cuda(states.get("cuda", []))
+
+
+def _check_cuda(cuda) -> None:
+    """CUDA states: uint8 tensors, of the size this torch's generators take where there
+    are GPUs (set_states applies them only then)."""
+    if not (isinstance(cuda, list) and all(isinstance(c, torch.Tensor) and c.dtype == torch.uint8
+                                           and c.dim() == 1 for c in cuda)):
+        raise ValueError("the CUDA states are not a list of uint8 tensors")
+    if cuda and torch.cuda.is_available():
+        size = torch.cuda.get_rng_state().shape
+        if any(c.shape != size for c in cuda):
+            raise ValueError(f"the CUDA states are not of {size[0]} bytes each")

@@ -21,6 +21,7 @@ parser refuses it does the message say that it looks like a pickle or a zip.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from workload.files import sha256_file
 
 PART_FORMAT = 2
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
@@ -193,12 +192,13 @@ def assemble(trees: list):
 
 
 def write_durably(path: Path, data: bytes) -> dict:
-    """Write `data`, fsync, and return the file's manifest entry."""
+    """Write `data`, fsync, and return the file's manifest entry, hashed from the bytes in
+    memory: a save never reads its files back (the load verifies them against it)."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return dict(bytes=path.stat().st_size, sha256=sha256_file(path))
+    return dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
 def fsync_dir(path: Path) -> None:
@@ -209,14 +209,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_part(folder: Path, name: str, value) -> None:
+def write_part(folder: Path, name: str, value) -> dict:
     """`<name>.json` (the tree, tensors as references) and, when it holds tensors,
-    `<name>.safetensors`."""
+    `<name>.safetensors`; their manifest entries by file name."""
     tensors: dict = {}
     data = dict(format=PART_FORMAT, data=encode(value, tensors))
+    files = {}
     if tensors:
-        write_durably(folder / f"{name}.safetensors", tensor_bytes(tensors))
-    write_durably(folder / f"{name}.json", json_bytes(data))
+        files[f"{name}.safetensors"] = write_durably(folder / f"{name}.safetensors",
+                                                     safetensors_bytes(tensors))
+    files[f"{name}.json"] = write_durably(folder / f"{name}.json", json_bytes(data))
+    return files
 
 
 def read_part(folder: Path, name: str):
@@ -237,7 +240,8 @@ def json_bytes(data) -> bytes:
     return (json.dumps(data, indent=1, allow_nan=False) + "\n").encode()
 
 
-def tensor_bytes(tensors: dict) -> bytes:
+def safetensors_bytes(tensors: dict) -> bytes:
+    """A safetensors file's bytes, in memory (write_durably hashes them as it writes)."""
     from safetensors.torch import save
 
     return save(tensors, metadata={"format": "pt"})

@@ -74,7 +74,8 @@ def me() -> dict:
                 token=uuid.uuid4().hex)
 
 
-def describe(holder: dict) -> str:
+def describe_holder(holder: dict) -> str:
+    """Who holds the lock, in words (host, PID, SLURM job, start time)."""
     if not readable(holder):
         return "a lock file that is not one train wrote (unreadable)"
     job = f", SLURM job {holder['job_id']}" if holder.get("job_id") else ""
@@ -200,12 +201,12 @@ class RunLock:
                     f"once unchanged for {STALE_AFTER_S:.0f} s")
         if reason is None:
             return (f"--output-dir {self.path.parent} is in use by another run "
-                    f"({describe(holder)}; lock file {self.path}); wait for it to end, stop "
-                    "it, or pass another --output-dir. A lock whose process died is taken "
-                    f"over: on the same host at once, from another host after "
+                    f"({describe_holder(holder)}; lock file {self.path}); wait for it to "
+                    "end, stop it, or pass another --output-dir. A lock whose process died is "
+                    f"taken over: on the same host at once, from another host after "
                     f"{STALE_AFTER_S:.0f} s without its heartbeat")
         logger.warning(f"taking over the lock of a run that ended without releasing it "
-                       f"({describe(holder)}): {reason}")
+                       f"({describe_holder(holder)}): {reason}")
         _break(self.path, seen)
         return None
 
@@ -243,7 +244,7 @@ class RunLock:
 def lock_run_folder(out: Path, info):
     """Rank 0 takes the run folder's lock; every rank learns whether it did (one
     all-reduce) and all stop with one line when it did not, before anything is written."""
-    from workload.checkpoint.preemption import agree  # torch: only once a run starts
+    from workload.checkpoint.saving import agree  # torch: only once a run starts
 
     lock = RunLock(out)
     refusal = lock.acquire() if info.is_main else None

@@ -3,10 +3,20 @@
 `prepare` runs before training (--resume never / --overwrite), `resume` loads the newest
 complete, verified checkpoint (all ranks agree on its step first); a bad one is moved
 aside and the one before is tried.
+
+The run's timeline in `checkpoints/` is part of the same question (which steps `--resume
+auto` may continue from, a rollback, what `--overwrite` removes), so it lives here too.
+
+`latest` names the checkpoint the last save wrote: the head of the run's current timeline.
+Steps after it are not on it (a rollback left them, or a crash came between a save's
+rename and the update of `latest`), so `--resume auto` never continues from them. A
+rollback renames the later steps `step-...abandoned-<time>`: kept whole for the user (never
+resumed, never pruned), out of the way of the steps the new timeline saves.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -15,25 +25,14 @@ from workload import distributed
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
-                                       checkpoints_dir, move_aside, old_format_message,
-                                       remove_tree, step_name, symlinked_steps)
-from workload.checkpoint.timeline import on_timeline, roll_back, written_by_train
+                                       checkpoints_dir, complete_steps, move_aside,
+                                       old_format_message, remove_tree, replace_latest,
+                                       step_name, symlinked_steps)
+from workload.config import MAY_CHANGE_ON_RESUME, flag_of
 from workload.errors import UsageError
 from workload.files import json_text, read_jsonl_records
 from workload.logs import logger
 
-# Settings a resumed run may change: where things are, how long to train, how to checkpoint.
-# Any other difference from the checkpoint's config means another run's checkpoints.
-MAY_CHANGE_ON_RESUME = {
-    "epochs", "max_steps", "target_accuracy", "patience", "output_dir", "data_dir",
-    "download", "workers", "compile", "device", "recipe", "resume", "overwrite",
-    "checkpoint_every", "keep_checkpoints", "preempt_signal", "dist_timeout_s",
-    "allow_nonfinite_loss",
-}
-# Also where the data is staged, how progress is shown and tracked, and the starting weights
-# (a resumed run takes its weights from the checkpoint).
-MAY_CHANGE_ON_RESUME |= {"stage_to", "prepare_data", "log_every", "wandb", "init_from",
-                         "init_reinit_head"}
 # The run's records that --overwrite removes with its checkpoints (they would mix two runs).
 RECORDS = ("metrics.jsonl", "steps.jsonl", "summary.json")
 
@@ -182,7 +181,7 @@ def differences(saved: dict, current: dict) -> str:
 def _difference(key: str, there, now) -> str:
     if key == CLASSES:  # not a flag: what the run's data held
         return f"its data had {there} classes, this run's data has {now}"
-    return f"--{key.replace('_', '-')} {there!r} there, {now!r} now"
+    return f"{flag_of(key)} {there!r} there, {now!r} now"
 
 
 def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None:
@@ -213,3 +212,58 @@ def trim_metrics(path: Path, epochs_done: int) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(json_text(r) + "\n" for r in kept))
         tmp.replace(path)
+
+
+# --- the timeline -------------------------------------------------------------
+
+# Everything `train` writes in checkpoints/: step folders, the ones moved aside, the
+# temporary folders of a save, `latest` and its temporary file. Nothing else is its own.
+_TRAIN_WRITES = re.compile(
+    r"^(step-\d+(\.(corrupt|incomplete|abandoned)-\d{8}-\d{6}(~\d+)?)?"
+    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\d+)$")
+
+
+def latest_step(root: Path) -> int | None:
+    """The step `latest` names, or None when it is missing or names no step (a run of an
+    earlier version: every step then counts)."""
+    try:
+        match = re.fullmatch(r"step-(\d+)", (root / "latest").read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(match.group(1)) if match else None
+
+
+def on_timeline(root: Path) -> list[tuple[int, Path]]:
+    """The complete steps `--resume auto` may continue from, oldest first: those up to
+    `latest`. Later ones are left where they are, with a line saying why."""
+    steps, head = complete_steps(root), latest_step(root)
+    if head is None:
+        return steps
+    for step, path in steps:
+        if step > head:
+            logger.warning(f"not resuming {path}: it comes after {root / 'latest'} "
+                           f"(step {head}), so it is not on the run's current timeline "
+                           "(a rollback or an interrupted save left it); it is kept")
+    return [(step, path) for step, path in steps if step <= head]
+
+
+def roll_back(root: Path, path: Path, step: int) -> None:
+    """`--resume PATH` to a step of this run's own folder: it becomes the head of the
+    timeline; the steps after it are renamed `.abandoned-<time>` and kept."""
+    if path.resolve().parent != root.resolve() or path.name != step_name(step):
+        return  # another folder's checkpoint (or one moved aside): the timeline stays
+    later = [p for s, p in complete_steps(root) if s > step]
+    for old in later:
+        moved = move_aside(old, "abandoned")
+        logger.warning(f"rolled back to {path.name}: {old.name}, after it, moved to "
+                       f"{moved.name} (kept, never resumed; delete it when done with it)")
+    if later or latest_step(root) != step:
+        replace_latest(root, path.name)
+
+
+def written_by_train(root: Path) -> list[Path]:
+    """What `train` wrote in checkpoints/ (a symbolic link is never its own)."""
+    if not root.is_dir() or root.is_symlink():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if _TRAIN_WRITES.match(p.name) and not p.is_symlink())

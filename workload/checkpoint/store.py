@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, read_json, sniff,
-                                         tensor_bytes, write_durably, write_part)
+                                         safetensors_bytes, write_durably, write_part)
 from workload.files import json_text, sha256_file
 from workload.logs import shown
 
@@ -46,8 +46,7 @@ COMMON_FILES = ("trainer.json", "rng.json", "config.json")
 REQUIRED_FILES = (MODEL_FILE, "optimizer.json", *COMMON_FILES)
 # FSDP: every rank's shard file instead of model.safetensors and optimizer.*.
 SHARDED_REQUIRED_FILES = (f"{SHARDS_DIR}/rank-00000.json", *COMMON_FILES)
-# 1: torch.save files (model.pt, ...), refused since; 2: safetensors and JSON.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # 1: torch.save files (model.pt, ...), refused since; 2: safetensors, JSON
 OLD_FORMAT_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # What a manifest may name: the files a save writes are plain ASCII names, at most one
@@ -55,8 +54,8 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99})?")
 # A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
 _ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
-# How many moved-aside folders of each kind are kept for inspection; older ones are deleted
-# after each save, so that a run that keeps failing cannot fill the disk with them.
+# Moved-aside folders kept of each kind; older ones are deleted after each save, so that a
+# run that keeps failing cannot fill the disk with them.
 KEEP_ASIDE = 3
 
 
@@ -132,20 +131,22 @@ class Snapshot:
     rank_buffers: list[dict] | None = None
 
 
-def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int) -> None:
-    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning."""
+def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
+                      shard_files: dict | None = None) -> None:
+    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning.
+    `shard_files`: the manifest entries of the FSDP shards every rank wrote, gathered."""
     root = final.parent
+    files = dict(shard_files or {})
     if snapshot.model is not None:
-        write_durably(tmp / MODEL_FILE, tensor_bytes(
+        files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, safetensors_bytes(
             {k: v.detach().to("cpu", copy=True).contiguous() for k, v in snapshot.model.items()}))
-        write_part(tmp, "optimizer", snapshot.optimizer)
+        files |= write_part(tmp, "optimizer", snapshot.optimizer)
     elif (tmp / SHARDS_DIR).is_dir():
         fsync_dir(tmp / SHARDS_DIR)
-    write_part(tmp, "trainer", snapshot.trainer)
-    write_part(tmp, "rng", snapshot.rng)
-    write_durably(tmp / "config.json", _json_bytes(snapshot.config))
-    files = {str(p.relative_to(tmp)): dict(bytes=p.stat().st_size, sha256=sha256_file(p))
-             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    files |= write_part(tmp, "trainer", snapshot.trainer)
+    files |= write_part(tmp, "rng", snapshot.rng)
+    files["config.json"] = write_durably(tmp / "config.json", _json_bytes(snapshot.config))
+    files = dict(sorted(files.items()))
     manifest = dict(format=FORMAT_VERSION, step=snapshot.trainer["step"],
                     epoch=snapshot.trainer["epoch"], batch=snapshot.trainer["batch"],
                     sharded=snapshot.model is None,
@@ -226,8 +227,9 @@ def _only_listed(path: Path, files: dict) -> None:
     for folder, _, names in os.walk(path):
         for file in (Path(folder) / name for name in names):
             name = file.relative_to(path).as_posix()
-            if name != MANIFEST and name not in files:
-                raise CorruptCheckpoint(f"{path.name}/{shown(name)} is not listed in the manifest "
+            if name != MANIFEST and name not in files:  # a plain name as is, else escaped
+                named = name if _FILE_NAME.fullmatch(name) else shown(name)
+                raise CorruptCheckpoint(f"{path.name}/{named} is not listed in the manifest "
                                         "(a checkpoint holds nothing else); refusing it")
             if file.is_file() and not file.is_symlink():
                 sniff(file)

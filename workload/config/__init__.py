@@ -20,14 +20,15 @@ from workload.config.resolve import (DEVICE_DEFAULTS, NATURAL_IMAGE_SIZE, RECIPE
                                      UNSAFE_LOAD_ENV, build_config, describe_stem,
                                      image_size_of, resolve_stem, stems_of, validate)
 from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, FIELDS, FILE_DATASETS,
-                                    KEYS, LR_SCALINGS, MIN_IMAGE_SIZE, MODELS, ONE_SHOT,
+                                    KEYS, LR_SCALINGS, MAY_CHANGE_ON_RESUME, MIN_IMAGE_SIZE, MODELS,
+                                    ONE_SHOT,
                                     PRECISIONS, PREEMPT_SIGNALS, STEMS, STRATEGIES, TrainConfig,
                                     flag_of, out_of_bounds)
 from workload.config.sources import add_flags, given, read_config_file, repeatable
 from workload.config.values import Every
 
 __all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "FIELDS",
-           "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MIN_IMAGE_SIZE", "MODELS",
+           "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MAY_CHANGE_ON_RESUME", "MIN_IMAGE_SIZE", "MODELS",
            "NATURAL_IMAGE_SIZE", "ONE_SHOT",
            "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STEMS", "STRATEGIES", "TrainConfig",
            "UNSAFE_LOAD_ENV", "add_flags", "build_config", "describe_stem", "flag_of", "given",

@@ -34,7 +34,7 @@ MAX_SEED = 2**32 - 1  # what numpy's and most generators' seeds hold
 
 def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
             metavar: str = "", bounds: Range | None = None, example: str = "",
-            one_shot: bool = False, factory=None):
+            one_shot: bool = False, resumable: bool = False, factory=None):
     """A config field: its default, the help line of its flag, and how the flag looks.
     `key` is its name in the flat mapping when the field's own name would be ambiguous
     (`model.name` is `model`); the flag is `--` + the key in kebab case unless given.
@@ -42,9 +42,11 @@ def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple
     model.json alike; `example`: the value a refusal suggests (default: the default).
     `one_shot`: an action of this invocation (delete, download), not a setting of the
     run: never recorded in config.json, and not taken from a --config file
-    (docs/checkpoints.md)."""
+    (docs/checkpoints.md). `resumable`: a run resumed from a checkpoint may change it
+    (where things are, how long to train, how to checkpoint and report); a difference in
+    any other setting means the checkpoint is another run's."""
     metadata = dict(help=help, key=key, flag=flag, choices=choices, metavar=metavar,
-                    bounds=bounds, example=example, one_shot=one_shot)
+                    bounds=bounds, example=example, one_shot=one_shot, resumable=resumable)
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -62,9 +64,11 @@ class Model:
                                 "64 px and more, small below (printed, kept in config.json)",
                         choices=STEMS)
     init_from: str = setting("", "start from the weights in this .safetensors file (every "
-                                 "tensor must match; see docs/your-data.md)", metavar="FILE")
+                                 "tensor must match; see docs/your-data.md)", metavar="FILE",
+                             resumable=True)
     init_reinit_head: bool = setting(False, "with --init-from: start the classifier head "
-                                            "afresh when its size differs (other classes)")
+                                            "afresh when its size differs (other classes)",
+                                     resumable=True)
     width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x",
                          bounds=between(1, 1024))
     blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)",
@@ -79,7 +83,7 @@ class Data:
     dataset: str = setting("cifar100", "dataset", choices=DATASETS)
     data_dir: str = setting("data", "dataset folder (cifar100: the folder holding "
                                     "cifar-100-python/; imagefolder: the one holding train/ "
-                                    "and val/)")
+                                    "and val/)", resumable=True)
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
                                     "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
@@ -90,11 +94,11 @@ class Data:
                                bounds=between(1, 100_000))
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
                                "SLURM_CPUS_PER_TASK or the CPUs this process may use",
-                       bounds=at_least(-1))
+                       bounds=at_least(-1), resumable=True)
     stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
                                 "a .tar) to this node-local folder once per node, e.g. "
                                 "$SLURM_TMPDIR, verify it and train from there; a complete "
-                                "earlier staging is reused", metavar="DIR")
+                                "earlier staging is reused", metavar="DIR", resumable=True)
     prepare_data: bool = setting(False, "only prepare the data (--download, --stage-to) and "
                                         "check it can be read, then exit without training",
                                  one_shot=True)
@@ -108,17 +112,18 @@ class Training:
     """training (the first five as in the reference train.py)"""
     batch_size: int = setting(256, "images per optimizer step on each process",
                               bounds=at_least(1))
-    epochs: int = setting(100, "passes over the training set", bounds=at_least(1))
+    epochs: int = setting(100, "passes over the training set", bounds=at_least(1),
+                          resumable=True)
     base_lr: float = setting(0.01, "peak learning rate, reached after the warm-up",
                              bounds=Range(0.0, 1000.0, low_open=True))
     target_accuracy: float = setting(0.95, "stop early when `patience` consecutive epochs "
                                            "reach this test accuracy",
                                      bounds=Range(0.0, 1.0, low_open=True),
-                                     example="0.95 for 95 %")
+                                     example="0.95 for 95 %", resumable=True)
     patience: int = setting(2, "epochs at the target accuracy before stopping",
-                            bounds=at_least(1))
+                            bounds=at_least(1), resumable=True)
     max_steps: int = setting(0, "stop after N optimizer steps in all; 0 = no limit",
-                             bounds=at_least(0))
+                             bounds=at_least(0), resumable=True)
     momentum: float = setting(0.9, "SGD momentum", bounds=Range(0.0, 1.0, high_open=True))
     weight_decay: float = setting(5e-4, "SGD weight decay", bounds=between(0.0, 1.0))
     warmup_epochs: float = setting(1.0, "linear warm-up from 0 to base lr over this many "
@@ -129,19 +134,21 @@ class Training:
     seed: int = setting(0, "seeds model init, data order and augmentation: same seed, same "
                            "result on the CPU", bounds=between(0, MAX_SEED))
     allow_nonfinite_loss: bool = setting(False, "keep training when the training loss becomes "
-                                                "NaN or infinite (by default the run stops)")
+                                                "NaN or infinite (by default the run stops)",
+                                         resumable=True)
 
 
 @dataclass
 class Hardware:
     """hardware"""
     device: str = setting("auto", "auto takes CUDA when a GPU is visible, else the CPU",
-                          choices=DEVICES)
+                          choices=DEVICES, resumable=True)
     precision: str = setting("auto", "fp32, tf32, bf16 or fp16 autocast; auto = bf16 on GPUs "
                                      "that support it, fp32 elsewhere", choices=PRECISIONS)
     channels_last: bool = setting(False, "NHWC memory format (on by default with CUDA, off "
                                          "on the CPU)")
-    compile: bool = setting(False, "torch.compile the model; compile time is reported apart")
+    compile: bool = setting(False, "torch.compile the model; compile time is reported apart",
+                            resumable=True)
 
 
 @dataclass
@@ -154,7 +161,8 @@ class Distributed:
                               choices=LR_SCALINGS)
     dist_timeout_s: float = setting(600.0, "seconds a rank may wait in a collective",
                                     flag="--dist-timeout", metavar="SECONDS",
-                                    bounds=Range(0.0, 7 * 24 * 3600.0, low_open=True))
+                                    bounds=Range(0.0, 7 * 24 * 3600.0, low_open=True),
+                                    resumable=True)
 
 
 @dataclass
@@ -167,12 +175,14 @@ class Checkpoint:
                                      "checkpoints and records", one_shot=True)
     checkpoint_every: Every = setting(None, "also save every N steps or every 10m / 90s / 1h; "
                                             "0 = epoch ends only (each one always saves)",
-                                      metavar="N|DURATION", factory=lambda: Every(0, 1800.0))
+                                      metavar="N|DURATION", factory=lambda: Every(0, 1800.0),
+                                      resumable=True)
     keep_checkpoints: int = setting(3, "complete checkpoints kept; older ones are pruned "
-                                       "only after a new one is complete", bounds=at_least(1))
+                                       "only after a new one is complete", bounds=at_least(1),
+                                       resumable=True)
     preempt_signal: str = setting("USR2", "signal that asks for a checkpoint and the requeue "
                                           "exit status 75 (SIGTERM always does)",
-                                  choices=PREEMPT_SIGNALS)
+                                  choices=PREEMPT_SIGNALS, resumable=True)
 
 
 @dataclass
@@ -180,15 +190,16 @@ class Logging:
     """output"""
     output_dir: str = setting(None, "run folder: config.json, metrics.jsonl, summary.json, "
                                     "checkpoints/ (default: runs/<timestamp>)",
-                              factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"))
+                              factory=lambda: time.strftime("runs/%Y%m%d-%H%M%S"),
+                              resumable=True)
     tensorboard: bool = setting(False, "also write TensorBoard event files into "
                                        "<output-dir>/tensorboard")
     log_every: int = setting(0, "a progress line (loss, img/s, ETA, GPU memory) every N "
                                 "steps, also in <output-dir>/steps.jsonl; 0 = about every "
                                 "30 s when stdout is not a terminal (a terminal shows a bar)",
-                             metavar="N", bounds=at_least(0))
+                             metavar="N", bounds=at_least(0), resumable=True)
     wandb: bool = setting(False, "also log the metrics to Weights & Biases (the wandb extra; "
-                                 "offline unless WANDB_MODE says otherwise)")
+                                 "offline unless WANDB_MODE says otherwise)", resumable=True)
 
 
 SECTIONS = dict(model=Model, data=Data, training=Training, hardware=Hardware,
@@ -247,6 +258,12 @@ KEYS = {key_of(f): (section, f.name) for section, cls in SECTIONS.items()
 FIELDS = {key_of(f): f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 # The one-shot actions (--overwrite, --resume, --download, --prepare-data), in field order.
 ONE_SHOT = tuple(key for key, f in FIELDS.items() if f.metadata["one_shot"])
+# What a resumed run may set otherwise than its checkpoint's config: the resumable fields,
+# the one-shot actions (no settings of the run) and the recipe's name (the values it filled
+# are compared one by one).
+MAY_CHANGE_ON_RESUME = frozenset(
+    {key for key, f in FIELDS.items() if f.metadata["resumable"] or f.metadata["one_shot"]}
+    | {"recipe"})
 
 
 def _coerce(key: str, value):

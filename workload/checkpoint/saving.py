@@ -1,0 +1,229 @@
+"""Saving: when (the policy), how every rank takes part, what a preemption does, and what
+a save that runs out of disk space leaves.
+
+One module because these are one path, from the training loop's step boundary to the
+files: `Checkpointer` decides when to save (every N steps or T seconds with
+--checkpoint-every, at each epoch end, where --max-steps stops the run, and once when
+preempted, then the exit for a requeue); one position is saved once (a step that is both
+periodic and the step limit's gives one checkpoint). `save_checkpoint` is the collective
+save (FSDP shards from every rank, the rest from rank 0, see workload.checkpoint.store).
+
+Preemption: the signal handler only sets a flag (workload.launch.preemption, torch-free,
+which a user's own script uses too; nothing else is safe inside a signal handler, least of
+all a collective or a file write). At the next step boundary every rank contributes its
+flag to one all-reduce (`agree`), so a signal that reached a single rank stops all of them
+at the same step and none is left waiting in a collective. The trainer then saves one
+checkpoint and exits with REQUEUE_EXIT_STATUS; the batch script sees it and runs
+`scontrol requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
+
+A full disk: a writer need not report it as OSError(ENOSPC) (torch.save's zip writer
+raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a
+look at the free space: when it is less than a checkpoint needs, the failure is a full
+disk, the partial folder is removed and one line names the folder and the space. The final
+model's write (model.safetensors) gets the same treatment.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from workload import distributed
+from workload.checkpoint.snapshot import is_sharded, run_settings, save_shards, take_snapshot
+from workload.checkpoint.store import (SHARDS_DIR, Snapshot, checkpoints_dir, complete_steps,
+                                       finish_checkpoint, move_aside, step_name)
+from workload.errors import UsageError
+# The flag and the requeue request live in the launch layer (torch-free), where a user's
+# own script can use them too; this module adds what needs torch.
+from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-exported)
+                                        PreemptionFlag, request_requeue)
+from workload.logs import logger
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(UsageError):
+    """No space (or no quota) left for a checkpoint; the partial save is gone."""
+
+
+def tensor_bytes(value) -> int:
+    """The bytes of every tensor in nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def needed_bytes(root: Path, snapshot: Snapshot) -> int:
+    """About what one checkpoint takes: the newest complete one's size, or the tensors'."""
+    estimate = tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer,
+                             snapshot.rng])
+    steps = complete_steps(root)
+    if steps:
+        on_disk = sum(p.stat().st_size for p in steps[-1][1].rglob("*") if p.is_file())
+        estimate = max(estimate, on_disk)
+    return estimate
+
+
+def free_bytes(folder: Path) -> int:
+    stats = os.statvfs(folder)
+    return stats.f_bavail * stats.f_frsize
+
+
+def mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def full_disk(error: Exception, free: int, need: int) -> bool:
+    """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
+    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
+    space than the write needs."""
+    own = any(f"(os error {number})" in str(error) for number in _FULL)
+    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
+
+
+@contextmanager
+def _full_disk_is_one_line(folder: Path, need, what: str, cleanup=lambda: None):
+    """Run a write; if it fails, `cleanup` its partial files, and report a full disk in
+    one line naming `what` could not be written and the space (any other failure is raised
+    as it was). `need` is called only after a failure."""
+    try:
+        yield
+    except Exception as error:
+        cleanup()
+        needed = need()
+        free = free_bytes(folder) if folder.is_dir() else 0
+        if not full_disk(error, free, needed):
+            raise
+        raise DiskFull(f"no space left to {what} in {folder}: {mib(free)} free, it needs "
+                       f"about {mib(needed)}; the partial files were removed. Free space on "
+                       "that file system and start the run again: it resumes from the last "
+                       "complete checkpoint") from None
+
+
+def guarded_final_model(out: Path, need: int):
+    """Write the final model (model.safetensors, whose writer removes its partial file)
+    with a checkpoint save's full-disk line and exit status."""
+    return _full_disk_is_one_line(out, lambda: need, "write the final model")
+
+
+def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
+    """Run a save; if it fails, remove its partial folder, and report a full disk in one
+    line (any other failure is raised as it was)."""
+    return _full_disk_is_one_line(root, lambda: needed_bytes(root, snapshot),
+                                  "save a checkpoint",
+                                  lambda: shutil.rmtree(tmp, ignore_errors=True))
+
+
+def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
+                    sharded_state=None) -> Path:
+    """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
+    rank writes into the same temporary folder first."""
+    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
+            move_aside(tmp, "incomplete")
+        with guarded_save(root, tmp, snapshot):
+            tmp.mkdir()
+            if sharded_state is not None:
+                (tmp / SHARDS_DIR).mkdir()
+    shard_files = _save_shards(root, tmp, snapshot, sharded_state)
+    final = root / step_name(snapshot.trainer["step"])
+    if is_main:
+        with guarded_save(root, tmp, snapshot):
+            finish_checkpoint(tmp, final, snapshot, keep, shard_files)
+    distributed.barrier()  # the others wait until the checkpoint is complete
+    return final
+
+
+def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> dict:
+    """FSDP: every rank writes its shard; rank 0 gets the manifest entries of all of them.
+    The gather is the barrier: no rank contributes before its shard is on disk, so rank 0
+    names and renames only complete files, and never reads one back to hash it."""
+    if sharded_state is None:
+        return {}
+    world_size = snapshot.trainer["world_size"]
+    distributed.barrier()  # the folder exists before anyone writes into it
+    with guarded_save(root, tmp, snapshot):
+        mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
+                           world_size)
+    return {f"{SHARDS_DIR}/{name}": entry for entries in
+            distributed.gather_objects(mine, world_size) for name, entry in entries.items()}
+
+
+class Preempted(Exception):
+    """Raised at a step boundary after the preemption checkpoint was written."""
+
+    def __init__(self, step: int, signal_name: str):
+        super().__init__(f"preempted by {signal_name} at step {step}")
+        self.step = step
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag is true if any rank set it: an all-reduce MAX, written as a sum over 0/1
+    values (the same for booleans; distributed.py offers the sum)."""
+    values = torch.tensor([float(f) for f in flags], device=device)
+    return [v > 0 for v in distributed.all_reduce_sum(values).tolist()]
+
+
+class Checkpointer:
+    """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
+    preemption."""
+
+    def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
+                 flag: PreemptionFlag, num_classes: int):
+        self.cfg, self.info, self.state, self.flag = cfg, info, state, flag
+        self.settings = run_settings(cfg, num_classes)
+        self.saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch)
+        every = cfg.checkpoint.checkpoint_every
+        self.every_steps, self.every_s = every.steps, every.seconds
+        self.root, self.batches_per_epoch = checkpoints_dir(out), batches_per_epoch
+        self.last_save = time.monotonic()
+
+    def after_step(self) -> None:
+        state = self.state
+        due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
+        due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
+        preempt = self.flag.is_set()
+        if self.info.world_size > 1:  # one collective: every rank takes the same decision
+            preempt, due_time = agree([preempt, due_time], self.info.device)
+        if preempt:
+            self.save("preemption")
+            why = self.flag.signal_name or "a signal to another rank"
+            request_requeue(state.step, why)  # every rank, before any of them exits
+            raise Preempted(state.step, why)
+        # The epoch's last batch is followed by the epoch-end save: no need for two.
+        if (due_steps or due_time) and state.batch < self.batches_per_epoch:
+            self.save("periodic")
+
+    def after_epoch(self, record: dict | None = None) -> None:
+        self.save("epoch end")
+
+    def at_step_limit(self) -> None:
+        """--max-steps stopped an epoch partway: the position within it, so that a run
+        with a larger limit continues exactly there (as after a preemption)."""
+        self.save("step limit")
+
+    def save(self, why: str) -> None:
+        state = self.state
+        position = (state.step, state.epoch, state.batch)
+        if position == self.saved_at:  # saved already (a periodic save at the step limit)
+            return
+        started = time.perf_counter()
+        sharded = is_sharded(self.state.model)
+        snapshot = take_snapshot(self.state, self.settings, self.info.world_size, sharded)
+        path = save_checkpoint(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
+                               self.info.is_main, self.state if sharded else None)
+        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} "
+                    f"in {time.perf_counter() - started:.2f}s")
+        self.last_save, self.saved_at = time.monotonic(), position
