@@ -99,7 +99,8 @@ def report(contents: dict[str, bytes], saves: list[float], writes: list[float], 
     print(f"checkpoint of the Wide ResNet (width {args.width}): {len(contents)} files, "
           f"{size:.1f} MB; median of {args.repeats} rounds")
     print(f"save (train's path)       {save:7.3f} s   (min {min(saves):.3f}, max {max(saves):.3f})")
-    print(f"write + fsync, same bytes {write:7.3f} s   (min {min(writes):.3f}, max {max(writes):.3f})")
+    print(f"write + fsync, same bytes {write:7.3f} s   "
+          f"(min {min(writes):.3f}, max {max(writes):.3f})")
     print(f"ratio                     {save / write:7.2f}x")
 
 

@@ -24,7 +24,8 @@ def check_report(report: dict, command: str, names: set[str]) -> dict:
     assert report["command"] == command
     assert FINGERPRINT_KEYS <= report["fingerprint"].keys()
     assert {"torch", "dali"} <= report["fingerprint"]["versions"].keys()
-    assert {"tf32_matmul", "tf32_cudnn", "cudnn_benchmark"} <= report["fingerprint"]["switches"].keys()
+    switches = report["fingerprint"]["switches"]
+    assert {"tf32_matmul", "tf32_cudnn", "cudnn_benchmark"} <= switches.keys()
     assert report["fingerprint"]["threads"]["torch_threads"] >= 1
     results = report["results"]
     assert set(results) == names

@@ -71,7 +71,8 @@ def test_a_finished_run_started_again_changes_nothing(reference, tmp_path):
     out = copy_run(reference, tmp_path / "again")
     summary = run_train(ARGS, out)
     assert summary["model_sha256"] == reference[1]["model_sha256"]
-    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
 
 
 @pytest.mark.parametrize("step", [3, 8, 13])
@@ -247,7 +248,8 @@ def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_
     assert steps_in(root) == ["step-000000028", "step-000000030", "step-000000032"]
     for name in steps_in(root):
         verify(root / name)
-    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3, 4]
     assert not (out / LOCK_NAME).exists()
 
 

@@ -95,7 +95,8 @@ def test_entrypoint_chains_to_ngc_entrypoint(image, tmp_path):
 def test_torch_and_dali_are_the_base_images(image, tmp_path):
     """The distributions pip sees are the base's pins, and torch imports as the base's build."""
     probe = ("import torch, importlib.metadata as m; print(torch.__version__); "
-             "[print(f'{d}=={m.version(d)}') for d in ('torch', 'torchvision', 'nvidia-dali-cuda120')]")
+             "[print(f'{d}=={m.version(d)}') "
+             "for d in ('torch', 'torchvision', 'nvidia-dali-cuda120')]")
     proc, _ = run_inside(image, ["python", "-c", probe], tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     imported, *installed = proc.stdout.split()

@@ -67,7 +67,8 @@ def test_actionlint_finds_nothing_in_the_workflows():
     assert WORKFLOWS, "no workflow under .github/workflows"
     env_path = f"{VENV_BIN}:{shutil.os.environ.get('PATH', '')}"  # shellcheck for run: steps
     proc = subprocess.run([tool("actionlint"), *map(str, WORKFLOWS)], cwd=ROOT,
-                          capture_output=True, text=True, env={**shutil.os.environ, "PATH": env_path})
+                          capture_output=True, text=True,
+                          env={**shutil.os.environ, "PATH": env_path})
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -57,7 +57,8 @@ def kill_at_random(proc: subprocess.Popen, out: Path, rng: random.Random, mid_sa
     time.sleep(rng.uniform(0.05, 0.2) * run_s)
     if mid_save:
         catch_mid_save(proc, out / "checkpoints", rng)
-    assert proc.poll() is None, f"the run ended before the {'mid-save' if mid_save else 'random'} kill"
+    kind = "mid-save" if mid_save else "random"
+    assert proc.poll() is None, f"the run ended before the {kind} kill"
     proc.kill()
     proc.wait()
     return "mid-save" if mid_save else "random"

@@ -39,7 +39,8 @@ def run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
                           capture_output=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
-                             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+                             f"--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-4000:]}")
     return proc
 
 

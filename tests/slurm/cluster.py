@@ -118,7 +118,7 @@ class SlurmCluster:
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def start(cls, root: Path) -> "SlurmCluster":
+    def start(cls, root: Path) -> SlurmCluster:
         root.mkdir(parents=True, exist_ok=True)
         ensure_hosts_entries(NODES)
         cluster = cls(root=root, conf=root / "slurm.conf", munge_socket=root / "munge.sock")
@@ -189,7 +189,7 @@ class SlurmCluster:
         for pid_file in reversed(self._pid_files):
             _terminate(pid_file)
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,5 +1,6 @@
 """The checkpoint store on its own: atomic layout, manifest verification, pruning, moving
-bad checkpoints aside, and loading that never runs code (safetensors and JSON only). No training here."""
+bad checkpoints aside, and loading that never runs code (safetensors and JSON only). No
+training here."""
 
 from __future__ import annotations
 

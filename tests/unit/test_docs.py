@@ -3,7 +3,8 @@ resolves to an existing file (and, for `page.md#anchor`, to a heading of that pa
 README.md stays a short entry page.
 
 Standard library only (no torch): `python3 tests/unit/test_docs.py`, or under pytest without
-the suite's conftest (which needs the test environment): `python3 -m pytest --noconftest tests/unit/test_docs.py`.
+the suite's conftest (which needs the test environment):
+`python3 -m pytest --noconftest tests/unit/test_docs.py`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def test_an_older_staging_that_another_job_reads_is_kept(tmp_path):
     (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
     second, said = stage_once(data, local)
     assert f"kept the older staging {first.name}: another job reads it" in said
-    assert listing(first) == json.loads((local / f"{first.name}.manifest.json").read_text())["files"]
+    manifest = json.loads((local / f"{first.name}.manifest.json").read_text())
+    assert listing(first) == manifest["files"]
     os.close(other_job)  # that job ended
     assert f"removed the older staging {first.name}" in stage_once(data, local)[1]
     assert not first.exists() and second.is_dir()

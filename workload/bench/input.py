@@ -12,7 +12,7 @@ with num_workers=0; its plain fp32 step is `bench train`'s reference_step.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torchvision.transforms as transforms
@@ -138,7 +138,8 @@ def measure_backends(args: dict, cfg, device: torch.device) -> dict:
                 [[n, r["images_per_second"], r["vs_baseline"],
                   " ".join(f"{x:,.0f}" for x in r["runs_images_per_second"])]
                  for n, r in results.items()])
-    settings = dict(dataset=cfg.data.dataset, batch_size=cfg.training.batch_size, device=str(device),
+    settings = dict(dataset=cfg.data.dataset, batch_size=cfg.training.batch_size,
+                    device=str(device),
                     batches=args["batches"], rounds=args["rounds"], image_size=cfg.data.image_size,
                     workers=cfg.data.workers, torch_threads=torch.get_num_threads(),
                     baseline=baseline)

@@ -202,7 +202,8 @@ def _unlike(saved, live, where: str) -> str | None:
     """What in `saved` (read from a checkpoint) has another form than `live` (the live
     object's state dict): keys, kinds, list lengths, tensor shapes and dtypes; numbers
     must be finite and not negative (learning rates, momenta, decays, steps, scales: a
-    negative one would train backwards). A switch (True, False, None) may be missing: an older torch did not
+    negative one would train backwards). A switch (True, False, None) may be missing: an
+    older torch did not
     write the ones added since, and the loaders set their defaults."""
     if _kind(saved) != _kind(live):
         return f"{where.rstrip('.')} is {_kind(saved)} ({shown(saved)}), expected {_kind(live)}"

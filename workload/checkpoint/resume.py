@@ -151,7 +151,7 @@ def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
     for link in symlinked_steps(root):
         logger.warning(f"skipping {link}: a symbolic link (to {link.resolve()}), not a "
                        "checkpoint of this run; it is never loaded, pruned or followed")
-    for step, path in reversed(on_timeline(root)):
+    for _step, path in reversed(on_timeline(root)):
         try:
             snapshot = read_checkpoint(path, device)
             if accept is not None:

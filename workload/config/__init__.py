@@ -28,7 +28,8 @@ from workload.config.sources import add_flags, given, read_config_file, repeatab
 from workload.config.values import Every
 
 __all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "FIELDS",
-           "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MAY_CHANGE_ON_RESUME", "MIN_IMAGE_SIZE", "MODELS",
+           "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MAY_CHANGE_ON_RESUME", "MIN_IMAGE_SIZE",
+           "MODELS",
            "NATURAL_IMAGE_SIZE", "ONE_SHOT",
            "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STEMS", "STRATEGIES", "TrainConfig",
            "UNSAFE_LOAD_ENV", "add_flags", "build_config", "describe_stem", "flag_of", "given",

@@ -19,7 +19,7 @@ class Every:
     seconds: float = 0.0
 
     @classmethod
-    def parse(cls, text) -> "Every":
+    def parse(cls, text) -> Every:
         """"500" -> 500 steps; "10m" -> 600 s (also "90s", "1h"); "0" -> never."""
         if isinstance(text, Every):
             return text

@@ -77,7 +77,8 @@ class Normalizer:
     def __init__(self, mean, std, device: torch.device, channels_last: bool = False):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.scale = (1.0 / (255.0 * torch.tensor(std, device=device))).view(1, -1, 1, 1)
-        self.shift = (torch.tensor(mean, device=device) / torch.tensor(std, device=device)).view(1, -1, 1, 1)
+        shift = torch.tensor(mean, device=device) / torch.tensor(std, device=device)
+        self.shift = shift.view(1, -1, 1, 1)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ normalisation is the `Normalizer` every backend shares.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import nvidia.dali.fn as fn

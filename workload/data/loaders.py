@@ -10,7 +10,7 @@ device, images normalised float tensors. `start` skips batches exactly, for resu
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from workload.commands import add_version_argument
 from workload.errors import LaunchError

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from workload.launch.variables import under_torchrun, whole_number
 

@@ -45,7 +45,7 @@ class PreemptionFlag:
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
 
-    def install(self, names: tuple[str, ...] = DEFAULT_SIGNALS) -> "PreemptionFlag":
+    def install(self, names: tuple[str, ...] = DEFAULT_SIGNALS) -> PreemptionFlag:
         for name in dict.fromkeys(names):  # dict: unique, in order
             number = getattr(signal, "SIG" + name)
             self._previous[number] = signal.signal(number, self._handle)

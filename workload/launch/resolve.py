@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 from workload.errors import LaunchError
 from workload.launch.devices import (GPU_VARIABLE, gpu_index, local_rank_warning,

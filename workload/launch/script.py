@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 
 from workload.launch.devices import visible_gpu_count
 from workload.launch.resolve import SINGLE, resolve

@@ -21,7 +21,7 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 import hostlist
 

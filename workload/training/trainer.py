@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -176,9 +176,11 @@ class Trainer:
         sync(device)
         progress.close()
         t_end = time.perf_counter()
-        mean_loss = distributed.all_reduce_sum(loss_sum).item() / max(1, steps * self.info.world_size)
+        processes = self.info.world_size
+        mean_loss = distributed.all_reduce_sum(loss_sum).item() / max(1, steps * processes)
         self.check_loss(mean_loss)
-        all_images = int(distributed.all_reduce_sum(torch.tensor(float(timed_images), device=device)).item())
+        counted = torch.tensor(float(timed_images), device=device)
+        all_images = int(distributed.all_reduce_sum(counted).item())
         return EpochStats(mean_loss, steps, t_end - t_epoch, all_images, t_end - t_window,
                           first_step_s)
 
