@@ -73,6 +73,24 @@ def finite_or_null(value):
     return value
 
 
+def strict_json(text: str):
+    """JSON as a file from disk must be: no NaN or Infinity, and no number that becomes
+    infinite as a float (`1e400`), each refused with ValueError naming it. Nesting is the
+    caller's to bound (json raises RecursionError past Python's limit)."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _refuse_constant(word: str):
+    raise ValueError(f"{word} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond a float's range")
+    return value
+
+
 def append_jsonl(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json_text(record) + "\n")

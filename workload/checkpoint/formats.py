@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from workload.files import strict_json
+
 PART_FORMAT = 2
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
 # First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
@@ -247,17 +249,6 @@ def safetensors_bytes(tensors: dict) -> bytes:
     return save(tensors, metadata={"format": "pt"})
 
 
-def _refuse_constant(word: str):
-    raise ValueError(f"{word} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is beyond a float's range")
-    return value
-
-
 def _too_deep(data) -> bool:
     """Nested deeper than MAX_DEPTH (walked without recursion)."""
     level = [data]
@@ -275,8 +266,7 @@ def read_json(file: Path):
     sniff(file)
     where = f"{file.parent.name}/{file.name}"
     try:
-        data = json.loads(file.read_bytes().decode(), parse_constant=_refuse_constant,
-                          parse_float=_finite_float)
+        data = strict_json(file.read_bytes().decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise CorruptCheckpoint(f"{where} is not readable JSON ({str(error)[:200]})") from None
     if _too_deep(data):

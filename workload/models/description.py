@@ -20,13 +20,13 @@ The input is RGB: pixel values / 255, then (x - mean) / std per channel.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from workload.config import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfig,
                              image_size_of, out_of_bounds, resolve_stem)
 from workload.errors import UsageError
+from workload.files import strict_json
 
 MODEL_JSON, WEIGHTS = "model.json", "model.safetensors"
 FORMAT, FORMAT_VERSION = "hpc-train-model", 1
@@ -105,8 +105,7 @@ class ModelDescription:
 
 def read_description(path: Path) -> ModelDescription:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant,
-                          parse_float=_finite)
+        data = strict_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{path} cannot be read ({error}); pass a finished run's folder"
                          ) from None
@@ -123,17 +122,6 @@ def read_description(path: Path) -> ModelDescription:
     except (KeyError, TypeError, ValueError) as error:
         raise UsageError(f"{path} is not a model description of this package ({error}); "
                          "pass the model.json a train run wrote") from None
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite number")
-    return value
 
 
 def _checked(data) -> ModelDescription:
