@@ -86,7 +86,7 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     try:
         return run(cfg, flag)
     except Preempted as stop:
-        exit_for_requeue(stop)
+        leave_for_requeue(stop)
     except KeyboardInterrupt:
         say(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes from "
             "its last one", sys.stderr)
@@ -117,7 +117,9 @@ def warn_container_paths(cfg: TrainConfig) -> None:
             warn("train", warning)
 
 
-def exit_for_requeue(stop: Exception) -> None:
+def leave_for_requeue(stop: Exception) -> None:
+    """The preempted run's last line in the log, then the requeue status (the launch
+    layer's exit_for_requeue is the same exit for a user's own script)."""
     from workload.checkpoint import REQUEUE_EXIT_STATUS
     from workload.logs import logger
 
