@@ -145,7 +145,7 @@ def plant_text_pickle(folder: Path, payload: Path) -> str:
 
 def plant_unlisted_file(folder: Path, payload: Path) -> str:
     torch.save({"innocent": CreatesAFile(payload)}, folder / "extra.pt")
-    return "'extra.pt' is not listed in the manifest"  # names are quoted (logs.shown)
+    return "extra.pt is not listed in the manifest"
 
 
 @pytest.mark.parametrize("damage", [truncate, drop_manifest, flip_a_byte,
