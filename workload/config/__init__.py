@@ -22,7 +22,8 @@ from workload.config.resolve import (DEVICE_DEFAULTS, NATURAL_IMAGE_SIZE, RECIPE
 from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, FIELDS, FILE_DATASETS,
                                     KEYS, LR_SCALINGS, MAY_CHANGE_ON_RESUME, MIN_IMAGE_SIZE, MODELS,
                                     ONE_SHOT,
-                                    PRECISIONS, PREEMPT_SIGNALS, STEMS, STRATEGIES, TrainConfig,
+                                    PRECISIONS, PREEMPT_SIGNALS, STEMS, STRATEGIES, TAR_SUFFIXES,
+                                    TrainConfig,
                                     flag_of, out_of_bounds)
 from workload.config.sources import add_flags, given, read_config_file, repeatable
 from workload.config.values import Every
@@ -31,7 +32,8 @@ __all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "
            "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MAY_CHANGE_ON_RESUME", "MIN_IMAGE_SIZE",
            "MODELS",
            "NATURAL_IMAGE_SIZE", "ONE_SHOT",
-           "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STEMS", "STRATEGIES", "TrainConfig",
+           "PRECISIONS", "PREEMPT_SIGNALS", "RECIPES", "STEMS", "STRATEGIES", "TAR_SUFFIXES",
+           "TrainConfig",
            "UNSAFE_LOAD_ENV", "add_flags", "build_config", "describe_stem", "flag_of", "given",
            "image_size_of", "out_of_bounds", "read_config_file", "repeatable", "resolve_stem",
            "stems_of", "validate"]

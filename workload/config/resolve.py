@@ -12,7 +12,8 @@ import math
 import os
 from pathlib import Path
 
-from workload.config.schema import (FIELDS, FILE_DATASETS, KEYS, MIN_IMAGE_SIZE, TrainConfig,
+from workload.config.schema import (FIELDS, FILE_DATASETS, KEYS, MIN_IMAGE_SIZE, TAR_SUFFIXES,
+                                    TrainConfig,
                                     example_of, flag_of, out_of_bounds)
 from workload.errors import UsageError
 
@@ -185,9 +186,6 @@ def _check_model(c: dict) -> None:
              "(see docs/your-data.md, 'Starting from published weights')")
     _require(not c["init_reinit_head"] or bool(init),
              "--init-reinit-head only goes with --init-from FILE.safetensors")
-
-
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 def _check_data_files(c: dict) -> None:

@@ -20,6 +20,9 @@ STEMS = ("auto", "imagenet", "small")
 DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
 # The datasets read from --data-dir (the others are made in memory or ship with the package).
 FILE_DATASETS = ("cifar100", "imagefolder")
+# An image folder packed as a tar (--data-dir with --stage-to); longest first, so the
+# staged folder's name drops the whole suffix.
+TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 DATA_BACKENDS = ("auto", "device", "dali", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")

@@ -29,11 +29,11 @@ import stat
 import tarfile
 from pathlib import Path
 
+from workload.config import TAR_SUFFIXES
 from workload.data.datasets import walk_once
 from workload.errors import UsageError
 from workload.launch.preemption import PreemptionFlag
 
-TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 CHUNK = 8 << 20  # bytes copied between two looks at the preemption flag
 
 

@@ -24,11 +24,7 @@ import torch.distributed as dist
 
 from workload.distributed import DistInfo
 from workload.doctor.findings import INFO, OK, WARN, Finding, cpu_ranges
-
-
-def node_name() -> str:
-    """SLURM's node name when there is one (several slurmd "nodes" may share a host)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+from workload.launch.variables import node_name
 
 
 def my_place(info: DistInfo) -> dict:
