@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 
 from workload.config.schema import (FIELDS, FILE_DATASETS, KEYS, MIN_IMAGE_SIZE, TAR_SUFFIXES,
-                                    TrainConfig,
-                                    example_of, flag_of, out_of_bounds)
+                                    TrainConfig, example_of, flag_of, out_of_bounds)
 from workload.errors import UsageError
 
 # The image side each dataset has when --image-size is 0.
