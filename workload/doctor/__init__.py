@@ -4,13 +4,16 @@ One process (a login node, an interactive GPU node, a container on a laptop):
     doctor
     apptainer exec --nv image.sif doctor --output-dir $SCRATCH/runs
 
-Every rank of a job, exactly as train will be started (one task per GPU):
-    srun -N2 --ntasks-per-node=4 --gpus-per-task=1 apptainer exec --nv image.sif doctor
+Every rank of a job, exactly as train will be started (one task per GPU; CPUs per task
+as your site gives them per GPU, 72 on a GH200 node of 4 GPUs and 288 cores):
+    srun -N2 --ntasks-per-node=4 --gpus-per-task=1 --cpus-per-task=72 \\
+        apptainer exec --nv image.sif doctor
 
-One task per node running torchrun (the Olivia guide's layout):
-    srun -N2 --ntasks-per-node=1 apptainer exec --nv image.sif \\
-        torchrun --nproc-per-node=4 --nnodes=2 --rdzv-backend=c10d \\
-        --rdzv-endpoint=$MASTER_ADDR:29500 -m workload.doctor
+One task per node running torchrun (the Olivia guide's layout). entrypoint.sh, inside the
+image on every node, gives torchrun the node count, node rank and rendezvous address of
+the job (a $MASTER_ADDR typed here would be expanded by your shell, where it is unset):
+    srun -N2 --ntasks-per-node=1 --cpus-per-task=288 apptainer exec --nv image.sif \\
+        entrypoint.sh torchrun --nproc-per-node=4 -m workload.doctor
 
 CPU smoke run with two processes (gloo):
     torchrun --nproc-per-node=2 -m workload.doctor --device cpu

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import visible_gpu_count
-from workload.launch.jobs import copy_jobs, find_jobs
+from workload.launch.jobs import copy_jobs, find_jobs, submit_command
 from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
 from workload.logs import say, warn
@@ -150,8 +150,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     files = copy_jobs(Path(args.dest), force=args.force)
-    print(f"copied {len(files)} files from {find_jobs()} to {args.dest}; submit from "
-          f"{Path(args.dest).resolve().parent}, e.g. sbatch {args.dest}/multinode.sbatch")
+    print(f"copied {len(files)} files from {find_jobs()} to {args.dest}; submit with:")
+    print(f"  {submit_command(Path(args.dest))}")
     return 0
 
 

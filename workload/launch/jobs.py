@@ -5,12 +5,16 @@ The image carries them under /opt/hpc-train/jobs (and the example scripts under
 
     apptainer exec hpc-train.sif python -m workload.launch jobs ./jobs
 
-and then submits ``sbatch jobs/multinode.sbatch`` from that folder's parent.
+and then submits ``sbatch jobs/multinode.sbatch`` from that folder's parent (the scripts
+source ``${JOBS_DIR:-$SLURM_SUBMIT_DIR/jobs}/lib/launch.sh``: sbatch runs a copy of the
+script from its spool folder, so the script cannot find its own folder, and a DEST named
+otherwise needs JOBS_DIR; `submit_command` prints the line that works for any DEST).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -54,3 +58,17 @@ def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     return list(copies)
+
+
+def submit_command(dest: Path, script: str = "multinode.sbatch") -> str:
+    """The shell line that submits `script` from a jobs/ copy at `dest`, whatever its name.
+
+    The job scripts find lib/launch.sh through JOBS_DIR, else $SLURM_SUBMIT_DIR/jobs; sbatch
+    exports the submitting shell's environment (--export=ALL, its default), so a JOBS_DIR
+    on the sbatch line reaches the batch script. A folder named jobs needs none."""
+    folder = dest.resolve()
+    cd = f"cd {shlex.quote(str(folder.parent))} && "
+    if folder.name == "jobs":
+        return f"{cd}sbatch jobs/{script}"
+    jobs_dir = shlex.quote(str(folder))
+    return f"{cd}JOBS_DIR={jobs_dir} sbatch {shlex.quote(str(folder / script))}"
