@@ -4,7 +4,8 @@
 # runtime configuration"; the values are HPE's, shs-ccl-docs ccl_env.sh). The site's NCCL
 # modules set them on the host; a container does not see the modules, so this preset sets
 # them for it. Select it with PRESET=sigma2-olivia; bind the site's NCCL stack with
-# jobs/sites/sigma2-olivia-binds.sh (docs/sites/sigma2-olivia.md).
+# jobs/sites/sigma2-olivia-binds.sh (docs/sites/sigma2-olivia.md). Values read 2026-11-24
+# (the page says "At this moment (May 2026)").
 #
 # Against the LL128 data corruption (GPUDirect in NCCL's LL128 protocol,
 # https://github.com/NVIDIA/nccl/issues/2001): the page requires these on Slingshot GH200
@@ -24,3 +25,8 @@ export NCCL_CROSS_NIC=1
 export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
 export HSA_FORCE_FINE_GRAIN_PCIE=1     # in HPE's list (an AMD ROCm setting; inert on NVIDIA)
+# LL128 off: the same page ("Performance considerations": disabling it also avoids the
+# corruption), and Olivia's multi-node PyTorch guide runs its container with it
+# (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiNode.html,
+# read 2026-11-24: --env NCCL_PROTO="${NCCL_PROTO:-^LL128}").
+export NCCL_PROTO=^LL128

@@ -1,8 +1,9 @@
-"""Site recipes (jobs/sites/, jobs/presets/, docs/sites/): the CSCS EDF parsed as TOML, the
-presets sourced and printed, the pyxis and Container Engine srun lines of the docs run
-with a stub `srun` that prints its arguments, enroot import, Olivia's binds, Alliance's
-staging to $SLURM_TMPDIR, and `train`'s warning for relative folders that pyxis would put
-inside the container. Shellcheck covers every file here (tests/e2e/test_entrypoint.py)."""
+"""Site recipes (jobs/sites/, jobs/presets/, docs/sites/): the presets sourced and printed
+(their values against the centres' pages: tests/e2e/test_site_tables.py), the pyxis and
+Container Engine srun lines of the docs run with a stub `srun` that prints its arguments,
+enroot import, Olivia's binds, Alliance's staging to $SLURM_TMPDIR, and `train`'s warning
+for relative folders that pyxis would put inside the container. Shellcheck covers every
+file here (tests/e2e/test_entrypoint.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -57,26 +57,8 @@ def bash(script: str, stubs: Path, **env: str) -> subprocess.CompletedProcess:
                           cwd=stubs.parent, capture_output=True, text=True, timeout=60)
 
 
-# ------------------------------------------------------------------ CSCS Alps: the EDF
-def test_the_cscs_edf_parses_with_the_documented_hook_annotations():
-    edf = tomllib.loads((SITES / "cscs-alps.toml").read_text())
-    hook = edf["annotations"]["com"]["hooks"]["aws_ofi_nccl"]
-    assert hook == {"enabled": "true", "variant": "cuda12"}
-    assert edf["image"].endswith(".sqsh") and edf["workdir"]
-    assert all(isinstance(m, str) for m in edf["mounts"])
-    assert all(isinstance(v, str) for v in edf["env"].values())  # EDF env values are strings
-
-
 # ------------------------------------------------------------------ presets
 PRESET_FILES = sorted(PRESETS.glob("*.sh"))
-# Olivia's NCCL page (documentation.sigma2.no/hpc_machines/olivia/nccl.html), as listed.
-OLIVIA = {"FI_MR_CACHE_MONITOR": "userfaultfd", "FI_CXI_DISABLE_HOST_REGISTER": "1",
-          "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_RDZV_PROTO": "alt_read",
-          "FI_CXI_RDZV_EAGER_SIZE": "0", "FI_CXI_RDZV_THRESHOLD": "0",
-          "FI_CXI_RDZV_GET_MIN": "0", "FI_CXI_DEFAULT_TX_SIZE": "2048",
-          "NCCL_CROSS_NIC": "1", "NCCL_NET_GDR_LEVEL": "PHB",
-          "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_RX_MATCH_MODE": "hybrid",
-          "HSA_FORCE_FINE_GRAIN_PCIE": "1"}
 
 
 def preset_exports(path: Path, stubs: Path) -> dict[str, str]:
@@ -100,20 +82,6 @@ def test_each_preset_is_plain_exports_that_the_job_log_shows(path, stubs):
     assert done.returncode == 0, done.stderr
     for name in names:
         assert f"preset {path.stem}: {name}={exported[name]}" in done.stderr
-
-
-def test_the_olivia_preset_follows_olivias_page(stubs):
-    path = PRESETS / "sigma2-olivia.sh"
-    assert preset_exports(path, stubs) == OLIVIA
-    text = path.read_text()
-    assert "documentation.sigma2.no/hpc_machines/olivia/nccl.html" in text and "LL128" in text
-
-
-def test_slingshot_gh200_keeps_the_cscs_values(stubs):
-    exported = preset_exports(PRESETS / "slingshot-gh200.sh", stubs)
-    assert exported["NCCL_NET"] == "AWS Libfabric"
-    assert exported["FI_CXI_RX_MATCH_MODE"] == "software"
-    assert "docs.cscs.ch" in (PRESETS / "slingshot-gh200.sh").read_text()
 
 
 # ------------------------------------------------------------------ the docs' srun lines

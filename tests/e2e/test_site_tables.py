@@ -1,0 +1,161 @@
+"""Every value a site file sets, held against a table of what the centre publishes.
+
+One table per site: the preset's exports, the EDF's keys (the file parsed as the CE's
+EDF reference describes it: TOML, mounts as SOURCE:DESTINATION[:FLAGS], env values
+strings), and the job script's #SBATCH resources. Each row names the page it comes from
+and the date it was read, so a centre's change is a one-line diff here and in the file.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+JOBS = REPO / "jobs"
+READ = "2026-11-24"  # the date the pages below were read
+
+CSCS_NCCL = "https://docs.cscs.ch/software/communication/nccl/"
+CSCS_PYTORCH = "https://docs.cscs.ch/software/ml/pytorch/"
+CSCS_EDF = "https://docs.cscs.ch/software/container-engine/edf/"
+CSCS_HOOK = "https://docs.cscs.ch/software/container-engine/resource-hook/"
+TORCH_121055 = "https://github.com/pytorch/pytorch/issues/121055"
+OLIVIA_NCCL = "https://documentation.sigma2.no/hpc_machines/olivia/nccl.html"
+OLIVIA_MULTINODE = ("https://documentation.sigma2.no/code_development/guides/pytorch_olivia/"
+                    "PyTorchMultiNode.html")
+OLIVIA_JOB_TYPES = "https://documentation.sigma2.no/jobs/job_types/olivia_job_types.html"
+
+# name -> (value, the page that publishes it)
+PRESETS: dict[str, dict[str, tuple[str, str]]] = {
+    "slingshot-gh200": {
+        "NCCL_NET": ("AWS Libfabric", CSCS_NCCL),
+        "NCCL_NET_GDR_LEVEL": ("PHB", CSCS_NCCL),
+        "NCCL_CROSS_NIC": ("1", CSCS_NCCL),
+        "NCCL_PROTO": ("^LL128", CSCS_NCCL),
+        "FI_CXI_DEFAULT_CQ_SIZE": ("131072", CSCS_NCCL),
+        "FI_CXI_DEFAULT_TX_SIZE": ("16384", CSCS_NCCL),
+        "FI_CXI_DISABLE_HOST_REGISTER": ("1", CSCS_NCCL),
+        "FI_CXI_RX_MATCH_MODE": ("software", CSCS_NCCL),
+        "FI_MR_CACHE_MONITOR": ("userfaultfd", CSCS_NCCL),
+        "MPICH_GPU_SUPPORT_ENABLED": ("0", CSCS_PYTORCH),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("3", TORCH_121055),
+    },
+    "sigma2-olivia": {
+        "HSA_FORCE_FINE_GRAIN_PCIE": ("1", OLIVIA_NCCL),
+        "FI_MR_CACHE_MONITOR": ("userfaultfd", OLIVIA_NCCL),
+        "FI_CXI_DISABLE_HOST_REGISTER": ("1", OLIVIA_NCCL),
+        "FI_CXI_DEFAULT_CQ_SIZE": ("131072", OLIVIA_NCCL),
+        "FI_CXI_RDZV_PROTO": ("alt_read", OLIVIA_NCCL),
+        "FI_CXI_RDZV_EAGER_SIZE": ("0", OLIVIA_NCCL),
+        "FI_CXI_RDZV_THRESHOLD": ("0", OLIVIA_NCCL),
+        "FI_CXI_RDZV_GET_MIN": ("0", OLIVIA_NCCL),
+        "FI_CXI_DEFAULT_TX_SIZE": ("2048", OLIVIA_NCCL),
+        "NCCL_CROSS_NIC": ("1", OLIVIA_NCCL),
+        "NCCL_NET_GDR_LEVEL": ("PHB", OLIVIA_NCCL),
+        "NCCL_SOCKET_IFNAME": ("hsn0,hsn1,hsn2,hsn3", OLIVIA_NCCL),
+        "FI_CXI_RX_MATCH_MODE": ("hybrid", OLIVIA_NCCL),
+        "NCCL_PROTO": ("^LL128", OLIVIA_MULTINODE),
+    },
+    "debug-nccl": {
+        "NCCL_DEBUG": ("INFO", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+        "NCCL_DEBUG_SUBSYS": ("INIT,NET",
+                              "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+        "TORCH_DISTRIBUTED_DEBUG": ("DETAIL", ""),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("3", TORCH_121055),
+    },
+}
+
+# The EDF as a whole, after TOML parsing; <username> is the user's, replaced by sed.
+CSCS_EDF_TABLE = {
+    "image": ("/capstor/scratch/cscs/<username>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
+    "mounts": (["/capstor:/capstor", "/iopsstor:/iopsstor"], CSCS_EDF),
+    "workdir": ("/capstor/scratch/cscs/<username>", CSCS_EDF),
+    "entrypoint": (False, CSCS_EDF),
+    "annotations": ({"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true",
+                                                        "variant": "cuda-dl"}}}}, CSCS_HOOK),
+    "env": ({"NCCL_NET": "AWS Libfabric", "NCCL_PROTO": "^LL128",
+             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "MPICH_GPU_SUPPORT_ENABLED": "0",
+             "CUDA_CACHE_DISABLE": "1"}, CSCS_PYTORCH),
+}
+
+# The #SBATCH resources of each site job script.
+RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "sigma2-olivia.sbatch": {
+        "--nodes": ("2", OLIVIA_MULTINODE), "--ntasks-per-node": ("1", OLIVIA_MULTINODE),
+        "--gpus-per-node": ("4", OLIVIA_JOB_TYPES),
+        "--cpus-per-task": ("288", OLIVIA_JOB_TYPES),  # 72 per GPU, 4 GPUs a node
+        "--mem": ("440G", OLIVIA_MULTINODE), "--partition": ("accel", OLIVIA_JOB_TYPES),
+    },
+    "alliance.sbatch": {
+        # The ratio per GPU is on Alliance's "Ratios in bundles" page, which we could not
+        # read: 32 CPUs and all the node's memory are this project's, not confirmed.
+        "--nodes": ("1", ""), "--ntasks-per-node": ("1", ""), "--gpus-per-node": ("4", ""),
+        "--cpus-per-task": ("32", ""), "--mem": ("0", ""),
+    },
+}
+
+
+def preset_exports(name: str) -> dict[str, str]:
+    """What sourcing jobs/presets/NAME.sh adds to an empty environment."""
+    script = f'source "{JOBS / "presets" / f"{name}.sh"}"; env -0'
+    done = subprocess.run(["env", "-i", "bash", "--norc", "-c", script], capture_output=True,
+                          text=True, check=True)
+    found = dict(item.split("=", 1) for item in done.stdout.split("\0") if "=" in item)
+    return {k: v for k, v in found.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD")}
+
+
+def sbatch_resources(path: Path) -> dict[str, str]:
+    options = re.findall(r"^#SBATCH (--[a-z-]+)=(\S+)", path.read_text(), re.M)
+    return dict(options)
+
+
+def cited(text: str, url: str) -> bool:
+    return not url or url in text
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_each_preset_sets_the_published_values_and_cites_them(name):
+    table = PRESETS[name]
+    assert preset_exports(name) == {key: value for key, (value, _) in table.items()}
+    text = (JOBS / "presets" / f"{name}.sh").read_text()
+    missing = {url for _, url in table.values() if not cited(text, url)}
+    assert not missing, f"{name}.sh does not name {missing}"
+    if any(url.startswith("https://docs.cscs.ch") or "sigma2" in url
+           for _, url in table.values()):
+        assert READ in text, f"{name}.sh does not say when its pages were read"
+
+
+def test_every_preset_file_has_a_table():
+    assert sorted(p.stem for p in (JOBS / "presets").glob("*.sh")) == sorted(PRESETS)
+
+
+def test_the_cscs_edf_holds_the_published_keys_in_the_documented_forms():
+    path = JOBS / "sites" / "cscs-alps.toml"
+    text = path.read_text()
+    edf = tomllib.loads(text)
+    assert edf == {key: value for key, (value, _) in CSCS_EDF_TABLE.items()}
+    # The reference's mount form: SOURCE:DESTINATION[:FLAGS], absolute paths.
+    for mount in edf["mounts"]:
+        assert re.fullmatch(r"/[^:]*:/[^:]*(:[a-z+]+)?", mount), mount
+    assert all(isinstance(v, str) for v in edf["env"].values())  # EDF env values are strings
+    # No ${VAR}: the file means the same wherever the CE expands variables or not.
+    assert "${" not in "".join(line.split("#")[0] for line in text.splitlines())
+    for _, url in CSCS_EDF_TABLE.values():
+        assert url in text, url
+    assert READ in text
+
+
+@pytest.mark.parametrize("script", sorted(RESOURCES))
+def test_each_site_job_script_asks_for_the_published_resources(script):
+    path = JOBS / "sites" / script
+    found = sbatch_resources(path)
+    table = RESOURCES[script]
+    assert {key: found.get(key) for key in table} == {k: v for k, (v, _) in table.items()}
+    text = path.read_text()
+    for _, url in table.values():
+        assert cited(text, url), url
