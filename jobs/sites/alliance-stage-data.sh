@@ -1,15 +1,17 @@
 # shellcheck shell=bash
 # Alliance (Compute Canada): copy the dataset to each node's local disk ($SLURM_TMPDIR)
-# once per node before training, as the Alliance wiki advises for many small reads;
-# reading CIFAR-100 or an image folder from /project or /scratch by every rank is slow.
+# once per node before training, as Alliance's "Using node-local storage" page advises
+# for many small reads (https://docs.alliancecan.ca/wiki/Using_node-local_storage, read
+# 2026-11-24: local disk beats /project, /scratch and /home for frequent small I/O).
 # Sourced by a job script:
 #
 #   source jobs/sites/alliance-stage-data.sh
 #   stage_dataset ~/projects/def-me/data/cifar-100-python.tar.gz   # sets DATA_DIR
 #
 # ARCHIVE may be a .tar / .tar.gz file (unpacked) or a folder (copied). One task per
-# node does the copy (srun --ntasks-per-node=1), every node gets the same path, and
-# DATA_DIR points there, so jobs/lib/launch.sh binds it into the container.
+# node does the copy (srun --ntasks-per-node=1, one CPU: tar and cp use one), every node
+# gets the same path, and DATA_DIR points there, so jobs/lib/launch.sh binds it into the
+# container.
 
 stage_dataset() {
   local archive=${1:?stage_dataset ARCHIVE: a .tar(.gz) file or a folder}
@@ -22,10 +24,10 @@ stage_dataset() {
   export DATA_DIR
   # shellcheck disable=SC2016  # $1 and $2 belong to the inner bash
   if [[ -d ${archive} ]]; then
-    srun --ntasks="${nodes}" --ntasks-per-node=1 \
+    srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 \
       bash -c 'mkdir -p "$2" && cp -r "$1"/. "$2"/' stage "${archive}" "${DATA_DIR}"
   else
-    srun --ntasks="${nodes}" --ntasks-per-node=1 \
+    srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 \
       bash -c 'mkdir -p "$2" && tar -xf "$1" -C "$2"' stage "${archive}" "${DATA_DIR}"
   fi
   printf 'stage: %s on every node at DATA_DIR=%s\n' "${archive}" "${DATA_DIR}" >&2

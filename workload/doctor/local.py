@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from workload.files import unwritable_reason
+from workload.launch import nccl
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 
 SHM_MIN_BYTES = 1 << 30  # below 1 GiB, DataLoader workers and NCCL's SHM transport fail
@@ -205,6 +206,28 @@ def cache_checks() -> list[Finding]:
         else:
             found.append(Finding("cache", OK, f"{variable} {path} is writable"))
     return found
+
+
+def nccl_check() -> Finding:
+    """Both NCCL versions: the one torch loaded, and a libnccl bound on LD_LIBRARY_PATH
+    (Olivia's module route) against the image's own, which torch was built with."""
+    try:
+        loaded = tuple(torch.cuda.nccl.version())
+    except (AttributeError, RuntimeError, TypeError):  # a CPU-only torch has no NCCL
+        loaded = None
+    detail = f"torch.cuda.nccl.version() {nccl.shown(loaded)}"
+    bound = nccl.first_library(nccl.library_path(os.environ))
+    if bound is None:
+        return Finding("nccl", INFO, detail + "; no libnccl bound on LD_LIBRARY_PATH")
+    version = nccl.library_version(bound)
+    image = nccl.image_version(os.environ, str(bound.parent))
+    detail += (f"; bound {nccl.shown(version)} ({bound.parent}); the image's own "
+               f"{nccl.shown(image)}")
+    if version and image and version < image:
+        return Finding("nccl", WARN, detail + ": the bound one is older",
+                       "load an NCCL module at least as new as the image's "
+                       "(python -m workload.launch nccl names one)")
+    return Finding("nccl", OK, detail)
 
 
 # ---------------------------------------------------------------- versions

@@ -4,12 +4,14 @@
     python -m workload.launch env --command torchrun   # for a torchrun about to start
     python -m workload.launch check          # explain layout mistakes and their fixes
     python -m workload.launch jobs [DEST]    # copy the job scripts out (default ./jobs)
+    python -m workload.launch nccl [--module NCCL/X.Y.Z-...]...   # bound libnccl new enough?
 
 Inside a job step, for example:
     srun -N2 --ntasks-per-node=4 python -m workload.launch check
     srun -N2 --ntasks-per-node=1 apptainer exec --nv image.sif python -m workload.launch env
 
-Exit status: 0 fine, 1 layout problems found (check), 2 a bad value (nothing started).
+Exit status: 0 fine, 1 layout problems found (check), 2 a bad value (nothing started; for
+nccl: the libnccl on LD_LIBRARY_PATH is older than the one torch was built with).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import visible_gpu_count
+from workload.launch import nccl
 from workload.launch.jobs import copy_jobs, find_jobs, submit_command
 from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
@@ -155,6 +158,19 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nccl(args: argparse.Namespace) -> int:
+    fine, line = nccl.check(modules=args.module, needed=args.needs)
+    print(line, file=sys.stdout if fine else sys.stderr)
+    return 0 if fine else 2
+
+
+def nccl_version(text: str) -> nccl.Version:
+    version = nccl.parse(text)
+    if version is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected X.Y.Z, e.g. 2.27.7")
+    return version
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workload.launch",
                                      description=__doc__.split("\n\n")[0])
@@ -170,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("dest", nargs="?", default="jobs", help="target folder (default ./jobs)")
     jobs.add_argument("--force", action="store_true", help="overwrite files already there")
     jobs.set_defaults(func=cmd_jobs)
+    check_nccl = sub.add_parser("nccl", help="stop when the libnccl on LD_LIBRARY_PATH is "
+                                "older than the one torch was built with")
+    check_nccl.add_argument("--module", action="append", default=[], metavar="NAME",
+                            help="an NCCL module the site offers (repeat); the fix names "
+                                 "the oldest one new enough")
+    check_nccl.add_argument("--needs", type=nccl_version, default=None, metavar="X.Y.Z",
+                            help="the version torch needs (default: ask torch)")
+    check_nccl.set_defaults(func=cmd_nccl)
     return parser
 
 

@@ -1,0 +1,99 @@
+"""Every job script under jobs/sites/ on the private SLURM cluster, as a user submits it.
+
+Only what this cluster cannot have is replaced: the GPU request (no GPUs here) and the
+sizes (2 CPUs a node), given on the sbatch line; the site's container runtime by the
+local one (RUNTIME=none: the host's Python), and the site's `module` command by a shell
+function exported the way Lmod exports its own, loading a stand-in NCCL folder. The
+rest -- the site file sourced, the NCCL binds and match check, the data staging, the
+preset, jobs/lib/launch.sh and its two-node step -- runs as on the site. The step runs
+in LAUNCH_CHECK mode (`python -m workload.launch check` in every task, the layout the
+training would get); tests/e2e/test_slurm_launch.py trains through the same launch.sh.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, sbatch, wait_until_ended
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SITES = REPO / "jobs" / "sites"
+# Lmod's `module` is a shell function every batch script inherits; this one "loads" a
+# module by putting STAND_IN_NCCL on LD_LIBRARY_PATH, and lists STAND_IN_MODULES.
+MODULE = ("() { case $1 in load) [[ $2 == NCCL/* ]] && "
+          "export LD_LIBRARY_PATH=$STAND_IN_NCCL${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; true;; "
+          "-t) printf '%s\\n' $STAND_IN_MODULES >&2;; esac; }")
+
+
+def stand_in_nccl(folder: Path, version: str) -> Path:
+    """An NCCL module's lib folder: libnccl.so.2 -> libnccl.so.X.Y.Z (a stand-in file:
+    the check reads versions, and the CPU training step loads no NCCL)."""
+    folder.mkdir(parents=True)
+    (folder / f"libnccl.so.{version}").write_bytes(b"stand-in")
+    (folder / "libnccl.so.2").symlink_to(f"libnccl.so.{version}")
+    return folder
+
+
+def alliance_settings(tmp_path: Path) -> dict[str, str]:
+    data = tmp_path / "project" / "data"
+    data.mkdir(parents=True)
+    (data / "README").write_text("the dataset folder, staged to each node")
+    return {"DATASET_ARCHIVE": str(data), "SLURM_TMPDIR": str(tmp_path / "localscratch")}
+
+
+def olivia_settings(tmp_path: Path, version: str = "99.0.0") -> dict[str, str]:
+    return {"STAND_IN_NCCL": str(stand_in_nccl(tmp_path / f"NCCL-{version}" / "lib", version)),
+            "STAND_IN_MODULES": "NCCL/2.26.6-GCCcore-14.2.0-CUDA-12.8.0 "
+                                "NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0"}
+
+
+SETTINGS = {"alliance.sbatch": alliance_settings, "sigma2-olivia.sbatch": olivia_settings}
+
+
+def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str]):
+    text = (SITES / script).read_text()
+    job = tmp_path / script
+    job.write_text("".join(row for row in text.splitlines(keepends=True)
+                           if not row.startswith("#SBATCH --gpus")))
+    out = tmp_path / "job.out"
+    env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+                               "GPUS_PER_NODE": "2", "LAUNCH_CHECK": "1",
+                               "BASH_FUNC_module%%": MODULE, **settings}
+    job_id = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--mem=1G",
+                                    "--partition=debug", "--account=test", "--time=10",
+                                    "--output", str(out), str(job)],
+                    env=env, cwd=tmp_path)
+    state = wait_until_ended(slurm_cluster, job_id, out)
+    return state, (out.read_text() if out.exists() else ""), tmp_path / "runs" / str(job_id)
+
+
+def test_every_site_job_script_has_a_case_here():
+    assert sorted(path.name for path in SITES.glob("*.sbatch")) == sorted(SETTINGS)
+
+
+@pytest.mark.parametrize("script", sorted(SETTINGS))
+def test_the_site_job_script_runs_its_step_on_two_nodes(slurm_cluster, tmp_path, script):
+    state, log, _ = submit(slurm_cluster, tmp_path, script, SETTINGS[script](tmp_path))
+    assert state == "COMPLETED", log[-3000:]
+    # 2 nodes x GPUS_PER_NODE=2 tasks, each reporting a sound layout.
+    assert log.count("layout: per-task, rank") == 4 and log.count("check: ok") == 4, log
+    if script == "alliance.sbatch":
+        assert (tmp_path / "localscratch" / "data" / "README").exists()
+    if script == "sigma2-olivia.sbatch":
+        assert re.search(r"nccl: bound libnccl 99\.0\.0 \(.*\) >= 2\.\d+\.\d+ torch was", log), log
+        assert "preset sigma2-olivia: NCCL_PROTO=^LL128" in log
+
+
+def test_olivia_stops_before_training_when_the_module_nccl_is_older(slurm_cluster, tmp_path):
+    settings = olivia_settings(tmp_path, version="2.0.1")
+    state, log, run_dir = submit(slurm_cluster, tmp_path, "sigma2-olivia.sbatch", settings)
+    assert state == "FAILED", log[-3000:]
+    [line] = [row for row in log.splitlines() if row.startswith("nccl:")]
+    assert "the bound libnccl 2.0.1" in line and "older than" in line
+    assert line.endswith("load NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0 instead "
+                         "(NCCL_MODULE=NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0)")
+    assert not run_dir.exists()  # nothing started
