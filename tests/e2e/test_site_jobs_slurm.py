@@ -12,7 +12,9 @@ training would get); tests/e2e/test_slurm_launch.py trains through the same laun
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,21 +53,55 @@ def olivia_settings(tmp_path: Path, version: str = "99.0.0") -> dict[str, str]:
                                 "NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0"}
 
 
-SETTINGS = {"alliance.sbatch": alliance_settings, "sigma2-olivia.sbatch": olivia_settings}
+# Shifter on this machine: the host itself, with each -V SOURCE:TARGET applied to the
+# command's arguments (an argument naming TARGET names SOURCE), as the container would see.
+SHIFTER = f"""#!{sys.executable}
+import os, sys
+args, binds = sys.argv[1:], []
+while args and args[0] in ("-V", "--volume") or args and args[0].startswith("--image="):
+    if args[0].startswith("--image="):
+        args.pop(0)
+        continue
+    source, target = args[1].split(":")[:2]
+    binds.append((target, source))
+    args = args[2:]
+for target, source in binds:
+    args = [source + a[len(target):] if a == target or a.startswith(target + "/") else a
+            for a in args]
+os.execvp(args[0], args)
+"""
+
+
+def nersc_settings(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "shifter").write_text(SHIFTER)
+    (bin_dir / "shifter").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SCRATCH": str(tmp_path)}
+
+
+SETTINGS = {"alliance.sbatch": alliance_settings, "sigma2-olivia.sbatch": olivia_settings,
+            "nersc-perlmutter.sbatch": nersc_settings,
+            "jsc-juwels-booster.sbatch": lambda tmp_path: {}}
+# Sizes for a cluster of 2 CPUs a node: Perlmutter's script starts a task per GPU itself.
+SIZES = {"nersc-perlmutter.sbatch": ["--ntasks-per-node=2", "--cpus-per-task=1"]}
+# Header lines for what this cluster has not: GPUs, and NERSC's Shifter image, modules
+# and node feature (the image's part is the local `shifter` above).
+SITE_ONLY = ("#SBATCH --gpus", "#SBATCH --image", "#SBATCH --module", "#SBATCH --constraint")
 
 
 def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str]):
     text = (SITES / script).read_text()
     job = tmp_path / script
     job.write_text("".join(row for row in text.splitlines(keepends=True)
-                           if not row.startswith("#SBATCH --gpus")))
+                           if not row.startswith(SITE_ONLY)))
     out = tmp_path / "job.out"
     env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
                                "GPUS_PER_NODE": "2", "LAUNCH_CHECK": "1",
                                "BASH_FUNC_module%%": MODULE, **settings}
     job_id = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--mem=1G",
                                     "--partition=debug", "--account=test", "--time=10",
-                                    "--output", str(out), str(job)],
+                                    *SIZES.get(script, []), "--output", str(out), str(job)],
                     env=env, cwd=tmp_path)
     state = wait_until_ended(slurm_cluster, job_id, out)
     return state, (out.read_text() if out.exists() else ""), tmp_path / "runs" / str(job_id)
@@ -83,6 +119,9 @@ def test_the_site_job_script_runs_its_step_on_two_nodes(slurm_cluster, tmp_path,
     assert log.count("layout: per-task, rank") == 4 and log.count("check: ok") == 4, log
     if script == "alliance.sbatch":
         assert (tmp_path / "localscratch" / "data" / "README").exists()
+    if script == "jsc-juwels-booster.sbatch":  # the rendezvous on the InfiniBand name
+        assert log.count("rendezvous nid001i:") == 4, log
+        assert "preset jsc-juwels-booster: NCCL_SOCKET_IFNAME=ib0" in log
     if script == "sigma2-olivia.sbatch":
         assert re.search(r"nccl: bound libnccl 99\.0\.0 \(.*\) >= 2\.\d+\.\d+ torch was", log), log
         assert "preset sigma2-olivia: NCCL_PROTO=^LL128" in log
