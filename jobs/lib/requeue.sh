@@ -137,7 +137,8 @@ continue_run() {
   cap=${MAX_PREEMPTIONS}
   [[ ${kind} == time-limit ]] && cap=${MAX_TIME_LIMIT_RESTARTS}
   used=$(grep -cx "${kind}" "${CONTINUATIONS_FILE}" 2>/dev/null || true)
-  if (( ${used:-0} >= cap )); then
+  used=${used:-0}
+  if (( used >= cap )); then
     requeue_log "stopped by ${kind} after ${used} continuations for it, the cap" \
       "(MAX_TIME_LIMIT_RESTARTS=${MAX_TIME_LIMIT_RESTARTS}, MAX_PREEMPTIONS=${MAX_PREEMPTIONS}):" \
       "not requeued; resubmit the same script to continue from the checkpoint"
@@ -145,7 +146,10 @@ continue_run() {
   fi
   printf '%s\n' "${kind}" >>"${CONTINUATIONS_FILE}"
   if [[ ${CONTINUE} == chain ]]; then
-    next=$(submit_successor) || { requeue_log "sbatch of the next job failed"; exit 75; }
+    next=$(submit_successor) || {
+      requeue_log "sbatch of the next job failed: resubmit the same script to continue"
+      exit "${REQUEUE_EXIT_STATUS}"
+    }
     requeue_log "${kind}: continuing run ${TRAIN_RUN_ID} in job ${next}" \
       "($((used + 1)) of ${cap}), after job ${SLURM_JOB_ID} ends"
   else

@@ -130,10 +130,9 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
     assert summary["layout"] == ("torchrun-per-node" if layout == "torchrun" else "per-task")
 
 
-# Real preemption: the digits run (tiny, deterministic) of one task, long enough (about
-# 90 steps) that SLURM's decision, a few seconds, falls within it.
+# Real preemption: the digits run (tiny, deterministic) of one task, 30 steps.
 DIGITS_ARGS = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "16",
-               "--epochs", "1", "--seed", "3", "--precision", "fp32",
+               "--epochs", "1", "--max-steps", "30", "--seed", "3", "--precision", "fp32",
                "--checkpoint-every", "0", "--log-every", "10"]
 
 # A user's own batch file, the way users write it: --requeue and `exec srun train`.
@@ -158,6 +157,32 @@ def submit_plain(cluster, folder: Path, partition: str, *options: str) -> tuple[
                             str(script)], env=env, cwd=folder), log
 
 
+def step_stopped(cluster, job: int) -> bool:
+    """Every process of the job's first step is stopped (state T)."""
+    done = cluster.run(["scontrol", "listpids", f"{job}.0", cluster.nodes[0]])
+    pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
+    states = []
+    for pid in pids:
+        try:
+            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            return False
+    return bool(states) and set(states) == {"T"}
+
+
+def preempt_while_training(cluster, job: int, log: Path, folder: Path) -> None:
+    """Once the low job trains, a high-priority job that needs its node. The step is held
+    with SIGSTOP first, so that a fast machine cannot finish the run before SLURM's
+    decision (a few seconds) reaches it: SLURM's preemption sends SIGCONT with its
+    SIGTERM (slurm.schedmd.com/preempt.html), which is what resumes it."""
+    wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log)
+    done = cluster.run(["scancel", "--signal=STOP", str(job)])
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: step_stopped(cluster, job), "the low job's step to stop", log)
+    sbatch(cluster, ["--partition=high", "--nodes=1", "--exclusive",
+                     f"--output={folder / 'high.log'}", "--wrap=true"])
+
+
 def test_preempted_plain_srun_job_is_requeued_by_slurm_and_ends_as_if_never_stopped(
         slurm_cluster, tmp_path):
     """PreemptMode=REQUEUE with a grace time (tests/slurm/cluster.py): a high-priority job
@@ -167,9 +192,7 @@ def test_preempted_plain_srun_job_is_requeued_by_slurm_and_ends_as_if_never_stop
     job, log = submit_plain(slurm_cluster, tmp_path / "low", "low")
     ref, ref_log = submit_plain(slurm_cluster, tmp_path / "reference", "debug",
                                 f"--nodelist={slurm_cluster.nodes[1]}")
-    wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log)
-    sbatch(slurm_cluster, ["--partition=high", "--nodes=1", "--exclusive",
-                           f"--output={tmp_path / 'high.log'}", "--wrap=true"])
+    preempt_while_training(slurm_cluster, job, log, tmp_path)
     wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ENDED_STATES
              and log_count(log, "job start") == 2, "the requeued job to end", log)
     text = log.read_text()
@@ -205,9 +228,7 @@ def test_job_script_chain_continues_a_preempted_run_in_the_next_job(slurm_cluste
            "PYTHONUNBUFFERED": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     job = sbatch(slurm_cluster, [str(script), *DIGITS_ARGS], env=env, cwd=tmp_path)
     log = tmp_path / f"hpc-train-requeue-{job}.out"
-    wait_for(lambda: log_count(log, "data backend") >= 1, "the first job to train", log)
-    sbatch(slurm_cluster, ["--partition=high", "--nodes=1", "--exclusive",
-                           f"--output={tmp_path / 'high.log'}", "--wrap=true"])
+    preempt_while_training(slurm_cluster, job, log, tmp_path)
     wait_for(lambda: log_count(log, "continuing run") == 1, "the next job's submission", log)
     text = log.read_text()
     step = int(re.search(r"preempted by SIGTERM at step (\d+)", text).group(1))
