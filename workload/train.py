@@ -86,7 +86,7 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     try:
         return run(cfg, flag)
     except Preempted as stop:
-        leave_for_requeue(stop)
+        leave_for_requeue(stop, flag.signal_name)
     except KeyboardInterrupt:
         say(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes from "
             "its last one", sys.stderr)
@@ -117,12 +117,18 @@ def warn_container_paths(cfg: TrainConfig) -> None:
             warn("train", warning)
 
 
-def leave_for_requeue(stop: Exception) -> None:
-    """The preempted run's last line in the log, then the requeue status (the launch
-    layer's exit_for_requeue is the same exit for a user's own script)."""
+def leave_for_requeue(stop: Exception, signal_name: str | None) -> None:
+    """The preempted run's last line in the log, then the requeue status; after SLURM's
+    SIGTERM with no job script to requeue the job, a wait for SLURM to end the step
+    instead (the launch layer's exit_for_requeue makes the same choice for a user's own
+    script; workload/launch/preemption.py says why)."""
     from workload.checkpoint import REQUEUE_EXIT_STATUS
+    from workload.launch.preemption import slurm_will_requeue, wait_for_slurm
     from workload.logs import logger
 
+    if slurm_will_requeue(signal_name):
+        logger.warning(f"{stop}: checkpoint written")
+        wait_for_slurm()
     logger.warning(f"{stop}: checkpoint written; exiting with status {REQUEUE_EXIT_STATUS} "
                    "so the job script requeues the job")
     sys.exit(REQUEUE_EXIT_STATUS)

@@ -20,7 +20,9 @@
 #   ENTRYPOINT     entrypoint.sh inside the image (default: on the image's PATH)
 #   LAUNCH_CHECK   1: run `python -m workload.launch check` in the layout instead
 #   JOBS_DIR       this jobs/ folder (default: found from this file)
-#   MAX_REQUEUES, TRAIN_REQUEUE_FILE   for the requeueable launches: see jobs/lib/requeue.sh
+#   CONTINUE       requeueable launches: requeue (default) | chain (the next job of a
+#                  chain, for sites that forbid --requeue); MAX_TIME_LIMIT_RESTARTS,
+#                  MAX_PREEMPTIONS, TRAIN_RUN_ID, TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
 #   SCRIPT         launch_script: your training script (a path the image sees)
 #   FORM           launch_script: per-task (default, through entrypoint.sh) | torchrun |
 #                  no-entrypoint (the script calls workload.launch.setup(), your-script.md)

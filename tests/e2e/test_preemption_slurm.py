@@ -1,7 +1,10 @@
 """Preemption on the real private SLURM cluster (tests/slurm): a 2-node job signalled the
 way `--signal=B:USR2@<seconds>` does it checkpoints, exits 75, is requeued by
-jobs/lib/requeue.sh, resumes from that step, stops requeueing at MAX_REQUEUES, and a
-resubmission completes with the weights of an uninterrupted job."""
+jobs/lib/requeue.sh, resumes from that step, stops requeueing at MAX_TIME_LIMIT_RESTARTS,
+and a resubmission completes with the weights of an uninterrupted job. SLURM's own
+preemption (the `low` and `high` partitions): a plain `exec srun train` job is requeued by
+SLURM and ends with the uninterrupted run's weights; a job script with CONTINUE=chain
+continues in the next job."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, job_field, sbatch, wait_for
+from tests.helpers import ENDED_STATES, TINY, job_field, sbatch, wait_for, wait_until_ended
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -41,8 +44,8 @@ run_requeueable srun --kill-on-bad-exit=1 train {args} --output-dir {out}
 def submit(cluster, folder: Path, out: Path, max_requeues: int) -> tuple[int, Path]:
     script, log = folder / "job.sbatch", folder / "job.log"
     script.write_text(JOB.format(repo=REPO, args=" ".join(ARGS), out=out))
-    env = {**cluster.env, "MAX_REQUEUES": str(max_requeues), "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**cluster.env, "MAX_TIME_LIMIT_RESTARTS": str(max_requeues),
+           "PYTHONUNBUFFERED": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return sbatch(cluster, [f"--output={log}", str(script)], env=env, cwd=folder), log
 
 
@@ -72,7 +75,8 @@ def test_usr2_checkpoints_requeues_resumes_and_stops_at_the_cap(slurm_cluster, t
     text = log.read_text()
     assert "job start: restart count 1" in text
     assert f"resumed from {out / 'checkpoints' / f'step-{first_step:09d}'}" in text
-    # ... and, preempted again with MAX_REQUEUES=1 used up, is not requeued: status 75.
+    # ... and, preempted again with MAX_TIME_LIMIT_RESTARTS=1 used up, is not requeued:
+    # status 75.
     assert "not requeued" in text and log_count(log, "requeueing job") == 1
     assert job_field(slurm_cluster, job, "ExitCode") == "75:0"
     assert job_field(slurm_cluster, job, "Restarts") == "1"
@@ -105,7 +109,7 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
     script, log = tmp_path / "requeue.sbatch", tmp_path / "job.log"
     script.write_text(body + "\n")
     env = {**slurm_cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
-           "GPUS_PER_NODE": "2", "LAYOUT": layout, "MAX_REQUEUES": "1",
+           "GPUS_PER_NODE": "2", "LAYOUT": layout, "MAX_TIME_LIMIT_RESTARTS": "1",
            "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     job = sbatch(slurm_cluster, ["--cpus-per-task=2", "--time=10", f"--output={log}",
@@ -124,3 +128,118 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert summary["layout"] == ("torchrun-per-node" if layout == "torchrun" else "per-task")
+
+
+# Real preemption: the digits run (tiny, deterministic) of one task, 30 steps.
+DIGITS_ARGS = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "16",
+               "--epochs", "1", "--max-steps", "30", "--seed", "3", "--precision", "fp32",
+               "--checkpoint-every", "0", "--log-every", "10"]
+
+# A user's own batch file, the way users write it: --requeue and `exec srun train`.
+PLAIN_JOB = """#!/usr/bin/env bash
+#SBATCH --nodes=1
+#SBATCH --exclusive
+#SBATCH --time=10
+#SBATCH --requeue
+#SBATCH --open-mode=append
+echo "job start: restart count ${{SLURM_RESTART_COUNT:-0}}"
+exec srun train {args} --output-dir {out}
+"""
+
+
+def submit_plain(cluster, folder: Path, partition: str, *options: str) -> tuple[int, Path]:
+    folder.mkdir(exist_ok=True)
+    script, log = folder / "job.sbatch", folder / "job.log"
+    script.write_text(PLAIN_JOB.format(args=" ".join(DIGITS_ARGS), out=folder / "run"))
+    env = {**cluster.env, "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return sbatch(cluster, [f"--partition={partition}", *options, f"--output={log}",
+                            str(script)], env=env, cwd=folder), log
+
+
+def step_stopped(cluster, job: int) -> bool:
+    """Every process of the job's first step is stopped (state T)."""
+    done = cluster.run(["scontrol", "listpids", f"{job}.0", cluster.nodes[0]])
+    pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
+    states = []
+    for pid in pids:
+        try:
+            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            return False
+    return bool(states) and set(states) == {"T"}
+
+
+def preempt_while_training(cluster, job: int, log: Path, folder: Path) -> None:
+    """Once the low job trains, a high-priority job that needs its node. The step is held
+    with SIGSTOP first, so that a fast machine cannot finish the run before SLURM's
+    decision (a few seconds) reaches it: SLURM's preemption sends SIGCONT with its
+    SIGTERM (slurm.schedmd.com/preempt.html), which is what resumes it."""
+    wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log)
+    done = cluster.run(["scancel", "--signal=STOP", str(job)])
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: step_stopped(cluster, job), "the low job's step to stop", log)
+    sbatch(cluster, ["--partition=high", "--nodes=1", "--exclusive",
+                     f"--output={folder / 'high.log'}", "--wrap=true"])
+
+
+def test_preempted_plain_srun_job_is_requeued_by_slurm_and_ends_as_if_never_stopped(
+        slurm_cluster, tmp_path):
+    """PreemptMode=REQUEUE with a grace time (tests/slurm/cluster.py): a high-priority job
+    that needs the node sends SIGTERM to the low job's step; train checkpoints and stays
+    until SLURM ends the step, so SLURM requeues the job, which resumes and completes with
+    the weights of a job that was never preempted (the same script on the other node)."""
+    job, log = submit_plain(slurm_cluster, tmp_path / "low", "low")
+    ref, ref_log = submit_plain(slurm_cluster, tmp_path / "reference", "debug",
+                                f"--nodelist={slurm_cluster.nodes[1]}")
+    preempt_while_training(slurm_cluster, job, log, tmp_path)
+    wait_for(lambda: job_field(slurm_cluster, job, "JobState") in ENDED_STATES
+             and log_count(log, "job start") == 2, "the requeued job to end", log)
+    text = log.read_text()
+    assert job_field(slurm_cluster, job, "JobState") == "COMPLETED", text[-3000:]
+    assert job_field(slurm_cluster, job, "Restarts") == "1"
+    step = int(re.search(r"preempted by SIGTERM at step (\d+)", text).group(1))
+    assert "waiting for SLURM to end the step" in text
+    assert "job start: restart count 1" in text
+    run = tmp_path / "low" / "run"
+    assert f"resumed from {run / 'checkpoints' / f'step-{step:09d}'}" in text
+    assert wait_until_ended(slurm_cluster, ref, ref_log) == "COMPLETED"
+    resumed = json.loads((run / "summary.json").read_text())
+    reference = json.loads((tmp_path / "reference" / "run" / "summary.json").read_text())
+    assert resumed["model_sha256"] == reference["model_sha256"]
+
+
+def test_job_script_chain_continues_a_preempted_run_in_the_next_job(slurm_cluster, tmp_path):
+    """CONTINUE=chain, for sites that forbid requeue: jobs/requeue.sbatch (RUNTIME=none)
+    preempted on the low partition checkpoints, submits its successor with
+    --dependency=afterany and ends; the successor (a new job id, the same run folder)
+    resumes from the checkpoint and completes."""
+    text = (REPO / "jobs" / "requeue.sbatch").read_text()
+    header = {"#SBATCH --cpus-per-task=72": "#SBATCH --cpus-per-task=2",
+              "#SBATCH --time=04:00:00": "#SBATCH --time=10"}
+    body = "\n".join(header.get(line, line) for line in text.splitlines()
+                     if not line.startswith("#SBATCH --gpus"))
+    script = tmp_path / "requeue.sbatch"
+    script.write_text(body + "\n")
+    # SBATCH_PARTITION travels with the environment to the next job, as sbatch options do
+    # not: the chain stays on the partition it was submitted to.
+    env = {**slurm_cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+           "GPUS_PER_NODE": "1", "CONTINUE": "chain", "SBATCH_PARTITION": "low",
+           "PYTHONUNBUFFERED": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job = sbatch(slurm_cluster, [str(script), *DIGITS_ARGS], env=env, cwd=tmp_path)
+    log = tmp_path / f"hpc-train-requeue-{job}.out"
+    preempt_while_training(slurm_cluster, job, log, tmp_path)
+    wait_for(lambda: log_count(log, "continuing run") == 1, "the next job's submission", log)
+    text = log.read_text()
+    step = int(re.search(r"preempted by SIGTERM at step (\d+)", text).group(1))
+    following = int(re.search(rf"preemption: continuing run {job} in job (\d+) \(1 of 20\)",
+                              text).group(1))
+    assert wait_until_ended(slurm_cluster, job, log) == "COMPLETED"
+    assert job_field(slurm_cluster, job, "Restarts") == "0"
+    following_log = tmp_path / f"hpc-train-requeue-{following}.out"
+    assert wait_until_ended(slurm_cluster, following, following_log) == "COMPLETED"
+    assert job_field(slurm_cluster, following, "Partition") == "low"
+    assert re.search(rf"resumed from \S*runs/{job}/checkpoints/step-{step:09d}\b",
+                     following_log.read_text())
+    assert (tmp_path / "runs" / str(job) / "summary.json").exists()
+    assert not (tmp_path / f".train-continuations-{job}").exists()  # done: counts forgotten

@@ -8,6 +8,9 @@ run side by side on one machine. Clients reach it through ``SLURM_CONF``:
         cluster.run(["srun", "-N2", "-n4", "hostname"])
 
 Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1.
+Partitions: `debug` (the default, both nodes, never preempted), and `low` and `high` on
+nid001 for the preemption tests (SLURM's preempt/partition_prio with PreemptMode=REQUEUE
+and a GraceTime, as sites configure it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ HOSTS_FILE = Path("/etc/hosts")
 # Generous: slurmctld needs a few seconds to register nodes on a loaded 2-core machine.
 START_TIMEOUT_S = 60.0
 LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "TORCHELASTIC_", "PET_")
+# The low partition's preemption grace time (seconds between SIGTERM and the requeue).
+GRACE_TIME_S = 10
 LAUNCH_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                 "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "LOCAL_GPU"}
 
@@ -61,9 +66,23 @@ JobAcctGatherType=jobacct_gather/none
 KillWait=5
 MinJobAge=60
 InactiveLimit=0
+# Preemption as sites configure it (the partitions' PriorityTier decides; a preempted job is
+# requeued), used by the `low` and `high` partitions only: `debug` jobs are never preempted.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {node_lines}
-PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{partition_lines}
 """
+# `debug`, the default, on both nodes. A job on `low` that a `high` job needs is sent
+# SIGTERM, given GraceTime seconds to save, then requeued by SLURM (GRACE_TIME_S: short, so
+# that the preemption tests stay fast).
+PARTITIONS = (
+    "PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES "
+    "PreemptMode=OFF",
+    "PartitionName=low Nodes={first} MaxTime=INFINITE State=UP PriorityTier=1 "
+    "PreemptMode=REQUEUE GraceTime={grace}",
+    "PartitionName=high Nodes={first} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+)
 
 
 def free_ports(count: int) -> list[int]:
@@ -155,7 +174,8 @@ class SlurmCluster:
             cluster=f"hpctrain{ctld_port}", first_job_id=random.randrange(1000, 900_000),
             host=host, ctld_port=ctld_port,
             munge_socket=self.munge_socket, root=self.root, node_lines=node_lines,
-            nodes=",".join(self.nodes)))
+            partition_lines="\n".join(PARTITIONS).format(
+                nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S)))
         (self.root / "state").mkdir(exist_ok=True)
 
     def _start_slurm(self) -> None:

@@ -34,7 +34,7 @@ RUNTIMES = ("apptainer", "docker", "none", "pyxis", "edf")
 # A user's script in FORM runs in the step shape of this layout.
 FORM_LAYOUTS = {"per-task": "per-task", "torchrun": "torchrun", "no-entrypoint": "per-task"}
 # The one train command of the job scripts; the output folder stays the same across
-# requeues (a requeued job keeps its id).
+# requeues (a requeued job keeps its id) and chains (TRAIN_RUN_ID, run_id).
 TRAIN_SETTINGS = ("--batch-size", "256", "--epochs", "100", "--base-lr", "0.01",
                   "--target-accuracy", "0.95", "--patience", "2")
 # torchrun dies of USR2 unless told to handle it; then it passes it on to its workers,
@@ -152,14 +152,23 @@ def check_command(layout, in_image):
     return in_image + ["python", "-m", "workload.launch", "check"]
 
 
-def train_command(env, args):
+def run_id(env):
+    """The run's folder name: TRAIN_RUN_ID, the first job of a chain (jobs/lib/requeue.sh
+    passes it on), else this job's id, which a requeued job keeps."""
     job_id = setting(env, "SLURM_JOB_ID")
     if not job_id:
         raise JobError("SLURM_JOB_ID is not set: run the job scripts with sbatch")
+    value = setting(env, "TRAIN_RUN_ID", job_id)
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
+        raise JobError("TRAIN_RUN_ID={}: expected a job id such as 12345".format(value))
+    return value
+
+
+def train_command(env, args):
     cwd = setting(env, "PWD", os.getcwd())
     data_dir = setting(env, "DATA_DIR", os.path.join(cwd, "data"))
     return (["train", "--dataset", "cifar100", "--data-dir", data_dir] + list(TRAIN_SETTINGS)
-            + ["--output-dir", "runs/" + job_id] + list(args))
+            + ["--output-dir", "runs/" + run_id(env)] + list(args))
 
 
 def layout_of(env, what):

@@ -14,13 +14,25 @@ Torch-free, so a user's own script can use it as well as ``train``::
 The handler only records the signal (nothing else is safe inside a signal handler, least
 of all a collective or a file write). jobs/lib/requeue.sh sees status 75, or the file
 named by TRAIN_REQUEUE_FILE that every preempted rank writes, and requeues the job.
+
+Without that job script, SLURM itself requeues a preempted job, but only one still
+running when its grace time ends: SLURM sends SIGTERM to the job's steps when it picks
+the job for preemption and requeues it (PreemptMode=REQUEUE, a --requeue job) when it
+kills it GraceTime seconds later, while a job that ends by itself before that simply
+ends (FAILED, never requeued). So after SIGTERM inside a SLURM job, with no job script
+to requeue it, exit_for_requeue does not exit: the checkpoint is written and the process
+waits for SLURM to end the step. submitit and Lightning do the same ("bypassing
+SIGTERM"); NERSC's preemption notes ask jobs to "sleep 600 or similar".
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
+
+from workload.logs import say
 
 # "Requeue me": 75 is EX_TEMPFAIL in sysexits.h ("temporary failure, the user is invited to
 # retry"). Python uses 1 (uncaught exception) and 2 (usage), shells 126, 127 and 128+N for
@@ -76,7 +88,28 @@ def request_requeue(step: int, signal_name: str | None) -> None:
     os.replace(tmp, target)  # atomic: several ranks may write it
 
 
+def slurm_will_requeue(signal_name: str | None, env: Mapping[str, str] = os.environ) -> bool:
+    """SIGTERM inside a SLURM job that no job script requeues: SLURM's preemption (or its
+    time limit, or scancel, which kill the step shortly after as well)."""
+    return (signal_name == "SIGTERM" and bool(env.get("SLURM_JOB_ID"))
+            and not env.get(REQUEUE_FILE_ENV))
+
+
+def wait_for_slurm() -> None:
+    """Stay alive until SLURM ends the step: a preempted job still running at the end of
+    its grace time is requeued by SLURM, one that exited is not. Every signal but
+    SIGKILL finds the preemption handlers still installed and changes nothing."""
+    if os.environ.get("RANK", "0") == "0":
+        say(f"preempted inside SLURM job {os.environ.get('SLURM_JOB_ID')}: waiting for SLURM to "
+            "end the step, so that it requeues the job (a job submitted with --requeue)")
+    while True:
+        signal.pause()
+
+
 def exit_for_requeue(step: int, signal_name: str | None = None) -> None:
-    """After the checkpoint: ask for the requeue and exit with REQUEUE_EXIT_STATUS."""
+    """After the checkpoint: ask for the requeue and exit with REQUEUE_EXIT_STATUS, or,
+    after SLURM's SIGTERM with no job script to requeue the job, wait for SLURM."""
     request_requeue(step, signal_name)
+    if slurm_will_requeue(signal_name):
+        wait_for_slurm()
     raise SystemExit(REQUEUE_EXIT_STATUS)
