@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives for real (tools/debian-packages.txt:
-# SLURM and munge for the private cluster, podman/buildah/debootstrap for the image test,
-# dosfstools/fusefat for a FAT file system without hard links).
+# SLURM and munge for the private cluster, podman/buildah/debootstrap/mmdebstrap and QEMU
+# for the image tests, dosfstools/fusefat for a FAT file system without hard links).
 # Does nothing when they are all present; needs root (or sudo) to install missing ones.
 set -Eeuo pipefail
 
