@@ -166,6 +166,11 @@ class Distributed:
                                     flag="--dist-timeout", metavar="SECONDS",
                                     bounds=Range(0.0, 7 * 24 * 3600.0, low_open=True),
                                     resumable=True)
+    stall_timeout_s: float = setting(300.0, "no step done for this long (or 10 x the median "
+                                     "step, if longer): each rank dumps its stacks into "
+                                     "<output-dir>/diagnostics; 0 = off", flag="--stall-timeout",
+                                     metavar="SECONDS", bounds=between(0.0, 7 * 24 * 3600.0),
+                                     example="600", resumable=True)
 
 
 @dataclass

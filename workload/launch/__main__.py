@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import visible_gpu_count
+from workload.launch.diagnostics import apply_defaults, user_folder
 from workload.launch.jobs import copy_jobs, find_jobs
 from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
@@ -128,8 +129,23 @@ def cmd_env(args: argparse.Namespace) -> int:
     if pitfall and pitfall not in res.warnings and \
             Path(args.command or "").name not in OWN_COMMANDS:
         warn("launch", pitfall)
-    sys.stdout.write(render_env(res))
+    sys.stdout.write(render_env(res) + flight_recorder_lines(args.command))
     return 0
+
+
+def flight_recorder_lines(command: str | None) -> str:
+    """The flight recorder's variables for a user's command (train sets its own, in its
+    output dir); the ones the environment already has are left to it."""
+    if Path(command or "").name in OWN_COMMANDS:
+        return ""
+    folder = user_folder(os.environ)
+    try:  # torch writes its dump there but does not create the folder
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        warn("launch", f"no flight recorder dumps: cannot create {folder} ({exc})")
+        return ""
+    added = apply_defaults(dict(os.environ), folder)
+    return "".join(f"{key}={value}\n" for key, value in added.items())
 
 
 def cmd_check(args: argparse.Namespace) -> int:

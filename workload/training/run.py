@@ -3,6 +3,7 @@ the training state, resume, fit, write the summary."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -12,17 +13,21 @@ from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
+from workload.launch.diagnostics import DIAGNOSTICS, apply_defaults, enable_dump_on_signal
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
+from workload.training.watchdog import Activity, StallWatchdog
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
+    # Before the process group forms: torch reads the flight recorder's variables then.
+    apply_defaults(os.environ, diagnostics_folder(cfg))
     with start_process(cfg) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
@@ -55,17 +60,26 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
+    activity = Activity(state.step)
+    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank,
+                             cfg.distributed.stall_timeout_s)
+    enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
-    with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
+    with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
                       progress=progress_hooks(cfg, info, out, len(data.train)),
                       at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks).fit()
+        summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+def diagnostics_folder(cfg: TrainConfig) -> Path:
+    """Where the flight recorder, the stall watchdog and the heartbeats write."""
+    return Path(cfg.logging.output_dir).expanduser().absolute() / DIAGNOSTICS
 
 
 def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
