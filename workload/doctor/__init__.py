@@ -67,10 +67,10 @@ def check_flags(args) -> None:
 
 def doctor(args) -> None:
     check_flags(args)
-    from workload.doctor.diagnose import diagnose
+    from workload.doctor.checks import run_checks
     from workload.doctor.findings import FAIL, print_report, worst, write_json_report
 
-    outcome = diagnose(args)
+    outcome = run_checks(args)
     findings = [f for _, f in outcome["findings"]]
     if outcome.get("is_main", True):
         print_report(outcome, sys.stdout)

@@ -26,6 +26,7 @@ FR_BUFFER_ENTRIES = "2000"       # torch's own default once enabled (FlightRecor
 # The on-demand dump: not one of the preemption signals (workload/launch/preemption.py
 # handles SIGTERM, SIGINT, SIGUSR2 and SIGHUP; torchrun forwards SIGQUIT).
 DUMP_SIGNAL = signal.SIGUSR1
+STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
 
 
 def stacks_file(folder: Path, rank: int) -> Path:

@@ -61,7 +61,7 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
     activity = Activity(state.step)
-    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank,
+    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s)
     enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None

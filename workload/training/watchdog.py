@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 
 from workload.files import write_json
-from workload.launch.diagnostics import dump_command, heartbeat_file, stacks_file
+from workload.launch.diagnostics import STALL_MARK, dump_command, heartbeat_file, stacks_file
 from workload.launch.variables import node_name
 from workload.logs import logger
 
@@ -32,7 +32,6 @@ STARTUP, DATA, COMPUTE, OPTIMIZER = "start-up", "data wait", "forward/backward",
 COLLECTIVE, CHECKPOINT, EVALUATION = "collective", "checkpoint", "evaluation"
 HEARTBEAT_EVERY = 30.0   # seconds: an unchanged heartbeat is rewritten this often
 STEP_FACTOR = 10         # the stall timeout is at least this many median steps
-STALL_MARK = "stalled:"  # the first word of a stall dump's header (diagnose reads it)
 FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N>.json
 
 
@@ -48,8 +47,10 @@ class Activity:
 class StallWatchdog:
     """The thread; `check(now)` is one look (called by the thread, or by a test)."""
 
-    def __init__(self, activity: Activity, folder: Path, rank: int, timeout_s: float):
-        self.activity, self.folder, self.rank, self.timeout_s = activity, folder, rank, timeout_s
+    def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
+                 timeout_s: float):
+        self.activity, self.folder, self.timeout_s = activity, folder, timeout_s
+        self.rank, self.world_size = rank, world_size
         self.host = node_name()
         self.poll_s = min(5.0, timeout_s / 5) if timeout_s else 5.0
         self.step_times: deque[float] = deque(maxlen=100)
@@ -102,8 +103,9 @@ class StallWatchdog:
     def write_heartbeat(self, step: int, phase: str) -> None:
         median = statistics.median(self.step_times) if self.step_times else None
         write_json(heartbeat_file(self.folder, self.rank),
-                   dict(rank=self.rank, host=self.host, pid=os.getpid(), step=step,
-                        phase=phase, time=time.time(), median_step_s=median))
+                   dict(rank=self.rank, world_size=self.world_size, host=self.host,
+                        pid=os.getpid(), step=step, phase=phase, time=time.time(),
+                        median_step_s=median))
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""

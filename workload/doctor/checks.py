@@ -58,15 +58,15 @@ def probe(args, info) -> tuple[dict | None, Finding]:
                            f"{result['busbw_gbps']:.2f} GB/s")
 
 
-def diagnose(args) -> dict:
+def run_checks(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
     with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
-        return diagnose_ranks(args, ranks.capture_nccl_log(Path(folder)))
+        return check_ranks(args, ranks.capture_nccl_log(Path(folder)))
 
 
-def diagnose_ranks(args, nccl_log: Path | None) -> dict:
+def check_ranks(args, nccl_log: Path | None) -> dict:
     info, failure = join(args)
     if info is None:
         return failed(failure)
