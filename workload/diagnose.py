@@ -49,7 +49,7 @@ def last_dump(text: str) -> dict:
     threads = re.split(r"\n(?=Thread 0x|Current thread)", block)
     main = next((t for t in threads if "in <module>" in t), threads[-1])
     frames = [f"{Path(m[0]).name}:{m[1]} {m[2]}" for m in _FRAME.findall(main)]
-    return dict(stalled=bool(header), header=header, frames=frames[:4])
+    return dict(header=header, frames=frames[:4])
 
 
 def flight(record: dict) -> dict:
@@ -89,7 +89,7 @@ def suspects(ranks: dict[int, dict]) -> tuple[list[int], str]:
     """The ranks that held the others up, and why (empty when nothing points to one)."""
     world = max([r.get("world_size", 0) for r in ranks.values()] + [len(ranks)])
     missing = [rank for rank in range(world) if "step" not in ranks.get(rank, {})]
-    stalled = {rank for rank, r in ranks.items() if r.get("stalled")}
+    stalled = {rank for rank, r in ranks.items() if is_stalled(r)}
     if stalled:
         silent = sorted(set(range(world)) - stalled)
         if silent:
@@ -106,6 +106,12 @@ def suspects(ranks: dict[int, dict]) -> tuple[list[int], str]:
     return [], ""
 
 
+def is_stalled(r: dict) -> bool:
+    """The heartbeat says whether the rank's latest stall is still on (an old dump in
+    rank-<N>.txt, from before it moved on, is not); without one, the dump does."""
+    return bool(r.get("stalled", r.get("header")))
+
+
 def behind_ranks(ranks: dict[int, dict], key: str) -> list[int]:
     values = {rank: r[key] for rank, r in ranks.items() if isinstance(r.get(key), int)}
     if len(set(values.values())) < 2:
@@ -118,7 +124,7 @@ def describe(r: dict) -> str:
     """One rank's line: where it was, what it was doing and waiting in."""
     line = (f"rank {r['rank']} on {r.get('host', '?')} (pid {r.get('pid', '?')}): step "
             f"{r.get('step', '?')}, phase {r.get('phase', '?')}")
-    line += ", stalled" if r.get("stalled") else ", no stall dump"
+    line += ", stalled" if is_stalled(r) else ", no stall dump"
     if r.get("waiting_in"):
         line += f", waiting in {r['waiting_in']}"
     if r.get("frames"):

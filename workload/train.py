@@ -120,11 +120,17 @@ def warn_container_paths(cfg: TrainConfig) -> None:
             warn("train", warning)
 
 
+# What a collective's failure says when a peer hung or died (gloo raises a plain RuntimeError).
+COLLECTIVE_FAILURES = ("timed out", "timeout", "connection reset", "connection closed",
+                       "gloo", "nccl")
+
+
 def point_to_diagnose(error: RuntimeError, cfg: TrainConfig) -> None:
     """A collective that timed out or lost a peer: the command that names the rank."""
     from torch.distributed import DistError
 
-    if isinstance(error, DistError) or "timed out" in str(error).lower():
+    text = str(error).lower()
+    if isinstance(error, DistError) or any(word in text for word in COLLECTIVE_FAILURES):
         say(f"{PROG}: a collective failed ({type(error).__name__}); to see which rank held "
             f"the others up and where: diagnose {cfg.logging.output_dir}", sys.stderr)
 

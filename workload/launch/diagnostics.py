@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import signal
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from collections.abc import MutableMapping
 
@@ -39,11 +40,23 @@ def heartbeat_file(folder: Path, rank: int) -> Path:
     return folder / f"heartbeat-{rank}.json"
 
 
+def renamed_torch() -> bool:
+    """Whether the installed torch reads the TORCH_FR_* names and warns, in every rank's
+    log, about the old buffer name (2.14 does; torchtitan switched to the new names in
+    September 2025, the 2.9 cycle: the first release with them is not confirmed, so older
+    ones get both). Read from its metadata: no import."""
+    try:
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False  # unknown: both names, each torch takes the one it knows
+    return (major, minor) >= (2, 9)
+
+
 def flight_recorder_env(folder: Path) -> dict[str, str]:
     """The flight recorder on, dumping on a collective timeout into `folder`."""
     prefix = str(folder / FR_PREFIX)
-    return {"TORCH_FR_BUFFER_SIZE": FR_BUFFER_ENTRIES,
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_ENTRIES,
+    old = {} if renamed_torch() else {"TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_ENTRIES}
+    return {"TORCH_FR_BUFFER_SIZE": FR_BUFFER_ENTRIES, **old,
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             "TORCH_FR_DUMP_TEMP_FILE": prefix,
             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
@@ -59,10 +72,18 @@ def user_folder(env: MutableMapping[str, str], cwd: Path | None = None) -> Path:
     return (cwd or Path.cwd()) / DIAGNOSTICS
 
 
+# Two names of one setting: a user's value under either wins over ours under the other.
+SAME_SETTING = ({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"},
+                {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"})
+
+
 def apply_defaults(env: MutableMapping[str, str], folder: Path) -> dict[str, str]:
     """Set the flight recorder variables `env` lacks; the ones set (a user's value wins)."""
-    added = {key: value for key, value in flight_recorder_env(folder).items()
-             if not env.get(key)}
+    wanted = flight_recorder_env(folder)
+    given = {key for key in set(wanted).union(*SAME_SETTING) if env.get(key)}
+    for names in SAME_SETTING:
+        given |= names if given & names else set()
+    added = {key: value for key, value in wanted.items() if key not in given}
     env.update(added)
     return added
 

@@ -13,7 +13,8 @@ from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
-from workload.launch.diagnostics import DIAGNOSTICS, apply_defaults, enable_dump_on_signal
+from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, apply_defaults,
+                                         enable_dump_on_signal)
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
@@ -63,7 +64,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     activity = Activity(state.step)
     watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s)
-    enable_dump_on_signal(watchdog.folder, info.rank)
+    if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
+        enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step],

@@ -17,6 +17,7 @@ import faulthandler
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -55,6 +56,7 @@ class StallWatchdog:
         self.poll_s = min(5.0, timeout_s / 5) if timeout_s else 5.0
         self.step_times: deque[float] = deque(maxlen=100)
         self.last_step, self.last_change = activity.step, time.monotonic()
+        self.stepping = False  # start-up and the first step are the collective timeout's
         self.written: tuple = ()
         self.written_at = 0.0
         self.dumped = False
@@ -85,27 +87,29 @@ class StallWatchdog:
     def check(self, now: float) -> None:
         step, phase = self.activity.step, self.activity.phase
         if step != self.last_step:
-            if step > self.last_step:
+            if step > self.last_step and self.stepping:
                 self.step_times.append((now - self.last_change) / (step - self.last_step))
             self.last_step, self.last_change, self.dumped = step, now, False
-        if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
-            self.write_heartbeat(step, phase)
-            self.written, self.written_at = (step, phase), now
+            self.stepping = True
         stalled = now - self.last_change
-        if self.timeout_s and not self.dumped and stalled > self.limit_s():
+        if self.timeout_s and self.step_times and not self.dumped and stalled > self.limit_s():
             self.dumped = True
             self.dump(f"{STALL_MARK} no step done for {stalled:.0f} s", step, phase)
+            self.written = ()  # the heartbeat says so at once
             logger.warning(f"rank {self.rank} on {self.host}: no step done for {stalled:.0f} s "
                            f"(step {step}, phase {phase}); stacks in "
                            f"{stacks_file(self.folder, self.rank)}; after the collective "
                            f"timeout run: {dump_command(self.folder)}")
+        if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
+            self.write_heartbeat(step, phase)
+            self.written, self.written_at = (step, phase), now
 
     def write_heartbeat(self, step: int, phase: str) -> None:
         median = statistics.median(self.step_times) if self.step_times else None
         write_json(heartbeat_file(self.folder, self.rank),
                    dict(rank=self.rank, world_size=self.world_size, host=self.host,
                         pid=os.getpid(), step=step, phase=phase, time=time.time(),
-                        median_step_s=median))
+                        median_step_s=median, stalled=self.dumped))
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""
@@ -122,7 +126,9 @@ class StallWatchdog:
 
 def flight_record() -> dict | None:
     """This rank's flight recorder as JSON (never a pickle), None when there is none."""
-    import torch.distributed as dist  # lazily: the module stays importable without torch
+    if "torch.distributed" not in sys.modules:  # no process group without it
+        return None
+    import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         return None
