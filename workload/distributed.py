@@ -214,6 +214,16 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's few numbers, in rank order (one small all-gather)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine.tolist()]
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -21,6 +21,7 @@ from workload.records import model_sha256, open_board, prepare_output_dir, versi
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
+from workload.training.stragglers import StragglerWatch
 from workload.training.watchdog import Activity, StallWatchdog
 
 
@@ -71,7 +72,7 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         hooks = Hooks(after_step=[checkpointer.after_step],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train)),
+                      progress=progress_hooks(cfg, info, out, len(data.train), activity),
                       at_step_limit=[checkpointer.at_step_limit])
         summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
     save_model(cfg, data, state.model, out, info.is_main)
@@ -109,12 +110,17 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
             board.log_epoch]
 
 
-def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int) -> list:
-    """Rank 0's progress lines (--log-every) and steps.jsonl."""
+def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
+                   activity: Activity) -> list:
+    """Every rank's straggler check (several ranks); rank 0's progress lines
+    (--log-every) and steps.jsonl, with the ranks' spread of step times."""
+    ranks = ([StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
+                             info.is_main)] if info.world_size > 1 else [])
     if not info.is_main:
-        return []
-    return [ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
-                        info.world_size, info.device, out / "steps.jsonl")]
+        return ranks
+    extra = ranks[0].latest_record if ranks else dict
+    return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
+                                info.world_size, info.device, out / "steps.jsonl", extra=extra)]
 
 
 def data_ready(cfg: TrainConfig, data, data_dir: str) -> dict:

@@ -139,17 +139,22 @@ class Trainer:
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state, activity = self.state, self.activity
+        started = time.perf_counter()  # a clock read (vDSO), not a system call
         activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
         state.optimizer.zero_grad(set_to_none=True)
+        backward = time.perf_counter()
         state.scaler.scale(loss).backward()
         activity.phase = OPTIMIZER
+        optimizer = time.perf_counter()
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.schedule.step()
         state.step += 1
         activity.step = state.step
+        # Its own work: the step less backward, where DDP waits for the other ranks.
+        activity.busy_s += backward - started + time.perf_counter() - optimizer
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
@@ -159,11 +164,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=device)
         steps, timed_images, first_step_s = 0, 0, None
         t_epoch = t_window = time.perf_counter()
-        self.activity.phase = DATA
+        self.activity.phase, fetching = DATA, time.perf_counter()
         for batch, (images, labels) in enumerate(self.data.train.batches(epoch, start_batch),
                                                   start=start_batch + 1):
             if self.done_stepping():
                 break
+            self.activity.data_s += time.perf_counter() - fetching
             loss = self.train_step(images, labels)
             loss_sum += loss
             steps += 1
@@ -183,7 +189,7 @@ class Trainer:
             else:
                 timed_images += len(labels)
             progress.update(batch)
-            self.activity.phase = DATA
+            self.activity.phase, fetching = DATA, time.perf_counter()
         self.activity.phase = COLLECTIVE
         sync(device)
         progress.close()

@@ -37,12 +37,14 @@ FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N
 
 
 class Activity:
-    """Where this rank is: written by the loop, read by the watchdog thread."""
+    """Where this rank is: written by the loop, read by the watchdog thread; and the
+    seconds it spent on its own work and waiting for data (the straggler check's)."""
 
-    __slots__ = ("step", "phase")
+    __slots__ = ("step", "phase", "busy_s", "data_s")
 
     def __init__(self, step: int = 0):
         self.step, self.phase = step, STARTUP
+        self.busy_s = self.data_s = 0.0
 
 
 class StallWatchdog:
