@@ -224,6 +224,17 @@ def all_gather_floats(values: list[float], device: torch.device) -> list[list[fl
     return [t.tolist() for t in every]
 
 
+def set_collective_timeout(seconds: float) -> None:
+    """A barrier, then `seconds` for every later collective of the default group (the
+    barrier first: no rank runs under the shorter value while another is still slower to
+    start; torchtitan switches the same way)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timedelta(seconds=seconds))
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -1,6 +1,7 @@
 """A slow rank is named: two real processes under torchrun (gloo, CPU), one of them slowed
 by stopping and continuing it in a loop; the warning names it with its host, and
-steps.jsonl shows it as the max of the ranks' busy time per step."""
+steps.jsonl shows it as the max of the ranks' busy time per step. The same run switches
+the collective timeout after its first step."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.slow
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "4096", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "1", "--precision", "fp32",
         "--log-every", "4", "--max-steps", "96", "--checkpoint-every", "0",
-        "--dist-timeout", "120", "--stall-timeout", "5"]  # heartbeats every second
+        "--dist-timeout", "120", "--dist-start-timeout", "900",
+        "--stall-timeout", "5"]  # heartbeats every second
 
 
 def test_a_slowed_rank_is_named_with_its_host(tmp_path):
@@ -48,6 +50,8 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path):
         job.kill() if job.poll() is None else None
     text = log.read_text()
     assert job.returncode == 0, text[-3000:]
+    # Two-phase timeouts: --dist-start-timeout, after the first step --dist-timeout.
+    assert "collective timeout now 120 s" in text
     warnings = [line for line in text.splitlines() if "is slow" in line]
     assert len(warnings) == 1 and "rank 1 on " in warnings[0], text[-3000:]
     lines = read_jsonl(out / "steps.jsonl")

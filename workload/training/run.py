@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from workload import checkpoint
+from workload import checkpoint, distributed
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
@@ -30,7 +30,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     started = time.perf_counter()
     # Before the process group forms: torch reads the flight recorder's variables then.
     apply_defaults(os.environ, diagnostics_folder(cfg))
-    with start_process(cfg) as (info, precision):
+    start_timeout = max(cfg.distributed.dist_start_timeout_s, cfg.distributed.dist_timeout_s)
+    with start_process(cfg, start_timeout) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
 
@@ -69,7 +70,7 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
-        hooks = Hooks(after_step=[checkpointer.after_step],
+        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
                       progress=progress_hooks(cfg, info, out, len(data.train), activity),
@@ -78,6 +79,20 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+def shorten_timeout(cfg: TrainConfig, info: DistInfo):
+    """The hook that, after this process's first step, moves the collectives from
+    --dist-start-timeout to --dist-timeout (start-up, staging and compilation are done)."""
+    pending = [info.world_size > 1]
+
+    def after_step() -> None:
+        if pending[0]:
+            pending[0] = False
+            distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
+            logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
+                        f"(--dist-timeout; --dist-start-timeout until the first step)")
+    return after_step
 
 
 def diagnostics_folder(cfg: TrainConfig) -> Path:
