@@ -134,9 +134,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def flight_recorder_lines(command: str | None) -> str:
-    """The flight recorder's variables for a user's command (train sets its own, in its
-    output dir); the ones the environment already has are left to it."""
-    if Path(command or "").name in OWN_COMMANDS:
+    """The flight recorder's variables for a user's command; the ones the environment
+    already has are left to it. Not for train (it sets its own, in its output dir) nor
+    torchrun (its workers do: train, or a script through setup())."""
+    if Path(command or "").name in OWN_COMMANDS or is_torchrun(command):
         return ""
     folder = user_folder(os.environ)
     try:  # torch writes its dump there but does not create the folder
