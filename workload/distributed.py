@@ -214,6 +214,27 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's few numbers, in rank order (one small all-gather)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine.tolist()]
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """A barrier, then `seconds` for every later collective of the default group (the
+    barrier first: no rank runs under the shorter value while another is still slower to
+    start; torchtitan switches the same way)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timedelta(seconds=seconds))
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

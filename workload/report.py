@@ -15,6 +15,7 @@ Figures:
     throughput.png  images/s per epoch, with the run's overall rate (summary.json)
     scaling.png     images/s against the number of devices, one line per configuration,
                     with the ideal linear line from the smallest world size (bench JSON)
+    ranks.png       each rank's busy time per step, several ranks (steps.jsonl; hangs.md)
 
 Expected bench JSON shape (read defensively; unknown fields are ignored). Every dict
 anywhere in the file that has a numeric `images_per_second` is one result, named by its
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
+from workload.files import read_jsonl_records
 from workload.logs import warn
 
 PROG = "report"
@@ -205,6 +207,23 @@ def plot_throughput(plt, records: list[dict], summary: dict, path: Path) -> None
     _save(plt, fig, path)
 
 
+def rank_times(path: Path) -> list[dict]:
+    """steps.jsonl's lines with every rank's busy time per step (several ranks only)."""
+    found = read_jsonl_records(path)[0] if path.is_file() else []
+    return [r for r in found if isinstance(r.get("step_busy_by_rank_s"), list)
+            and all(_number(v) for v in r["step_busy_by_rank_s"]) and _number(r.get("step"))]
+
+
+def plot_ranks(plt, lines: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for rank in range(min(len(r["step_busy_by_rank_s"]) for r in lines)):
+        ax.plot([r["step"] for r in lines],
+                [r["step_busy_by_rank_s"][rank] * 1000 for r in lines], label=f"rank {rank}")
+    ax.set(xlabel="step", ylabel="ms of its own work per step", title="Busy time by rank")
+    ax.legend(loc="upper right", fontsize="small", ncol=2)
+    _save(plt, fig, path)
+
+
 def plot_scaling(plt, points: list[BenchPoint], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in sorted({p.name for p in points}):
@@ -262,7 +281,10 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     plot_throughput(plt, records, summary, written[1])
     if points:
         written.append(out / "scaling.png")
-        plot_scaling(plt, points, written[2])
+        plot_scaling(plt, points, written[-1])
+    if ranks := rank_times(run_dir / "steps.jsonl"):
+        written.append(out / "ranks.png")
+        plot_ranks(plt, ranks, written[-1])
     return written
 
 

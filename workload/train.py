@@ -91,6 +91,9 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
         say(f"{PROG}: interrupted twice: stopped without a checkpoint; the run resumes from "
             "its last one", sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
+    except RuntimeError as error:
+        point_to_diagnose(error, cfg)
+        raise
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -115,6 +118,21 @@ def warn_container_paths(cfg: TrainConfig) -> None:
     if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         for warning in outside_submit_dir(paths, os.environ, os.getcwd()):
             warn("train", warning)
+
+
+# What a collective's failure says when a peer hung or died (gloo raises a plain RuntimeError).
+COLLECTIVE_FAILURES = ("timed out", "timeout", "connection reset", "connection closed",
+                       "gloo", "nccl")
+
+
+def point_to_diagnose(error: RuntimeError, cfg: TrainConfig) -> None:
+    """A collective that timed out or lost a peer: the command that names the rank."""
+    from torch.distributed import DistError
+
+    text = str(error).lower()
+    if isinstance(error, DistError) or any(word in text for word in COLLECTIVE_FAILURES):
+        say(f"{PROG}: a collective failed ({type(error).__name__}); to see which rank held "
+            f"the others up and where: diagnose {cfg.logging.output_dir}", sys.stderr)
 
 
 def leave_for_requeue(stop: Exception, signal_name: str | None) -> None:

@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 SCRIPTS = ("train", "bench", "report", "doctor", "evaluate", "predict")
 # Every `python -m` entry: the commands' modules and the torch-free launch layer.
 MODULES = ("workload.train", "workload.bench.cli", "workload.report", "workload.doctor",
-           "workload.evaluate", "workload.predict", "workload.launch")
+           "workload.evaluate", "workload.predict", "workload.launch", "workload.diagnose")
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:

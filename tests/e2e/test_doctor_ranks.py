@@ -40,6 +40,11 @@ def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
     assert probe["busbw_gbps"] > 0
     assert probe["busbw_gbps"] == pytest.approx(probe["algbw_gbps"] * 2 * (ranks - 1) / ranks)
     assert by_check(data, "allreduce")[0]["status"] == "ok"
+    # The real sweep on gloo (sizes 1 and 2 MiB in the suite): exact sums on every rank;
+    # every rank's matmul rate compared (its verdict is the machine's: CPUs are shared).
+    swept = by_check(data, "allreduce-sweep")[0]
+    assert swept["status"] == "ok" and "exact sums at 1, 2 MiB" in swept["detail"], swept
+    assert by_check(data, "matmul-rate")[0]["status"] in ("ok", "warn")
     # Every rank ran the local checks; rank 0 alone printed the report.
     assert {f["rank"] for f in by_check(data, "matmul")} == set(range(ranks))
     assert done.stdout.count("doctor: ") == 2  # the header and the verdict, once each

@@ -6,11 +6,13 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO
+from workload.launch.diagnostics import flight_recorder_env
 
 ENTRYPOINT = REPO / "entrypoint.sh"
 SLURM_ENV = REPO / "tests" / "data" / "slurm_env"
@@ -47,13 +49,23 @@ def stub_bin(tmp_path: Path) -> Path:
 
 
 def clean_env(stub_bin: Path, **extra: str) -> dict[str, str]:
-    """What `env -i` leaves plus PATH: the stub dir, this Python's bin, the system."""
+    """What `env -i` leaves plus PATH: the stub dir, this Python's bin, the system; and
+    this checkout's package (the commands start outside it, in WORKDIR)."""
     path = f"{stub_bin}:{Path(sys.executable).parent}:/usr/bin:/bin"
-    return {"PATH": path, "NVIDIA_ENTRYPOINT": "/nonexistent", **extra}
+    return {"PATH": path, "NVIDIA_ENTRYPOINT": "/nonexistent", "PYTHONPATH": str(REPO),
+            **extra}
+
+
+# Where the commands start: a user's command gets ./diagnostics there (docs/hangs.md).
+WORKDIR = Path(tempfile.gettempdir()) / "entrypoint-tests"
+# The flight recorder's variables entrypoint.sh exports for a command not of this package.
+FLIGHT_RECORDER = flight_recorder_env(WORKDIR / "diagnostics")
 
 
 def run(env: dict[str, str], *args: str, **kwargs) -> subprocess.CompletedProcess:
     cmd = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(ENTRYPOINT), *args]
+    WORKDIR.mkdir(exist_ok=True)
+    kwargs.setdefault("cwd", WORKDIR)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kwargs)
 
 
@@ -82,7 +94,7 @@ def test_exact_environment_outside_slurm(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                 "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
 
 
 def test_exact_environment_in_a_real_slurm_step(stub_bin):
@@ -91,7 +103,7 @@ def test_exact_environment_in_a_real_slurm_step(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
                 "NODE_RANK": "1", "MASTER_ADDR": "nid001", "MASTER_PORT": "20010"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
 
 
 def test_torchrun_gets_per_node_values(stub_bin):

@@ -6,8 +6,9 @@ on an arm64 stand-in base, under QEMU user emulation on the x86_64 CI machine.
 tests/image/qemu.sh registers the aarch64 handler (qemu-user-static, binfmt-support),
 build_arm64_base.sh makes the base (Debian arm64 with PyPI's CPU-only aarch64 torch 2.5.1,
 assembled natively and cached like the amd64 stand-ins), build_image.sh builds the
-Dockerfile for linux/arm64 on it (its RUN steps emulated), and a few training steps run inside with `buildah run`. Emulation is slow (importing
-torch takes about 35 s), so the run is three steps. What it proves: the Dockerfile, the
+Dockerfile for linux/arm64 on it (its RUN steps emulated), and a few training steps run
+inside with `buildah run`. Emulation is slow (importing torch takes about 35 s), so the
+run is three steps. What it proves: the Dockerfile, the
 install script and the package work on arm64's Python, torch and file layout. What it
 cannot: anything about Grace's speed, CUDA on GH200, or NGC's arm64 base.
 """

@@ -163,3 +163,15 @@ def test_metrics_without_a_usable_line_is_one_line_and_exit_2(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "no line of" in lines[0] and "line 1: epoch" in lines[0], lines
     assert not (run / "training.png").exists()
+
+
+def test_ranks_busy_times_from_steps_jsonl_are_drawn(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    steps = [{"step": 4 * i, "step_busy_by_rank_s": [0.02, 0.05, 0.02]} for i in (1, 2, 3)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {run / 'ranks.png'}" in done.stdout
+    assert_png(run / "ranks.png")

@@ -19,11 +19,12 @@ LAYERS = {
     3: {"distributed", "precision"},
     4: {"models", "data", "checkpoint", "records"},
     5: {"training"},
-    6: {"train", "bench", "doctor", "report", "evaluate", "predict", "launch.__main__"},
+    6: {"train", "bench", "doctor", "report", "evaluate", "predict", "diagnose",
+        "launch.__main__"},
 }
 COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor",
                    "workload.report", "workload.evaluate", "workload.predict",
-                   "workload.launch.__main__"}
+                   "workload.launch.__main__", "workload.diagnose"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
 
 

@@ -5,6 +5,7 @@ preemption helper, and `python -m workload.launch jobs`."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 from pathlib import Path
@@ -80,11 +81,18 @@ def test_a_bad_value_raises_naming_it():
         run_setup(step(procid="zero"))
 
 
-def test_setup_really_applies_to_os_environ():
+def test_setup_really_applies_to_os_environ(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its ./diagnostics: the flight recorder's and SIGUSR1's
     with mock.patch.dict(os.environ, step(procid="2", localid="0", nodeid="1"), clear=True):
-        launch = setup(quiet=True)
+        try:
+            launch = setup(quiet=True)
+        finally:
+            faulthandler.unregister(signal.SIGUSR1)  # the dump is this test's, not pytest's
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("2", "4")
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "diagnostics" /
+                                                            "fr-rank-")
     assert launch.node_rank == 1
+    assert (tmp_path / "diagnostics" / "rank-2.txt").exists()
 
 
 # ------------------------------------------------------------------ the GPU

@@ -11,7 +11,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from workload.config.values import Every, Range, at_least, between
+from workload.config.values import WEEK, Every, Range, at_least, between
 
 # The built-in network; every torchvision classification model name is accepted too, checked
 # against torchvision's registry once torch is imported (workload.models.check_model_name).
@@ -33,6 +33,7 @@ PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
 # The smallest image side the models' pooling takes (--image-size 0 is the dataset's own).
 MIN_IMAGE_SIZE = 8
 MAX_SEED = 2**32 - 1  # what numpy's and most generators' seeds hold
+TIMEOUT = dict(metavar="SECONDS", bounds=Range(0.0, WEEK, low_open=True), resumable=True)
 
 
 def setting(default, help: str, *, key: str = "", flag: str = "", choices: tuple = (),
@@ -162,10 +163,15 @@ class Distributed:
                             choices=STRATEGIES)
     lr_scaling: str = setting("none", "linear: base lr x number of processes; none: as given",
                               choices=LR_SCALINGS)
-    dist_timeout_s: float = setting(600.0, "seconds a rank may wait in a collective",
-                                    flag="--dist-timeout", metavar="SECONDS",
-                                    bounds=Range(0.0, 7 * 24 * 3600.0, low_open=True),
-                                    resumable=True)
+    dist_start_timeout_s: float = setting(1800.0, "seconds a rank may wait in a collective "
+                                          "until the first step is done (start-up, staging, "
+                                          "compile)", flag="--dist-start-timeout", **TIMEOUT)
+    dist_timeout_s: float = setting(600.0, "the same after the first step (switched after a "
+                                    "barrier)", flag="--dist-timeout", **TIMEOUT)
+    stall_timeout_s: float = setting(300.0, "no step done for this long (or 10 median steps): "
+                                     "each rank dumps its stacks into <output-dir>/diagnostics;"
+                                     " 0 = off", flag="--stall-timeout", metavar="SECONDS",
+                                     bounds=between(0.0, WEEK), example="600", resumable=True)
 
 
 @dataclass

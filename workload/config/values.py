@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from workload.errors import UsageError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
+WEEK = 7 * 24 * 3600.0  # the longest timeout a flag takes (seconds)
 
 
 @dataclass(frozen=True)

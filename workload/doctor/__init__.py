@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-mib", type=float, default=64.0,
                    help="all-reduce probe size in MiB (default 64; 0 = no probe)")
     p.add_argument("--probe-iters", type=int, default=5, help="timed all-reduces (default 5)")
+    p.add_argument("--sweep-max-mib", type=float, default=256.0,
+                   help="all-reduce correctness and bandwidth at 1, 2, 4 ... MiB up to this "
+                        "(default 256; 0 = no sweep)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for all ranks to join (default 120)")
     p.add_argument("--shm-path", default="/dev/shm",
@@ -58,6 +61,9 @@ def check_flags(args) -> None:
     """Bad flags: one line and exit status 2 before any process group forms."""
     if args.probe_mib < 0:
         raise UsageError(f"--probe-mib must be 0 (no probe) or more, got {args.probe_mib}")
+    if args.sweep_max_mib < 0:
+        raise UsageError(f"--sweep-max-mib must be 0 (no sweep) or more, got "
+                         f"{args.sweep_max_mib}")
     if args.probe_iters < 1:
         raise UsageError(f"--probe-iters must be 1 or more, got {args.probe_iters}")
     if args.timeout <= 0:
@@ -70,10 +76,10 @@ def check_flags(args) -> None:
 
 def doctor(args) -> None:
     check_flags(args)
-    from workload.doctor.diagnose import diagnose
+    from workload.doctor.checks import run_checks
     from workload.doctor.findings import FAIL, print_report, worst, write_json_report
 
-    outcome = diagnose(args)
+    outcome = run_checks(args)
     findings = [f for _, f in outcome["findings"]]
     if outcome.get("is_main", True):
         print_report(outcome, sys.stdout)

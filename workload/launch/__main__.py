@@ -26,6 +26,7 @@ from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import visible_gpu_count
 from workload.launch import nccl
+from workload.launch.diagnostics import apply_defaults, user_folder
 from workload.launch.jobs import copy_jobs, find_jobs, submit_command
 from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
@@ -131,8 +132,24 @@ def cmd_env(args: argparse.Namespace) -> int:
     if pitfall and pitfall not in res.warnings and \
             Path(args.command or "").name not in OWN_COMMANDS:
         warn("launch", pitfall)
-    sys.stdout.write(render_env(res))
+    sys.stdout.write(render_env(res) + flight_recorder_lines(args.command))
     return 0
+
+
+def flight_recorder_lines(command: str | None) -> str:
+    """The flight recorder's variables for a user's command; the ones the environment
+    already has are left to it. Not for train (it sets its own, in its output dir) nor
+    torchrun (its workers do: train, or a script through setup())."""
+    if Path(command or "").name in OWN_COMMANDS or is_torchrun(command):
+        return ""
+    folder = user_folder(os.environ)
+    try:  # torch writes its dump there but does not create the folder
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        warn("launch", f"no flight recorder dumps: cannot create {folder} ({exc})")
+        return ""
+    added = apply_defaults(dict(os.environ), folder)
+    return "".join(f"{key}={value}\n" for key, value in added.items())
 
 
 def cmd_check(args: argparse.Namespace) -> int:

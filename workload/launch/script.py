@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, MutableMapping
 
 from workload.launch.devices import visible_gpu_count
+from workload.launch.diagnostics import apply_defaults, enable_dump_on_signal, user_folder
 from workload.launch.resolve import SINGLE, resolve
 from workload.logs import warn
 
@@ -78,8 +79,10 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     `env`: the environment to read and update (default ``os.environ``). A bad launch
     variable raises :class:`workload.launch.LaunchError`, naming it and its fix.
     Warnings (a SLURM value that disagrees with one already set, ...) go to stderr
-    unless `quiet`.
+    unless `quiet`. It also turns the flight recorder on and, for the process's own
+    environment, the stack dump on SIGUSR1 (docs/hangs.md), both into ./diagnostics.
     """
+    own = env is None or env is os.environ
     env = os.environ if env is None else env
     cuda = _cuda()
     visible = cuda.count if cuda is not None else visible_gpu_count(env)
@@ -101,6 +104,10 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
             cuda.set_threads(res.threads)
     values = {key: int(res.values[key]) for key in
               ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+    folder = user_folder(env)
+    apply_defaults(env, folder)
+    if own and enable_dump_on_signal(folder, values["RANK"]) is None and not quiet:
+        warn("launch", f"no stack dumps on SIGUSR1: {folder} cannot be written")
     return Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], device,
                   res.gpu_index if device != "cpu" else None, res.layout, res.cpus or 1)

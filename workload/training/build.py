@@ -27,11 +27,14 @@ from workload.training.trainer import TrainState
 
 
 @contextmanager
-def start_process(cfg: TrainConfig) -> Iterator[tuple[DistInfo, str]]:
+def start_process(cfg: TrainConfig,
+                  timeout_s: float | None = None) -> Iterator[tuple[DistInfo, str]]:
     """Join the job as `cfg` says, set up logging, caches, numerics and the seed; yields
     where this process sits and the precision to use. The process group is left on every
-    way out (a bad launch value is a UsageError before any group forms)."""
-    info = distributed.init_distributed(cfg.hardware.device, cfg.distributed.dist_timeout_s)
+    way out (a bad launch value is a UsageError before any group forms). `timeout_s`:
+    the collectives' timeout at start (train's --dist-start-timeout; else --dist-timeout)."""
+    info = distributed.init_distributed(cfg.hardware.device,
+                                        timeout_s or cfg.distributed.dist_timeout_s)
     try:
         setup_logging(info.rank)
         for variable, folder in ensure_writable_caches().items():

@@ -36,11 +36,12 @@ class ProgressLog:
     """The hook: counts the window since the last line; prints and records when due."""
 
     def __init__(self, every: int, total_steps: int, world_size: int, device: torch.device,
-                 path: Path, interactive: bool | None = None):
+                 path: Path, interactive: bool | None = None, extra=dict):
         interactive = sys.stdout.isatty() if interactive is None else interactive
         self.enabled = every > 0 or not interactive
         self.every, self.total, self.world_size = every, total_steps, world_size
         self.device, self.path = device, path
+        self.extra = extra  # more fields for steps.jsonl (the ranks' spread of step times)
         self.started = time.perf_counter()
         self.epoch = -1
         self._reset()
@@ -72,7 +73,7 @@ class ProgressLog:
                     images_per_second=self.images * self.world_size / seconds,
                     eta_s=max(0, self.total - done.step) * seconds / self.steps,
                     peak_memory_gib=peak_memory_gib(self.device),
-                    elapsed_s=time.perf_counter() - self.started)
+                    elapsed_s=time.perf_counter() - self.started, **self.extra())
 
     def log(self, done: StepDone) -> None:
         r = self.record(done)

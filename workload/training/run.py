@@ -3,27 +3,35 @@ the training state, resume, fit, write the summary."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from workload import checkpoint
+from workload import checkpoint, distributed
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
+from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, apply_defaults,
+                                         enable_dump_on_signal)
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
+from workload.training.stragglers import StragglerWatch
+from workload.training.watchdog import Activity, StallWatchdog
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
-    with start_process(cfg) as (info, precision):
+    # Before the process group forms: torch reads the flight recorder's variables then.
+    apply_defaults(os.environ, diagnostics_folder(cfg))
+    start_timeout = max(cfg.distributed.dist_start_timeout_s, cfg.distributed.dist_timeout_s)
+    with start_process(cfg, start_timeout) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
 
@@ -55,17 +63,41 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
+    activity = Activity(state.step)
+    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
+                             cfg.distributed.stall_timeout_s)
+    if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
+        enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
-    with open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
-        hooks = Hooks(after_step=[checkpointer.after_step],
+    with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
+        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train)),
+                      progress=progress_hooks(cfg, info, out, len(data.train), activity),
                       at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks).fit()
+        summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+def shorten_timeout(cfg: TrainConfig, info: DistInfo):
+    """The hook that, after this process's first step, moves the collectives from
+    --dist-start-timeout to --dist-timeout (start-up, staging and compilation are done)."""
+    pending = [info.world_size > 1]
+
+    def after_step() -> None:
+        if pending[0]:
+            pending[0] = False
+            distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
+            logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
+                        f"(--dist-timeout; --dist-start-timeout until the first step)")
+    return after_step
+
+
+def diagnostics_folder(cfg: TrainConfig) -> Path:
+    """Where the flight recorder, the stall watchdog and the heartbeats write."""
+    return Path(cfg.logging.output_dir).expanduser().absolute() / DIAGNOSTICS
 
 
 def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
@@ -93,12 +125,17 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
             board.log_epoch]
 
 
-def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int) -> list:
-    """Rank 0's progress lines (--log-every) and steps.jsonl."""
+def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
+                   activity: Activity) -> list:
+    """Every rank's straggler check (several ranks); rank 0's progress lines
+    (--log-every) and steps.jsonl, with the ranks' spread of step times."""
+    ranks = ([StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
+                             info.is_main)] if info.world_size > 1 else [])
     if not info.is_main:
-        return []
-    return [ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
-                        info.world_size, info.device, out / "steps.jsonl")]
+        return ranks
+    extra = ranks[0].latest_record if ranks else dict
+    return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
+                                info.world_size, info.device, out / "steps.jsonl", extra=extra)]
 
 
 def data_ready(cfg: TrainConfig, data, data_dir: str) -> dict:

@@ -27,6 +27,8 @@ from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.logs import Progress, logger
 from workload.precision import autocast
+from workload.training.watchdog import (CHECKPOINT, COLLECTIVE, COMPUTE, DATA, EVALUATION,
+                                        OPTIMIZER, Activity)
 
 
 # Steps between two reads of the summed training loss (one host synchronisation each).
@@ -128,21 +130,31 @@ def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: floa
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, info: DistInfo, state: TrainState, data,
-                 precision: str, hooks: Hooks | None = None):
+                 precision: str, hooks: Hooks | None = None, activity: Activity | None = None):
         self.cfg, self.info, self.state, self.data = cfg, info, state, data
         self.precision, self.hooks = precision, hooks or Hooks()
+        # Where the loop is, for the stall watchdog: plain attribute writes, nothing more.
+        self.activity = activity or Activity(state.step)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        state = self.state
+        state, activity = self.state, self.activity
+        started = time.perf_counter()  # a clock read (vDSO), not a system call
+        activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
         state.optimizer.zero_grad(set_to_none=True)
+        backward = time.perf_counter()
         state.scaler.scale(loss).backward()
+        activity.phase = OPTIMIZER
+        optimizer = time.perf_counter()
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.schedule.step()
         state.step += 1
+        activity.step = state.step
+        # Its own work: the step less backward, where DDP waits for the other ranks.
+        activity.busy_s += backward - started + time.perf_counter() - optimizer
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
@@ -152,16 +164,20 @@ class Trainer:
         loss_sum = torch.zeros((), device=device)
         steps, timed_images, first_step_s = 0, 0, None
         t_epoch = t_window = time.perf_counter()
+        self.activity.phase, fetching = DATA, time.perf_counter()
         for batch, (images, labels) in enumerate(self.data.train.batches(epoch, start_batch),
                                                   start=start_batch + 1):
             if self.done_stepping():
                 break
+            self.activity.data_s += time.perf_counter() - fetching
             loss = self.train_step(images, labels)
             loss_sum += loss
             steps += 1
             state.batch = batch
             if steps % FINITE_CHECK_EVERY == 0:  # before the hooks: no save of a diverged run
+                self.activity.phase = COLLECTIVE
                 self.check_loss(distributed.all_reduce_sum(loss_sum).item())
+            self.activity.phase = CHECKPOINT
             for hook in self.hooks.after_step:
                 hook()
             for hook in self.hooks.progress:
@@ -173,6 +189,8 @@ class Trainer:
             else:
                 timed_images += len(labels)
             progress.update(batch)
+            self.activity.phase, fetching = DATA, time.perf_counter()
+        self.activity.phase = COLLECTIVE
         sync(device)
         progress.close()
         t_end = time.perf_counter()
@@ -197,6 +215,7 @@ class Trainer:
 
     def evaluate(self) -> tuple[float, float]:
         """Accuracy and mean loss over the whole test set, summed across ranks."""
+        self.activity.phase = EVALUATION
         result = evaluate_model(self.state.model, self.data.test, self.precision,
                                 self.info.device)
         return result.accuracy, result.loss
@@ -227,6 +246,7 @@ class Trainer:
         while state.epoch < cfg.epochs and not self.done_stepping():
             stats = self.train_epoch(state.epoch, state.batch)
             partway = self.stopped_partway()
+            self.activity.phase = CHECKPOINT
             for hook in self.hooks.at_step_limit if partway else []:
                 hook()  # before the evaluation: the position an uninterrupted run passes
             final, test_loss = self.evaluate()
@@ -238,6 +258,7 @@ class Trainer:
             timed_images += stats.timed_images
             timed_seconds += stats.timed_seconds
             first_step_s = first_step_s or stats.first_step_s
+            self.activity.phase = CHECKPOINT
             for hook in self.hooks.after_epoch:
                 hook(record)
             if not partway and self.reached_target():

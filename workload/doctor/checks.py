@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import driver, local, ranks
+from workload.doctor import driver, local, ranks, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
@@ -59,15 +59,15 @@ def probe(args, info) -> tuple[dict | None, Finding]:
                            f"{result['busbw_gbps']:.2f} GB/s")
 
 
-def diagnose(args) -> dict:
+def run_checks(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
     with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
-        return diagnose_ranks(args, ranks.capture_nccl_log(Path(folder)))
+        return check_ranks(args, ranks.capture_nccl_log(Path(folder)))
 
 
-def diagnose_ranks(args, nccl_log: Path | None) -> dict:
+def check_ranks(args, nccl_log: Path | None) -> dict:
     info, failure = join(args)
     if info is None:
         return failed(failure)
@@ -75,7 +75,7 @@ def diagnose_ranks(args, nccl_log: Path | None) -> dict:
         mine = local_findings(args, info)
         result, bandwidth = probe(args, info)
         everyone = ranks.gather(dict(place=ranks.my_place(info), versions=local.versions(),
-                                     findings=mine), info)
+                                     findings=mine, **swept(args, info)), info)
     finally:
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
@@ -86,7 +86,25 @@ def diagnose_ranks(args, nccl_log: Path | None) -> dict:
     return dict(world_size=info.world_size, backend=info.backend, is_main=info.is_main,
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]
-                + consistency(everyone) + [(0, bandwidth), (0, transport)])
+                + consistency(everyone) + [(0, bandwidth), (0, transport)]
+                + sweep_findings(everyone))
+
+
+def swept(args, info) -> dict:
+    """This rank's all-reduce sweep (several ranks) and matmul rate."""
+    sync = lambda: ranks._sync(info.device)  # noqa: E731
+    sizes = sweep.sweep_sizes(args.sweep_max_mib) if info.backend else []
+    return dict(sweep=sweep.allreduce_sweep(torch.distributed.all_reduce, info.rank,
+                                            info.world_size, sizes, info.device, sync),
+                matmul_gflops=sweep.matmul_rate(info.device, sync))
+
+
+def sweep_findings(everyone: list[dict]) -> list[tuple[int, Finding]]:
+    hosts = [r["place"]["node"] for r in everyone]
+    found = [(0, sweep.matmul_finding([r["matmul_gflops"] for r in everyone], hosts))]
+    if any(r["sweep"] for r in everyone):
+        found.append((0, sweep.sweep_finding([r["sweep"] for r in everyone], hosts)))
+    return found
 
 
 def failed(finding: Finding) -> dict:

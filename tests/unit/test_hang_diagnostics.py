@@ -1,0 +1,133 @@
+"""What a hung job leaves behind: the flight recorder's variables (a user's value wins, for
+train and for a user's script through `launch env` and setup()), the stall watchdog's
+heartbeat and dump, and `diagnose` naming the rank from a diagnostics folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import REPO, clean_env
+from workload.launch.diagnostics import apply_defaults, flight_recorder_env
+from workload.training.watchdog import COMPUTE, DATA, Activity, StallWatchdog
+
+
+def test_flight_recorder_variables_keep_the_users_values(tmp_path):
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}
+    added = apply_defaults(env, tmp_path / "diagnostics")
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"  # the user's own value
+    # ... under either of its names: torch 2.14 would take our TORCH_FR_BUFFER_SIZE first.
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in added and "TORCH_FR_BUFFER_SIZE" not in env
+    # Dump on timeout, into the folder; 3, not 1, so the process lives to write the dump.
+    env = {}
+    apply_defaults(env, tmp_path / "diagnostics")
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env  # 2.14 warns about the old name
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    prefix = str(tmp_path / "diagnostics" / "fr-rank-")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+
+
+def launch_env(command: str, cwd: Path, **extra: str) -> dict[str, str]:
+    done = subprocess.run([sys.executable, "-m", "workload.launch", "env", "--command",
+                           command], cwd=cwd, capture_output=True, text=True,
+                          env={**clean_env(), "PYTHONPATH": str(REPO), **extra})
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("=", 1) for line in done.stdout.splitlines()
+                if line and not line.startswith("#"))
+
+
+def test_launch_env_exports_them_for_a_users_script_not_for_train(tmp_path):
+    values = launch_env("python", tmp_path)
+    expected = flight_recorder_env(tmp_path / "diagnostics")
+    assert {k: values[k] for k in expected} == expected
+    assert (tmp_path / "diagnostics").is_dir()  # torch does not create it
+    # train sets its own, into its --output-dir; a user's value is never overridden.
+    assert "TORCH_FR_BUFFER_SIZE" not in launch_env("train", tmp_path)
+    kept = launch_env("python", tmp_path, TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in kept
+
+
+def test_watchdog_dumps_stacks_step_and_phase_once_when_no_step_completes(tmp_path):
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=3, world_size=4, timeout_s=10.0)
+    for step in range(1, 6):  # steps of 1 s: 10 x the median is 10 s
+        activity.step, activity.phase = step, COMPUTE
+        dog.check(dog.last_change + 1.0)
+    activity.phase = DATA
+    beat = json.loads((tmp_path / "heartbeat-3.json").read_text())
+    assert (beat["rank"], beat["world_size"], beat["step"]) == (3, 4, 5)
+    dog.check(dog.last_change + 9.0)
+    assert not (tmp_path / "rank-3.txt").exists()  # within the timeout: nothing
+    dog.check(dog.last_change + 11.0)
+    dog.check(dog.last_change + 30.0)  # still stalled: one dump per stall
+    text = (tmp_path / "rank-3.txt").read_text()
+    assert text.count("stalled:") == 1
+    assert "rank 3" in text and "step 5" in text and "phase data wait" in text
+    assert "test_watchdog_dumps_stacks" in text  # the main thread's stack
+    assert json.loads((tmp_path / "heartbeat-3.json").read_text())["phase"] == DATA
+
+
+def test_the_stall_timeout_follows_slow_steps(tmp_path):
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=0, world_size=1, timeout_s=5.0)
+    for step in range(1, 4):  # 60 s steps: a stall is 600 s, not 5
+        activity.step = step
+        dog.check(dog.last_change + 60.0)
+    assert dog.limit_s() == 600.0
+
+
+def write_rank(folder: Path, rank: int, step: int, phase: str, stalled: bool,
+               waiting: int | None = None) -> None:
+    beat = dict(rank=rank, world_size=4, host=f"nid00{1 + rank // 2}", pid=100 + rank,
+                step=step, phase=phase, time=0.0)
+    (folder / f"heartbeat-{rank}.json").write_text(json.dumps(beat))
+    if stalled:
+        (folder / f"rank-{rank}.txt").write_text(
+            f"stalled: no step done for 9 s; rank {rank}, step {step}, phase {phase}\n"
+            "Thread 0x1 (most recent call first):\n"
+            '  File "/x/distributed_c10d.py", line 10 in all_reduce\n'
+            '  File "/x/train", line 8 in <module>\n\n')
+    if waiting is not None:
+        entries = [dict(collective_seq_id=waiting, profiling_name="gloo:all_reduce",
+                        retired=False)]
+        (folder / f"fr-rank-{rank}.json").write_text(json.dumps(dict(entries=entries)))
+
+
+def diagnose(run_dir: Path) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "workload.diagnose", str(run_dir),
+                           "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.returncode, json.loads(done.stdout) if done.stdout else {}
+
+
+def test_diagnose_names_the_rank_without_a_stall_dump(tmp_path):
+    folder = tmp_path / "diagnostics"
+    folder.mkdir()
+    for rank in (0, 1, 3):
+        write_rank(folder, rank, 8, COMPUTE, stalled=True, waiting=41)
+    write_rank(folder, 2, 7, DATA, stalled=False)
+    status, result = diagnose(tmp_path)
+    assert status == 0 and result["suspect_ranks"] == [2]
+    assert result["ranks"]["0"]["waiting_in"] == "gloo:all_reduce (collective 41)"
+    assert result["ranks"]["2"]["phase"] == DATA
+
+
+def test_diagnose_names_the_rank_behind_when_all_stalled_and_none_when_even(tmp_path):
+    for rank in range(4):
+        write_rank(tmp_path, rank, 8 if rank != 1 else 6, COMPUTE, stalled=True)
+    assert diagnose(tmp_path)[1]["suspect_ranks"] == [1]
+    write_rank(tmp_path, 1, 8, COMPUTE, stalled=True)
+    status, result = diagnose(tmp_path)
+    assert status == 1 and result["suspect_ranks"] == []
+
+
+def test_diagnose_refuses_a_folder_without_diagnostics(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "workload.diagnose",
+                           str(tmp_path / "nothing")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and "nothing" in done.stderr

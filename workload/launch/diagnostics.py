@@ -1,0 +1,109 @@
+"""What a hung job leaves behind, the torch-free part: the flight recorder's variables and
+the on-demand stack dump (docs/hangs.md).
+
+`train` sets these for its own process group (its folder is ``<output-dir>/diagnostics``);
+``python -m workload.launch env`` (so entrypoint.sh) and ``setup()`` set them for a user's
+own script (``./diagnostics`` of the folder it starts in unless TORCH_FR_DUMP_TEMP_FILE
+says otherwise). A value the user already set always wins.
+
+The names are the installed torch's (2.14: c10d's FlightRecorder.hpp and
+ProcessGroupNCCL.hpp read TORCH_FR_* first, then the older TORCH_NCCL_* spellings, which
+older torch reads alone; gloo groups record into the same buffer since torch 2.8).
+TORCH_NCCL_ASYNC_ERROR_HANDLING=3 ("skip cleanup"): with 1 the process is torn down
+before the dump on timeout is written (pytorch/pytorch#121055).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from collections.abc import MutableMapping
+
+DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
+FR_PREFIX = "fr-rank-"           # torch appends the rank: fr-rank-0, fr-rank-1, ...
+FR_BUFFER_ENTRIES = "2000"       # torch's own default once enabled (FlightRecorder.hpp)
+# The on-demand dump: not one of the preemption signals (workload/launch/preemption.py
+# handles SIGTERM, SIGINT, SIGUSR2 and SIGHUP; torchrun forwards SIGQUIT).
+DUMP_SIGNAL = signal.SIGUSR1
+STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
+
+
+def stacks_file(folder: Path, rank: int) -> Path:
+    """Where rank `rank` writes its Python stacks (stall or on demand)."""
+    return folder / f"rank-{rank}.txt"
+
+
+def heartbeat_file(folder: Path, rank: int) -> Path:
+    """Where rank `rank` says, every few seconds, which step and phase it is in."""
+    return folder / f"heartbeat-{rank}.json"
+
+
+def renamed_torch() -> bool:
+    """Whether the installed torch reads the TORCH_FR_* names and warns, in every rank's
+    log, about the old buffer name (2.14 does; torchtitan switched to the new names in
+    September 2025, the 2.9 cycle: the first release with them is not confirmed, so older
+    ones get both). Read from its metadata: no import."""
+    try:
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False  # unknown: both names, each torch takes the one it knows
+    return (major, minor) >= (2, 9)
+
+
+def flight_recorder_env(folder: Path) -> dict[str, str]:
+    """The flight recorder on, dumping on a collective timeout into `folder`."""
+    prefix = str(folder / FR_PREFIX)
+    old = {} if renamed_torch() else {"TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_ENTRIES}
+    return {"TORCH_FR_BUFFER_SIZE": FR_BUFFER_ENTRIES, **old,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
+def user_folder(env: MutableMapping[str, str], cwd: Path | None = None) -> Path:
+    """A user's script's diagnostics folder: where their dump prefix points, else
+    ./diagnostics of the folder the script starts in."""
+    prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if prefix:
+        return Path(prefix).parent
+    return (cwd or Path.cwd()) / DIAGNOSTICS
+
+
+# Two names of one setting: a user's value under either wins over ours under the other.
+SAME_SETTING = ({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"},
+                {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"})
+
+
+def apply_defaults(env: MutableMapping[str, str], folder: Path) -> dict[str, str]:
+    """Set the flight recorder variables `env` lacks; the ones set (a user's value wins)."""
+    wanted = flight_recorder_env(folder)
+    given = {key for key in set(wanted).union(*SAME_SETTING) if env.get(key)}
+    for names in SAME_SETTING:
+        given |= names if given & names else set()
+    added = {key: value for key, value in wanted.items() if key not in given}
+    env.update(added)
+    return added
+
+
+def enable_dump_on_signal(folder: Path, rank: int):
+    """On DUMP_SIGNAL, append every thread's Python stack to rank-<rank>.txt.
+
+    faulthandler writes from its C signal handler, so the dump comes even while the main
+    thread is blocked inside a collective, and it needs no ptrace (no py-spy, no gdb).
+    Returns the open file (kept open for the process's life), or None when the folder
+    cannot be written (a warning's matter, never a reason not to train)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stream = open(stacks_file(folder, rank), "a", buffering=1)  # noqa: SIM115
+    except OSError:
+        return None
+    faulthandler.register(DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
+    return stream
+
+
+def dump_command(folder: Path) -> str:
+    """The command that reads a diagnostics folder (printed on a timeout)."""
+    return f"diagnose {folder.parent if folder.name == DIAGNOSTICS else folder}"

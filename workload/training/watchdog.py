@@ -1,0 +1,143 @@
+"""The stall watchdog of every rank of `train` (docs/hangs.md).
+
+The loop says where it is by two attribute writes on an `Activity` (the step count and
+the phase): no clock read, no syscall, no lock per step. A daemon thread looks at it every
+few seconds: it learns the step time from how fast the count moves, writes the rank's
+heartbeat (``diagnostics/heartbeat-<rank>.json``: step, phase, host, pid) when something
+changed or every HEARTBEAT_EVERY seconds, and, when no step completes within the stall
+timeout (``--stall-timeout``, or 10 x the median step if that is longer), writes every
+thread's Python stack, the step and the phase to ``diagnostics/rank-<rank>.txt`` with
+the flight recorder's record of this rank's collectives (``fr-rank-<rank>.json``), logs
+one line, and leaves the rest to the collective timeout. `diagnose RUN_DIR` reads them.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from workload.files import write_json
+from workload.launch.diagnostics import STALL_MARK, dump_command, heartbeat_file, stacks_file
+from workload.launch.variables import node_name
+from workload.logs import logger
+
+# The phases the loop reports (diagnose prints them as they are).
+STARTUP, DATA, COMPUTE, OPTIMIZER = "start-up", "data wait", "forward/backward", "optimizer"
+COLLECTIVE, CHECKPOINT, EVALUATION = "collective", "checkpoint", "evaluation"
+HEARTBEAT_EVERY = 30.0   # seconds: an unchanged heartbeat is rewritten this often
+STEP_FACTOR = 10         # the stall timeout is at least this many median steps
+FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N>.json
+
+
+class Activity:
+    """Where this rank is: written by the loop, read by the watchdog thread; and the
+    seconds it spent on its own work and waiting for data (the straggler check's)."""
+
+    __slots__ = ("step", "phase", "busy_s", "data_s")
+
+    def __init__(self, step: int = 0):
+        self.step, self.phase = step, STARTUP
+        self.busy_s = self.data_s = 0.0
+
+
+class StallWatchdog:
+    """The thread; `check(now)` is one look (called by the thread, or by a test)."""
+
+    def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
+                 timeout_s: float):
+        self.activity, self.folder, self.timeout_s = activity, folder, timeout_s
+        self.rank, self.world_size = rank, world_size
+        self.host = node_name()
+        self.poll_s = min(5.0, timeout_s / 5) if timeout_s else 5.0
+        self.step_times: deque[float] = deque(maxlen=100)
+        self.last_step, self.last_change = activity.step, time.monotonic()
+        self.stepping = False  # start-up and the first step are the collective timeout's
+        self.written: tuple = ()
+        self.written_at = 0.0
+        self.dumped = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
+
+    def __enter__(self) -> StallWatchdog:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.poll_s + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.check(time.monotonic())
+            except OSError as exc:  # a full or vanished disk must not stop the training
+                logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
+
+    def limit_s(self) -> float:
+        """The stall timeout: the flag's, or 10 x the median step when that is longer."""
+        median = statistics.median(self.step_times) if self.step_times else 0.0
+        return max(self.timeout_s, STEP_FACTOR * median)
+
+    def check(self, now: float) -> None:
+        step, phase = self.activity.step, self.activity.phase
+        if step != self.last_step:
+            if step > self.last_step and self.stepping:
+                self.step_times.append((now - self.last_change) / (step - self.last_step))
+            self.last_step, self.last_change, self.dumped = step, now, False
+            self.stepping = True
+        stalled = now - self.last_change
+        if self.timeout_s and self.step_times and not self.dumped and stalled > self.limit_s():
+            self.dumped = True
+            self.dump(f"{STALL_MARK} no step done for {stalled:.0f} s", step, phase)
+            self.written = ()  # the heartbeat says so at once
+            logger.warning(f"rank {self.rank} on {self.host}: no step done for {stalled:.0f} s "
+                           f"(step {step}, phase {phase}); stacks in "
+                           f"{stacks_file(self.folder, self.rank)}; after the collective "
+                           f"timeout run: {dump_command(self.folder)}")
+        if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
+            self.write_heartbeat(step, phase)
+            self.written, self.written_at = (step, phase), now
+
+    def write_heartbeat(self, step: int, phase: str) -> None:
+        median = statistics.median(self.step_times) if self.step_times else None
+        write_json(heartbeat_file(self.folder, self.rank),
+                   dict(rank=self.rank, world_size=self.world_size, host=self.host,
+                        pid=os.getpid(), step=step, phase=phase, time=time.time(),
+                        median_step_s=median, stalled=self.dumped))
+
+    def dump(self, reason: str, step: int, phase: str) -> None:
+        """Every thread's stack with the step and phase, and the flight recorder."""
+        with open(stacks_file(self.folder, self.rank), "a") as stream:
+            stream.write(f"{reason}; rank {self.rank} on {self.host}, pid {os.getpid()}, "
+                         f"step {step}, phase {phase}, at {time.strftime('%FT%T%z')}\n")
+            stream.flush()
+            faulthandler.dump_traceback(stream, all_threads=True)
+            stream.write("\n")
+        record = flight_record()
+        if record is not None:
+            write_json(self.folder / f"fr-rank-{self.rank}.json", record)
+
+
+def flight_record() -> dict | None:
+    """This rank's flight recorder as JSON (never a pickle), None when there is none."""
+    if "torch.distributed" not in sys.modules:  # no process group without it
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+        record = json.loads(_dump_fr_trace_json(True, True))
+    except (ImportError, RuntimeError, ValueError):
+        return None
+    record["entries"] = record.get("entries", [])[-FR_KEPT:]
+    return record
