@@ -55,7 +55,7 @@ index_tags() {
 # Copies one architecture's image to its site tag, then signs it; prints its digest.
 push_arch() {
   local source="$1" dest="$2"
-  skopeo copy --quiet --multi-arch all "${DEST_TLS[@]}" --digestfile "${WORK}/digest" \
+  skopeo copy --quiet --multi-arch all --remove-signatures "${DEST_TLS[@]}" --digestfile "${WORK}/digest" \
     "${source}" "docker://${dest}" >&2
   sign_copy "${dest}" "${dest}"
   cat "${WORK}/digest"

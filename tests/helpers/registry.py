@@ -102,7 +102,10 @@ def _write_policy(root: Path, host: str) -> None:
     signatures = f"file://{root / 'signatures'}"
     (root / "registries.d" / "local.yaml").write_text(
         f"docker:\n  {host}:\n    lookaside: {signatures}\n    lookaside-staging: {signatures}\n")
-    signed = {"type": "signedBy", "keyType": "GPGKeys", "keyPath": str(root / "release.pub")}
+    # Any tag or digest of the signed repository: a pull by platform through the index
+    # verifies the arm64 image's own signature, made for its site tag.
+    signed = {"type": "signedBy", "keyType": "GPGKeys", "keyPath": str(root / "release.pub"),
+              "signedIdentity": {"type": "matchRepository"}}
     insecure = [{"type": "insecureAcceptAnything"}]
     (root / "policy.json").write_text(json.dumps({
         "default": [{"type": "reject"}],
