@@ -90,16 +90,15 @@ def manifest(registry, ref: str) -> dict:
                                       f"docker://{registry.host}/{ref}").stdout)
 
 
-def test_index_has_both_architectures_under_the_documented_tags(registry, released):
+def test_index_has_both_architectures_under_the_documented_tags(registry, released, image):
     index = manifest(registry, f"hpc-train:{VERSION}-cuda13")
     assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
     by_arch = {entry["platform"]["architecture"]: entry for entry in index["manifests"]}
     assert by_arch["amd64"]["digest"] == released[f"{VERSION}-cuda13-a100"]
     assert by_arch["arm64"]["digest"] == released[f"{VERSION}-cuda13-gh200"]
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], text=True,
-                          capture_output=True, check=True).stdout.strip()
+    revision = image.config["Config"]["Labels"]["org.opencontainers.image.revision"]
     for entry in by_arch.values():
-        assert entry["annotations"]["org.opencontainers.image.revision"] == head
+        assert entry["annotations"]["org.opencontainers.image.revision"] == revision
         assert entry["annotations"]["org.opencontainers.image.version"] == VERSION
     assert manifest(registry, f"hpc-train:{VERSION}") == index  # the plain tag: cuda13
 
@@ -203,15 +202,20 @@ def workspace(tmp: Path) -> Path:
     return work
 
 
-def ch_run(image: Path, argv: list[str], work: Path, env_file: str = "",
-           prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def ch_run_argv(image: Path, argv: list[str], work: Path, env_file: str = "",
+                home: bool = True) -> list[str]:
     """`apptainer exec IMAGE ARGV` from WORK, as ch-run says it (see the module docstring),
     as uid 1000: read-only image, no entrypoint, the host's environment."""
-    cmd = [*prefix, "setpriv", f"--reuid={USER_ID}", f"--regid={USER_ID}", "--clear-groups",
-           "ch-run", f"--set-env{'=' + env_file if env_file else ''}", "--home",
-           "-b", f"{work}:/workspace", "-c", "/workspace", str(image), "--", *argv]
+    return ["setpriv", f"--reuid={USER_ID}", f"--regid={USER_ID}", "--clear-groups",
+            "ch-run", f"--set-env{'=' + env_file if env_file else ''}",
+            *(["--home"] if home else []), "-b", f"{work}:/workspace", "-c", "/workspace",
+            str(image), "--", *argv]
+
+
+def ch_run(image: Path, argv: list[str], work: Path, env_file: str = ""):
     env = dict(os.environ, USER="user", HOME=str(work / "home"))
-    return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=600)
+    return subprocess.run(ch_run_argv(image, argv, work, env_file), env=env, text=True,
+                          capture_output=True, timeout=600)
 
 
 def test_amd64_image_trains_evaluates_predicts_and_checks_unprivileged_read_only(
@@ -261,12 +265,10 @@ def test_two_nodes_four_tasks_train_under_srun_ch_run(amd64_dir, slurm_cluster, 
     """The README's `srun ... apptainer exec IMAGE train` per-task form, ch-run in its place."""
     image, env_file = amd64_dir
     work = workspace(tmp_path)
-    (work / "own.py").write_text(OWN_SCRIPT)
-    srun = ("srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1")
+    train = [*DIGITS, "--max-steps", "2", "--output-dir", "run"]
     proc = subprocess.run(
-        [*srun, "setpriv", f"--reuid={USER_ID}", f"--regid={USER_ID}", "--clear-groups",
-         "ch-run", f"--set-env={env_file}", "-b", f"{work}:/workspace", "-c", "/workspace",
-         str(image), "--", *DIGITS, "--max-steps", "2", "--output-dir", "run"],
+        ["srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1",
+         *ch_run_argv(image, train, work, str(env_file), home=False)],
         env=dict(slurm_cluster.env, USER="user"), text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((work / "run" / "summary.json").read_text())
