@@ -6,9 +6,10 @@ on an arm64 stand-in base, under QEMU user emulation on the x86_64 CI machine.
 tests/image/qemu.sh registers the aarch64 handler (qemu-user-static, binfmt-support),
 build_arm64_base.sh makes the base (Debian arm64 with PyPI's CPU-only aarch64 torch 2.5.1,
 assembled natively and cached like the amd64 stand-ins), build_image.sh builds the
-Dockerfile for linux/arm64 on it (its RUN steps emulated), and a few training steps run
-inside with `buildah run`. Emulation is slow (importing torch takes about 35 s), so the
-run is three steps. What it proves: the Dockerfile, the
+Dockerfile for linux/arm64 on it (its RUN steps emulated; the session-scoped `arm64_image`
+fixture in tests/conftest.py, which the registry tests push too), and a few training
+steps run inside with `buildah run`. Emulation is slow (importing torch takes about 35 s),
+so the run is three steps. What it proves: the Dockerfile, the
 install script and the package work on arm64's Python, torch and file layout. What it
 cannot: anything about Grace's speed, CUDA on GH200, or NGC's arm64 base.
 """
@@ -16,38 +17,13 @@ cannot: anything about Grace's speed, CUDA on GH200, or NGC's arm64 base.
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.images import (SCRIPTS, STEPS, TRAIN, UNPRIVILEGED, Built, entrypoint,
-                                   inspect, installed_by, remove_leftovers, run, run_inside)
+from tests.helpers.images import STEPS, TRAIN, UNPRIVILEGED, entrypoint, installed_by, run_inside
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def arm64_image():
-    started = time.monotonic()
-    base = run([SCRIPTS / "build_arm64_base.sh"]).stdout.split()[-1]
-    base_ready = time.monotonic()
-    remove_leftovers()
-    tag = f"localhost/hpc-train/test-image:arm64-{os.getpid()}"
-    proc = run(["env", "BUILD_PLATFORM=linux/arm64", SCRIPTS / "build_image.sh", base, tag,
-                "CUDA_ARCH=9.0"])
-    built = time.monotonic()
-    container = run(["buildah", "from", "--pull-never", "--arch", "arm64", "--name",
-                     f"hpc-train-test-arm64-{os.getpid()}", tag]).stdout.strip()
-    try:
-        rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
-        yield Built(tag, base, container, rootfs, inspect(tag),
-                    inspect(base), {"base": base_ready - started, "build": built - base_ready},
-                    proc.stdout + proc.stderr)
-    finally:
-        run(["buildah", "rm", container], check=False)
-        run(["podman", "rmi", "--force", tag], check=False)
 
 
 def test_arm64_image_is_arm64_and_says_what_it_installed(arm64_image, capsys):

@@ -20,49 +20,22 @@ registry here).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.images import (MAX_ADDED_BYTES, ROOT, SCRIPTS, STEPS, TRAIN, UNPRIVILEGED,
-                                   Built, canonical, entrypoint, inspect, installed_by,
-                                   remove_leftovers, run, run_inside)
+from tests.helpers.images import (MAX_ADDED_BYTES, ROOT, STEPS, TRAIN, UNPRIVILEGED, build,
+                                   canonical, entrypoint, installed_by, run_inside)
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
-
-def build(kind: str, *build_args: str):
-    """Builds the Dockerfile on the `kind` stand-in base; yields it, removes it afterwards."""
-    started = time.monotonic()
-    base = run([SCRIPTS / "build_base.sh", kind]).stdout.split()[-1]
-    base_ready = time.monotonic()
-    remove_leftovers()
-    tag = f"localhost/hpc-train/test-image:{kind}-{os.getpid()}"
-    proc = run([SCRIPTS / "build_image.sh", base, tag, *build_args])
-    built = time.monotonic()
-    container = run(["buildah", "from", "--pull-never", "--name",
-                     f"hpc-train-test-{kind}-{os.getpid()}", tag]).stdout.strip()
-    try:
-        rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
-        yield Built(tag, base, container, rootfs, inspect(tag), inspect(base),
-                    {"base": base_ready - started, "build": built - base_ready,
-                     "container": time.monotonic() - built}, proc.stdout + proc.stderr)
-    finally:
-        run(["buildah", "rm", container], check=False)
-        run(["podman", "rmi", "--force", tag], check=False)
-
-
-@pytest.fixture(scope="module")
-def image():
-    yield from build("ngc")
 
 
 @pytest.fixture(scope="module")
 def bare_image():
     """DALI's 800 MB wheel is left out (INSTALL_DALI=no); the build still names the one
-    it would install, which proves it found the CUDA major without CUDA_VERSION."""
+    it would install, which proves it found the CUDA major without CUDA_VERSION. (The
+    `image` fixture, the NGC stand-in build, is in tests/conftest.py: the registry tests
+    push it too.)"""
     yield from build("bare", "INSTALL_DALI=no")
 
 

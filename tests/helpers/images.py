@@ -117,6 +117,30 @@ def entrypoint(image: Built) -> list[str]:
     return image.config["Config"]["Entrypoint"]
 
 
+def build(kind: str, *build_args: str, arch: str = "amd64"):
+    """Builds the Dockerfile on the `kind` stand-in base (ngc, bare; arm64 for arch arm64);
+    yields it as a Built with a mounted working container, removes both afterwards."""
+    started = time.monotonic()
+    base_script = ["build_arm64_base.sh"] if arch == "arm64" else ["build_base.sh", kind]
+    base = run([SCRIPTS / base_script[0], *base_script[1:]]).stdout.split()[-1]
+    base_ready = time.monotonic()
+    remove_leftovers()
+    tag = f"localhost/hpc-train/test-image:{kind}-{os.getpid()}"
+    proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", SCRIPTS / "build_image.sh", base, tag,
+                *build_args])
+    built = time.monotonic()
+    container = run(["buildah", "from", "--pull-never", "--arch", arch, "--name",
+                     f"hpc-train-test-{kind}-{os.getpid()}", tag]).stdout.strip()
+    try:
+        rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
+        yield Built(tag, base, container, rootfs, inspect(tag), inspect(base),
+                    {"base": base_ready - started, "build": built - base_ready,
+                     "container": time.monotonic() - built}, proc.stdout + proc.stderr)
+    finally:
+        run(["buildah", "rm", container], check=False)
+        run(["podman", "rmi", "--force", tag], check=False)
+
+
 
 
 def canonical(name: str) -> str:
