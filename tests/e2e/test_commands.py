@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import REPO, TINY, clean_env, run_train
 
 BIN = Path(sys.executable).parent
-SCRIPTS = ("train", "bench", "report", "doctor", "evaluate", "predict")
+SCRIPTS = ("train", "bench", "report", "doctor", "evaluate", "predict", "diagnose")
 # Every `python -m` entry: the commands' modules and the torch-free launch layer.
 MODULES = ("workload.train", "workload.bench.cli", "workload.report", "workload.doctor",
            "workload.evaluate", "workload.predict", "workload.launch", "workload.diagnose")
@@ -40,7 +40,8 @@ def test_each_console_script_answers_help_version_and_a_bad_flag(script):
 
 SOURCES = dict(train="workload/train.py", bench="workload/bench/cli.py",
                report="workload/report.py", doctor="workload/doctor/__init__.py",
-               evaluate="workload/evaluate.py", predict="workload/predict.py")
+               evaluate="workload/evaluate.py", predict="workload/predict.py",
+               diagnose="workload/diagnose.py")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
