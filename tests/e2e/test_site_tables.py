@@ -31,6 +31,7 @@ OLIVIA_MULTINODE = ("https://documentation.sigma2.no/code_development/guides/pyt
 OLIVIA_JOB_TYPES = "https://documentation.sigma2.no/jobs/job_types/olivia_job_types.html"
 NERSC_SCRIPTS = "https://github.com/NERSC/sc25-dl-tutorial"
 # JSC's own pages could not be read: these values are marked "NOT CONFIRMED" in the files.
+JUWELS_BOOSTER = "https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"
 UNCONFIRMED = ""
 
 # name -> (value, the page that publishes it)
@@ -107,8 +108,8 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
         "--image": ("ghcr.io/hpc-train/hpc-train:0.1.0-cuda12", UNCONFIRMED),
     },
     "jsc-juwels-booster.sbatch": {
-        "--partition": ("booster", UNCONFIRMED), "--gpus-per-node": ("4", UNCONFIRMED),
-        "--cpus-per-task": ("48", UNCONFIRMED),
+        "--partition": ("booster", UNCONFIRMED), "--gpus-per-node": ("4", JUWELS_BOOSTER),
+        "--cpus-per-task": ("48", JUWELS_BOOSTER),
     },
     "alliance.sbatch": {
         # The ratio per GPU is on Alliance's "Ratios in bundles" page, which we could not
