@@ -169,7 +169,8 @@ def rendezvous_failure(error: str, rank: int, world_size: int, timeout_s: float)
     return (f"rank {rank} of {world_size} could not join the process group at {where} "
             f"within {timeout_s:g} s ({first[:200]}); check that all {world_size} ranks "
             f"were started and that {where} is rank 0's host and a port it can reach, or "
-            "give slow starts more time with --dist-timeout")
+            "give slow starts more time (train: --dist-start-timeout; bench, evaluate: "
+            "--dist-timeout)")
 
 
 def elastic_store(timeout: timedelta, env=os.environ) -> dist.Store | None:

@@ -126,7 +126,8 @@ def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
                            "synthetic", "--synthetic-size", "64", "--max-steps", "1",
-                           "--dist-timeout", "3", "--output-dir", str(tmp_path / "run")],
+                           "--dist-start-timeout", "3", "--dist-timeout", "3",
+                           "--output-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -138,6 +139,7 @@ def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
     assert f"127.0.0.1:{port}" in done.stderr and "all 2 ranks" in done.stderr
+    assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
 
 
 def test_an_occupied_port_is_one_line_naming_it(tmp_path):
