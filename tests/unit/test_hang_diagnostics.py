@@ -131,3 +131,28 @@ def test_diagnose_refuses_a_folder_without_diagnostics(tmp_path):
                            str(tmp_path / "nothing")], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 2 and "nothing" in done.stderr
+
+
+def test_train_called_twice_in_one_process_dumps_into_each_runs_own_folder(tmp_path,
+                                                                          monkeypatch):
+    """train sets the flight recorder's variables for its run only: left behind, they
+    were a "user's value" to the next run in the process (and to every later command a
+    test started), whose dumps then went into the first run's folder."""
+    from tests.helpers import TINY
+    from workload.train import train
+
+    for key in flight_recorder_env(tmp_path):
+        monkeypatch.delenv(key, raising=False)
+    seen = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        train([*TINY, "--dataset", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
+               "--max-steps", "1",
+               "--output-dir", str(out)])
+        seen.append({key: os.environ.get(key) for key in flight_recorder_env(out)})
+    assert seen == [{key: None for key in flight_recorder_env(tmp_path)}] * 2
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/mine/fr-")  # a user's own value stays
+    train([*TINY, "--dataset", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
+               "--max-steps", "1",
+           "--output-dir", str(tmp_path / "third")])
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/mine/fr-"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import faulthandler
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from collections.abc import MutableMapping
@@ -86,6 +88,20 @@ def apply_defaults(env: MutableMapping[str, str], folder: Path) -> dict[str, str
     added = {key: value for key, value in wanted.items() if key not in given}
     env.update(added)
     return added
+
+
+@contextmanager
+def defaults_for_one_run(env: MutableMapping[str, str], folder: Path) -> Iterator[dict]:
+    """apply_defaults while one run lasts, then the variables it added removed: a second
+    run in the same process (train called from Python) gets its own folder instead of
+    taking the first run's for a user's value."""
+    added = apply_defaults(env, folder)
+    try:
+        yield added
+    finally:
+        for key, value in added.items():
+            if env.get(key) == value:
+                del env[key]
 
 
 def enable_dump_on_signal(folder: Path, rank: int):

@@ -13,7 +13,7 @@ from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data
 from workload.distributed import DistInfo
 from workload.files import append_jsonl, write_json
-from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, apply_defaults,
+from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_one_run,
                                          enable_dump_on_signal)
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
@@ -29,9 +29,9 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
     # Before the process group forms: torch reads the flight recorder's variables then.
-    apply_defaults(os.environ, diagnostics_folder(cfg))
     start_timeout = max(cfg.distributed.dist_start_timeout_s, cfg.distributed.dist_timeout_s)
-    with start_process(cfg, start_timeout) as (info, precision):
+    with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
+            start_process(cfg, start_timeout) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
 
