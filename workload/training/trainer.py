@@ -136,10 +136,19 @@ class Trainer:
         # Where the loop is, for the stall watchdog: plain attribute writes, nothing more.
         self.activity = activity or Activity(state.step)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
+        # DDP's forward first broadcasts rank 0's buffers (BatchNorm's), a wait for the
+        # slowest rank: a rank's own work starts when its module's forward does.
+        self.forward_started = 0.0
+        inner = getattr(state.model, "module", None)
+        if isinstance(inner, nn.Module):
+            inner.register_forward_pre_hook(self.stamp_forward)
+
+    def stamp_forward(self, *_) -> None:
+        self.forward_started = time.perf_counter()
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state, activity = self.state, self.activity
-        started = time.perf_counter()  # a clock read (vDSO), not a system call
+        self.forward_started = time.perf_counter()  # a vDSO clock read; DDP: moved on
         activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
@@ -154,7 +163,7 @@ class Trainer:
         state.step += 1
         activity.step = state.step
         # Its own work: the step less backward, where DDP waits for the other ranks.
-        activity.busy_s += backward - started + time.perf_counter() - optimizer
+        activity.busy_s += backward - self.forward_started + time.perf_counter() - optimizer
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
