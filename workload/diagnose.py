@@ -25,6 +25,7 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
+from workload.files import strict_json
 from workload.launch.diagnostics import DIAGNOSTICS, FR_PREFIX, STALL_MARK
 
 PROG = "diagnose"
@@ -35,8 +36,8 @@ _FRAME = re.compile(r'File "(.+)", line (\d+) in (\S+)')
 
 def read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = strict_json(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None  # a file half written when the job died: left out, not fatal
     return data if isinstance(data, dict) else None
 
