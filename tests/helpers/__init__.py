@@ -161,13 +161,13 @@ def job_field(cluster, job: int, name: str) -> str:
     return match.group(1) if match else ""
 
 
-def wait_for(predicate, what: str, log: Path, timeout: float = 240) -> None:
+def wait_for(predicate, what: str, log: Path, timeout: float = 240, poll: float = 0.5) -> None:
     """Poll `predicate` until it holds; on timeout fail with the end of the job's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.5)
+        time.sleep(poll)
     text = log.read_text() if log.exists() else "(no log)"
     raise AssertionError(f"timed out waiting for {what}; job log:\n{text[-4000:]}")
 

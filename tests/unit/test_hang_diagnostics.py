@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.helpers import REPO, clean_env
 from workload.launch.diagnostics import apply_defaults, flight_recorder_env
-from workload.training.watchdog import COMPUTE, DATA, Activity, StallWatchdog
+from workload.training.watchdog import COMPUTE, DATA, STARTUP, Activity, StallWatchdog
 
 
 def test_flight_recorder_variables_keep_the_users_values(tmp_path):
@@ -70,6 +70,12 @@ def test_watchdog_dumps_stacks_step_and_phase_once_when_no_step_completes(tmp_pa
     assert "rank 3" in text and "step 5" in text and "phase data wait" in text
     assert "test_watchdog_dumps_stacks" in text  # the main thread's stack
     assert json.loads((tmp_path / "heartbeat-3.json").read_text())["phase"] == DATA
+
+
+def test_the_heartbeat_is_written_when_the_watchdog_starts(tmp_path):
+    with StallWatchdog(Activity(), tmp_path, rank=1, world_size=2, timeout_s=300.0):
+        beat = json.loads((tmp_path / "heartbeat-1.json").read_text())
+    assert (beat["step"], beat["phase"], beat["pid"]) == (0, STARTUP, os.getpid())
 
 
 def test_the_stall_timeout_follows_slow_steps(tmp_path):

@@ -67,6 +67,7 @@ class StallWatchdog:
 
     def __enter__(self) -> StallWatchdog:
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.check(time.monotonic())  # the heartbeat is there before the first step
         self._thread.start()
         return self
 
