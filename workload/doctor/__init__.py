@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-max-mib", type=float, default=256.0,
                    help="all-reduce correctness and bandwidth at 1, 2, 4 ... MiB up to this "
                         "(default 256; 0 = no sweep)")
+    p.add_argument("--pair-max-mib", type=float, default=64.0,
+                   help="the same sweep between every two ranks, in rounds of disjoint "
+                        "pairs, at 1, 2, 4 ... MiB up to this (default 64, the sizes where "
+                        "faulty links and NCCL's LL128 corrupt; 0 = no pair sweep; runs "
+                        "with 3 ranks or more)")
+    p.add_argument("--pair-rounds", type=int, default=None,
+                   help="run only the first N rounds of pairs (default all: N-1 rounds for "
+                        "N ranks, N for an odd N; round 1 pairs ranks far apart)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for all ranks to join (default 120)")
     p.add_argument("--shm-path", default="/dev/shm",
@@ -64,6 +72,12 @@ def check_flags(args) -> None:
     if args.sweep_max_mib < 0:
         raise UsageError(f"--sweep-max-mib must be 0 (no sweep) or more, got "
                          f"{args.sweep_max_mib}")
+    if args.pair_max_mib < 0:
+        raise UsageError(f"--pair-max-mib must be 0 (no pair sweep) or more, got "
+                         f"{args.pair_max_mib}")
+    if args.pair_rounds is not None and args.pair_rounds < 1:
+        raise UsageError(f"--pair-rounds must be 1 or more, got {args.pair_rounds}; leave it "
+                         "out for every pair, or pass --pair-max-mib 0 for none")
     if args.probe_iters < 1:
         raise UsageError(f"--probe-iters must be 1 or more, got {args.probe_iters}")
     if args.timeout <= 0:

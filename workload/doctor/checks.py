@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import driver, local, ranks, sweep
+from workload.doctor import driver, local, pairs, ranks, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
@@ -87,23 +87,35 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]
                 + consistency(everyone) + [(0, bandwidth), (0, transport)]
-                + sweep_findings(everyone))
+                + sweep_findings(everyone, args))
 
 
 def swept(args, info) -> dict:
-    """This rank's all-reduce sweep (several ranks) and matmul rate."""
+    """This rank's all-reduce sweeps (all ranks together, then every pair: with 3 ranks
+    or more, where a pair is not the whole job) and matmul rate."""
     sync = lambda: ranks._sync(info.device)  # noqa: E731
     sizes = sweep.sweep_sizes(args.sweep_max_mib) if info.backend else []
-    return dict(sweep=sweep.allreduce_sweep(torch.distributed.all_reduce, info.rank,
-                                            info.world_size, sizes, info.device, sync),
-                matmul_gflops=sweep.matmul_rate(info.device, sync))
+    pair_sizes = sweep.sweep_sizes(args.pair_max_mib) if info.world_size > 2 else []
+    found = dict(sweep=sweep.allreduce_sweep(torch.distributed.all_reduce, info.rank,
+                                             info.world_size, sizes, info.device, sync),
+                 matmul_gflops=sweep.matmul_rate(info.device, sync), pair_sizes=pair_sizes)
+    if pair_sizes:
+        found.update(pairs.timed_pair_sweep(pairs.PairComm(info.device), info.rank,
+                                            info.world_size, pair_sizes, args.pair_rounds,
+                                            info.device, sync))
+    return found
 
 
-def sweep_findings(everyone: list[dict]) -> list[tuple[int, Finding]]:
+def sweep_findings(everyone: list[dict], args) -> list[tuple[int, Finding]]:
     hosts = [r["place"]["node"] for r in everyone]
     found = [(0, sweep.matmul_finding([r["matmul_gflops"] for r in everyone], hosts))]
     if any(r["sweep"] for r in everyone):
         found.append((0, sweep.sweep_finding([r["sweep"] for r in everyone], hosts)))
+    if everyone[0]["pair_sizes"]:
+        seconds = max(r["pair_seconds"] for r in everyone)
+        found += [(0, f) for f in pairs.pair_findings(
+            [r["pairs"] for r in everyone], hosts, everyone[0]["pair_sizes"],
+            args.pair_rounds, seconds)]
     return found
 
 
