@@ -54,6 +54,8 @@ def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
         assert by_check(data, "pair-bandwidth")[0]["status"] in ("ok", "warn")
     else:
         assert not by_check(data, "pair-sweep")
+    # CPU ranks: one line for all of them says the NVML checks did not run.
+    assert done.stdout.count("NVML checks (clocks, temperature, ECC) did not run") == 1
     # Every rank ran the local checks; rank 0 alone printed the report.
     assert {f["rank"] for f in by_check(data, "matmul")} == set(range(ranks))
     assert done.stdout.count("doctor: ") == 2  # the header and the verdict, once each

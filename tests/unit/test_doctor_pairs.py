@@ -18,7 +18,7 @@ class FaultyPairs:
     """The communication layer of one rank, computed locally: a pair's sum is what two
     honest ranks give, except on `bad_pair` at `bad_mib`, seen by its higher rank."""
 
-    def __init__(self, rank: int, bad_pair: tuple[int, int] | None, bad_mib: int = 4):
+    def __init__(self, rank: int, bad_pair: tuple[int, int] | None, bad_mib: int = 2):
         self.rank, self.bad_pair, self.bad_mib, self.released = rank, bad_pair, bad_mib, 0
 
     def group(self, round_pairs):
@@ -36,7 +36,7 @@ class FaultyPairs:
 
 def sweep_every_rank(bad_pair, world_size=4, max_rounds=None) -> list[list[list]]:
     return [pairs.pair_sweep(FaultyPairs(rank, bad_pair), rank, world_size,
-                             sweep.sweep_sizes(4), max_rounds, "cpu")
+                             sweep.sweep_sizes(2), max_rounds, "cpu")
             for rank in range(world_size)]
 
 
@@ -54,17 +54,17 @@ def test_rounds_cover_every_pair_once_with_disjoint_pairs():
 
 def test_the_corrupting_pair_alone_is_named_with_both_hosts_and_the_size():
     swept = sweep_every_rank(bad_pair=(1, 2))
-    corrupt, bandwidth = pairs.pair_findings(swept, HOSTS, [1, 2, 4], None, 0.5)
+    corrupt, bandwidth = pairs.pair_findings(swept, HOSTS, [1, 2], None, 0.5)
     assert corrupt.status == FAIL
-    assert corrupt.detail.endswith("ranks 1 (nid001) and 2 (nid002) at 4 MiB"), corrupt
+    assert corrupt.detail.endswith(": ranks 1 (nid001) and 2 (nid002) at 2 MiB"), corrupt
     assert "NCCL_PROTO=^LL128" in corrupt.fix
     assert bandwidth.check == "pair-bandwidth"
 
 
 def test_exact_sums_on_every_pair_pass_and_say_what_was_covered():
-    corrupt, _ = pairs.pair_findings(sweep_every_rank(None), HOSTS, [1, 2, 4], None, 0.5)
+    corrupt, _ = pairs.pair_findings(sweep_every_rank(None), HOSTS, [1, 2], None, 0.5)
     assert corrupt.status == OK
-    assert "6 of 6 pairs in 3 of 3 rounds at 1, 2, 4 MiB" in corrupt.detail
+    assert "6 of 6 pairs in 3 of 3 rounds at 1, 2 MiB" in corrupt.detail
 
 
 def test_pair_rounds_bounds_the_sweep():

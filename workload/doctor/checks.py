@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import driver, local, pairs, ranks, sweep
+from workload.doctor import driver, local, nvml, pairs, ranks, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
@@ -75,19 +75,22 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
         mine = local_findings(args, info)
         result, bandwidth = probe(args, info)
         everyone = ranks.gather(dict(place=ranks.my_place(info), versions=local.versions(),
-                                     findings=mine, **swept(args, info)), info)
+                                     findings=mine, nvml=nvml.read_gpu(info.device),
+                                     **swept(args, info)), info)
     finally:
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
+    gpus = nvml.nvml_findings([r["nvml"] for r in everyone], [p["node"] for p in rank_map])
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
     transport = ranks.transport_finding(info.backend, ranks.read_nccl_log(nccl_log),
                                         ranks.fabric_devices(),
                                         len({place["node"] for place in rank_map}))
     return dict(world_size=info.world_size, backend=info.backend, is_main=info.is_main,
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],
+                gpus=[r["nvml"] for r in everyone],
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]
                 + consistency(everyone) + [(0, bandwidth), (0, transport)]
-                + sweep_findings(everyone, args))
+                + sweep_findings(everyone, args) + [(0, finding) for finding in gpus])
 
 
 def swept(args, info) -> dict:

@@ -16,6 +16,7 @@ test double; rank 0 judges the pairs from what every rank gathered.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def pair_sweep(comm, rank: int, world_size: int, sizes: list[int], max_rounds: i
         group = comm.group(pairs)
         pair = next((p for p in pairs if rank in p), None)
         if pair is not None:
-            reduce = lambda tensor: comm.all_reduce(tensor, group)  # noqa: E731
+            reduce = functools.partial(comm.all_reduce, group=group)
             reduce(torch.zeros(1, device=device))  # connection set-up (NCCL: comm init)
             rows = allreduce_sweep(reduce, pair.index(rank), 2, sizes, device, sync)
             peer = pair[1 - pair.index(rank)]
