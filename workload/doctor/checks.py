@@ -103,7 +103,7 @@ def swept(args, info) -> dict:
                                              info.world_size, sizes, info.device, sync),
                  matmul_gflops=sweep.matmul_rate(info.device, sync), pair_sizes=pair_sizes)
     if pair_sizes:
-        found.update(pairs.timed_pair_sweep(pairs.PairComm(info.device), info.rank,
+        found.update(pairs.timed_pair_sweep(pairs.PairComm(), info.rank,
                                             info.world_size, pair_sizes, args.pair_rounds,
                                             info.device, sync))
     return found

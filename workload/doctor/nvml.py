@@ -86,7 +86,8 @@ def gpu_problems(reading: dict) -> tuple[list[str], list[str]]:
         failures.append(f"{reading['ecc_uncorrected']} uncorrected ECC errors since the "
                         "driver loaded")
     if reading.get("retired_pending") or reading.get("remap_pending"):
-        warnings.append("memory pages or rows wait to be retired (needs a GPU reset)")
+        warnings.append("memory pages or rows wait to be retired, or a row remap failed "
+                        "(needs a GPU reset)")
     if reasons := throttled_by(reading["throttle_bits"]):
         warnings.append(f"throttled ({', '.join(reasons)}): SM clock "
                         f"{reading['sm_clock_mhz']} of {reading['sm_clock_max_mhz']} MHz")

@@ -48,9 +48,6 @@ def rounds(world_size: int) -> list[list[tuple[int, int]]]:
 class PairComm:
     """torch.distributed: one 2-rank group per pair of a round, created by every rank."""
 
-    def __init__(self, device):
-        self.device = device
-
     def group(self, pairs: list[tuple[int, int]]):
         import torch.distributed as dist
         mine, _ = dist.new_subgroups_by_enumeration([list(pair) for pair in pairs])
@@ -152,14 +149,15 @@ def pair_findings(pairs_by_rank: list[list[list]], hosts: list[str], sizes: list
                   max_rounds: int | None, seconds: float) -> list[Finding]:
     """The corruption and bandwidth findings, with what the sweep covered and its cost."""
     results = merge(pairs_by_rank)
-    schedule = len(rounds(len(hosts)))
+    schedule = rounds(len(hosts))
     summary = (f"{len(results)} of {len(hosts) * (len(hosts) - 1) // 2} pairs in "
-               f"{len(rounds(len(hosts))[:max_rounds])} of {schedule} rounds at "
+               f"{len(schedule[:max_rounds])} of {len(schedule)} rounds at "
                f"{', '.join(map(str, sizes))} MiB, {seconds:.1f} s")
     return [corrupt_finding(results, hosts, summary), bandwidth_finding(results, hosts)]
 
 
 def timed_pair_sweep(comm, rank, world_size, sizes, max_rounds, device, sync) -> dict:
+    """pair_sweep, and the seconds it took this rank (rank 0 reports the longest)."""
     started = time.perf_counter()
     pairs = pair_sweep(comm, rank, world_size, sizes, max_rounds, device, sync)
     return dict(pairs=pairs, pair_seconds=time.perf_counter() - started)
