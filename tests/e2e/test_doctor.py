@@ -42,6 +42,11 @@ def test_one_cpu_process_is_ready_and_writes_the_same_as_json(tmp_path):
     # The printed report says the same things: the table, every check, the verdict.
     assert "rank  node" in out and "matmul" in out and "doctor: ready" in out
     assert not (tmp_path / "runs").exists()  # checking a folder does not create it
+    # No GPU here: the NVML checks say in one line that they did not run, and pass.
+    nvml, = by_check(data, "gpu-health")
+    assert nvml["status"] == "info" and "this rank runs on the CPU" in nvml["detail"]
+    assert out.count("NVML checks (clocks, temperature, ECC) did not run") == 1
+    assert data["gpus"] == ["this rank runs on the CPU"]
 
 
 def test_small_shm_warns_with_the_container_fix(tmp_path):
@@ -114,6 +119,7 @@ def test_every_gpu_passes_the_matmul_check(tmp_path):
     (["--probe-iters", "0"], ["--probe-iters", "1 or more", "got 0"]),
     (["--timeout", "-5"], ["--timeout", "-5.0", "--timeout 120"]),
     (["--probe-mib", "-1"], ["--probe-mib", "got -1"]),
+    (["--pair-rounds", "0"], ["--pair-rounds", "got '0'", "`all`", "--pair-max-mib 0"]),
 ])
 def test_bad_flags_exit_2_with_one_line_before_any_check(args, words, tmp_path):
     status, out, err, data = doctor(args, tmp_path)

@@ -45,6 +45,17 @@ def check_job(done, report: Path, ranks: int, nodes: int) -> dict:
     swept = by_check(data, "allreduce-sweep")[0]
     assert swept["status"] == "ok" and "exact sums at 1, 2 MiB" in swept["detail"], swept
     assert by_check(data, "matmul-rate")[0]["status"] in ("ok", "warn")
+    # Every pair on its own (with 3 ranks or more: of 2, the one pair is the whole job):
+    # 4 ranks on 2 nodes give 3 rounds of 2 pairs, 4 of them across the nodes.
+    if ranks > 2:
+        paired = by_check(data, "pair-sweep")[0]
+        assert paired["status"] == "ok", paired
+        assert "exact sums: 6 of 6 pairs in 3 of 3 rounds at 1, 2 MiB" in paired["detail"]
+        assert by_check(data, "pair-bandwidth")[0]["status"] in ("ok", "warn")
+    else:
+        assert not by_check(data, "pair-sweep")
+    # CPU ranks: one line for all of them says the NVML checks did not run.
+    assert done.stdout.count("NVML checks (clocks, temperature, ECC) did not run") == 1
     # Every rank ran the local checks; rank 0 alone printed the report.
     assert {f["rank"] for f in by_check(data, "matmul")} == set(range(ranks))
     assert done.stdout.count("doctor: ") == 2  # the header and the verdict, once each

@@ -31,6 +31,16 @@ def test_doctor_on_a_gpu_reports_the_device_the_driver_and_nccl(cuda, tmp_path):
     assert all(f["status"] != "fail" for f in by_check(data, "driver"))
     assert re.fullmatch(r"\d+\.\d+\.\d+", data["versions"][0]["nccl"])
     assert data["ranks"][0]["device"].startswith("cuda")
+    # NVML read this rank's GPU: plausible clocks and temperature, a verdict naming them.
+    reading, = data["gpus"]
+    assert isinstance(reading, dict), f"NVML checks did not run: {reading}"
+    assert 100 <= reading["sm_clock_max_mhz"] <= 5000
+    assert 0 < reading["sm_clock_mhz"] <= reading["sm_clock_max_mhz"]
+    assert 5 <= reading["temperature_c"] <= 110
+    assert reading["slowdown_c"] is None or 60 <= reading["slowdown_c"] <= 120
+    health = by_check(data, "gpu-health")
+    assert health and all(f["status"] != "info" for f in health), health
+    assert "gpu-health" in done.stdout and "MHz" in done.stdout
 
 
 def test_torchrun_starts_train_as_one_rank_on_the_gpu(cuda, tmp_path):

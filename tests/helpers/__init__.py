@@ -26,7 +26,7 @@ CHECKPOINT_ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128",
                    "--epochs", "2", "--seed", "5", "--checkpoint-every", "2"]
 # Small doctor probes keep the suite fast on 2 cores; the figures are not asserted.
 DOCTOR_FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60",
-               "--sweep-max-mib", "2"]
+               "--sweep-max-mib", "2", "--pair-max-mib", "2"]
 
 
 def run_train(args: list[str], out: Path) -> dict:

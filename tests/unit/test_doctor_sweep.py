@@ -50,8 +50,8 @@ def test_the_pattern_sums_exactly_in_float32():
 
 
 def test_a_slow_rank_is_10_percent_and_one_deviation_below_the_median():
-    assert sweep.slow_ranks([100.0, 101.0, 99.0, 100.0, 80.0]) == [4]
-    assert sweep.slow_ranks([100.0, 95.0, 100.0, 100.0]) == []  # 5 %: within the rule
-    assert sweep.slow_ranks([100.0, 50.0]) == []  # of two, neither is the odd one out
+    assert sweep.outliers([100.0, 101.0, 99.0, 100.0, 80.0]) == [4]
+    assert sweep.outliers([100.0, 95.0, 100.0, 100.0]) == []  # 5 %: within the rule
+    assert sweep.outliers([100.0, 50.0]) == []  # of two, neither is the odd one out
     finding = sweep.matmul_finding([100.0, 101.0, 99.0, 70.0], HOSTS)
     assert finding.status == WARN and "rank 3 on nid002" in finding.detail

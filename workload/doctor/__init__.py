@@ -35,6 +35,9 @@ from workload.errors import UsageError
 from workload.files import unwritable_reason
 
 PROG = "doctor"
+# Rounds of the pair sweep by default: every pair of up to 65 ranks; beyond, every rank
+# still meets 64 partners (a bad NIC or GPU shows in every round), at a bounded cost.
+DEFAULT_PAIR_ROUNDS = 64
 EXIT_FAILED = 1
 
 
@@ -50,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-max-mib", type=float, default=256.0,
                    help="all-reduce correctness and bandwidth at 1, 2, 4 ... MiB up to this "
                         "(default 256; 0 = no sweep)")
+    p.add_argument("--pair-max-mib", type=float, default=64.0,
+                   help="the same sweep between every two ranks, in rounds of disjoint "
+                        "pairs, at 1, 2, 4 ... MiB up to this (default 64, the sizes where "
+                        "faulty links and NCCL's LL128 corrupt; 0 = no pair sweep; runs "
+                        "with 3 ranks or more)")
+    p.add_argument("--pair-rounds", default=str(DEFAULT_PAIR_ROUNDS),
+                   help=f"rounds of pairs to run, each rank meeting one partner per round, "
+                        f"or `all` (default {DEFAULT_PAIR_ROUNDS}: every pair up to "
+                        f"{DEFAULT_PAIR_ROUNDS + 1} ranks; all pairs of N ranks take N-1 "
+                        f"rounds, N for an odd N)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for all ranks to join (default 120)")
     p.add_argument("--shm-path", default="/dev/shm",
@@ -64,6 +77,10 @@ def check_flags(args) -> None:
     if args.sweep_max_mib < 0:
         raise UsageError(f"--sweep-max-mib must be 0 (no sweep) or more, got "
                          f"{args.sweep_max_mib}")
+    if args.pair_max_mib < 0:
+        raise UsageError(f"--pair-max-mib must be 0 (no pair sweep) or more, got "
+                         f"{args.pair_max_mib}")
+    args.pair_rounds = pair_rounds(args.pair_rounds)
     if args.probe_iters < 1:
         raise UsageError(f"--probe-iters must be 1 or more, got {args.probe_iters}")
     if args.timeout <= 0:
@@ -72,6 +89,16 @@ def check_flags(args) -> None:
     if args.json and unwritable_reason(Path(args.json).parent):
         raise UsageError(f"--json {args.json}: cannot write into "
                          f"{Path(args.json).parent}; pass a path in a folder you can write to")
+
+
+def pair_rounds(value: str) -> int | None:
+    """--pair-rounds: a count of 1 or more, or `all` (None: no bound)."""
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"--pair-rounds must be a count of 1 or more or `all`, got {value!r}; "
+                         "pass --pair-max-mib 0 for no pair sweep")
+    return int(value)
 
 
 def doctor(args) -> None:

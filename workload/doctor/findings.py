@@ -96,4 +96,5 @@ def write_json_report(path: Path, outcome: dict) -> None:
         status=worst(f for _, f in outcome["findings"]), world_size=outcome["world_size"],
         backend=outcome.get("backend"), ranks=outcome["ranks"],
         allreduce=outcome.get("allreduce"), versions=outcome.get("versions", []),
+        gpus=outcome.get("gpus", []),
         findings=findings))

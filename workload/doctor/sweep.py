@@ -73,13 +73,13 @@ def matmul_rate(device, sync=lambda: None) -> float:
     return 2 * MATMUL_SIDE**3 / best / 1e9
 
 
-def slow_ranks(rates: list[float]) -> list[int]:
-    """Ranks more than 10 % and more than one standard deviation below the median (of
-    three ranks or more: of two, neither is the odd one out)."""
+def outliers(rates: list[float]) -> list[int]:
+    """Indices (ranks, or pairs) of rates more than 10 % and more than one standard
+    deviation below the median (of three or more: of two, neither is the odd one out)."""
     if len(rates) < 3:
         return []
     median, spread = statistics.median(rates), statistics.pstdev(rates)
-    return [rank for rank, rate in enumerate(rates)
+    return [index for index, rate in enumerate(rates)
             if rate < median * (1 - SLOWER_THAN_MEDIAN) and rate < median - spread]
 
 
@@ -99,7 +99,7 @@ def sweep_finding(rows_by_rank: list[list[dict]], hosts: list[str]) -> Finding:
 
 
 def matmul_finding(rates: list[float], hosts: list[str]) -> Finding:
-    slow = slow_ranks(rates)
+    slow = outliers(rates)
     median = statistics.median(rates) if rates else 0.0
     if slow:
         named = ", ".join(f"rank {r} on {hosts[r]} ({rates[r]:.1f} GFLOP/s)" for r in slow)
