@@ -6,7 +6,8 @@ parts of a step with no collective in them, so a slow rank's own time, not the t
 makes the others wait) and their mean data wait. Rank 0 keeps the min, median and max of
 each, with the rank of each, for the next line of steps.jsonl; a rank more than SLOWER
 than the median for PATIENCE exchanges in a row gets one warning naming it and its host.
-The loop only adds to the two sums (`Activity.busy_s`, `Activity.data_s`).
+The loop only adds to the two sums (`Activity.add_busy`, `Activity.data_s`); on a GPU the
+busy spans are CUDA events, so a slow GPU is seen where the host runs ahead of it.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class StragglerWatch:
         self.slow_for = [0] * world_size
         self.warned: set[int] = set()
         self.latest: dict = {}
+        if device.type == "cuda":
+            activity.time_on_gpu()
         self._mark()
 
     def latest_record(self) -> dict:
         return self.latest
 
     def _mark(self) -> None:
-        self.busy0, self.data0 = self.activity.busy_s, self.activity.data_s
+        self.busy0, self.data0 = self.activity.busy_total_s(), self.activity.data_s
         self.step0 = self.activity.step
 
     def __call__(self, done: StepDone) -> None:
@@ -62,7 +65,7 @@ class StragglerWatch:
         steps = done.step - self.step0
         phase, self.activity.phase = self.activity.phase, COLLECTIVE
         every = distributed.all_gather_floats(
-            [(self.activity.busy_s - self.busy0) / steps,
+            [(self.activity.busy_total_s() - self.busy0) / steps,
              (self.activity.data_s - self.data0) / steps], self.device)
         self.activity.phase = phase
         self._mark()

@@ -144,26 +144,27 @@ class Trainer:
             inner.register_forward_pre_hook(self.stamp_forward)
 
     def stamp_forward(self, *_) -> None:
-        self.forward_started = time.perf_counter()
+        self.forward_started = self.activity.mark()
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state, activity = self.state, self.activity
-        self.forward_started = time.perf_counter()  # a vDSO clock read; DDP: moved on
+        self.forward_started = activity.mark()  # DDP: moved on by stamp_forward
         activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
         state.optimizer.zero_grad(set_to_none=True)
-        backward = time.perf_counter()
+        backward = activity.mark()
         state.scaler.scale(loss).backward()
         activity.phase = OPTIMIZER
-        optimizer = time.perf_counter()
+        optimizer = activity.mark()
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.schedule.step()
         state.step += 1
         activity.step = state.step
         # Its own work: the step less backward, where DDP waits for the other ranks.
-        activity.busy_s += backward - self.forward_started + time.perf_counter() - optimizer
+        activity.add_busy(self.forward_started, backward)
+        activity.add_busy(optimizer, activity.mark())
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:

@@ -23,6 +23,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import torch
+
 from workload.files import write_json
 from workload.launch.diagnostics import STALL_MARK, dump_command, heartbeat_file, stacks_file
 from workload.launch.variables import node_name
@@ -38,13 +40,44 @@ FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N
 
 class Activity:
     """Where this rank is: written by the loop, read by the watchdog thread; and the
-    seconds it spent on its own work and waiting for data (the straggler check's)."""
+    seconds it spent on its own work and waiting for data (the straggler check's).
 
-    __slots__ = ("step", "phase", "busy_s", "data_s")
+    Own work is timed by the host's clock, except on a GPU that the straggler check
+    times (`time_on_gpu`): the host runs ahead of a GPU, so a slow GPU would show in host
+    time only where something waits for it, mostly in backward's all-reduce, which is not
+    counted. There the spans are CUDA events, read when the check asks (`busy_total_s`)."""
+
+    __slots__ = ("step", "phase", "busy_s", "data_s", "on_gpu", "gpu_spans")
 
     def __init__(self, step: int = 0):
         self.step, self.phase = step, STARTUP
         self.busy_s = self.data_s = 0.0
+        self.on_gpu, self.gpu_spans = False, []
+
+    def time_on_gpu(self) -> None:
+        self.on_gpu = True
+
+    def mark(self):
+        """Now, for one end of a span of own work: a clock reading, or a recorded event."""
+        if not self.on_gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add_busy(self, start, end) -> None:
+        if self.on_gpu:
+            self.gpu_spans.append((start, end))
+        else:
+            self.busy_s += end - start
+
+    def busy_total_s(self) -> float:
+        """busy_s with the GPU's spans so far (this waits for the GPU to reach them)."""
+        if self.gpu_spans:
+            self.gpu_spans[-1][1].synchronize()
+            self.busy_s += sum(a.elapsed_time(b) for a, b in self.gpu_spans) / 1000
+            self.gpu_spans.clear()
+        return self.busy_s
 
 
 class StallWatchdog:
