@@ -130,9 +130,11 @@ def test_requeue_job_script_requeues_and_resumes(slurm_cluster, tmp_path, layout
     assert summary["layout"] == ("torchrun-per-node" if layout == "torchrun" else "per-task")
 
 
-# Real preemption: the digits run (tiny, deterministic) of one task, 30 steps.
+# Real preemption: the digits run (tiny, deterministic) of one task, 2 epochs of 90 steps:
+# 2 to 3 s of training, which the test must catch to stop (a 30-step run, 0.4 s, ended
+# before the stop reached it in one full run of the suite).
 DIGITS_ARGS = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "16",
-               "--epochs", "1", "--max-steps", "30", "--seed", "3", "--precision", "fp32",
+               "--epochs", "2", "--seed", "3", "--precision", "fp32",
                "--checkpoint-every", "0", "--log-every", "10"]
 
 # A user's own batch file, the way users write it: --requeue and `exec srun train`.
@@ -175,7 +177,8 @@ def preempt_while_training(cluster, job: int, log: Path, folder: Path) -> None:
     with SIGSTOP first, so that a fast machine cannot finish the run before SLURM's
     decision (a few seconds) reaches it: SLURM's preemption sends SIGCONT with its
     SIGTERM (slurm.schedmd.com/preempt.html), which is what resumes it."""
-    wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log)
+    wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log,
+             poll=0.05)
     done = cluster.run(["scancel", "--signal=STOP", str(job)])
     assert done.returncode == 0, done.stderr
     wait_for(lambda: step_stopped(cluster, job), "the low job's step to stop", log)
