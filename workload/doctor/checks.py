@@ -80,14 +80,15 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
     finally:
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
-    gpus = nvml.nvml_findings([r["nvml"] for r in everyone], [p["node"] for p in rank_map])
+    readings = [r["nvml"] for r in everyone]
+    gpus = nvml.nvml_findings(readings, [p["node"] for p in rank_map])
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
     transport = ranks.transport_finding(info.backend, ranks.read_nccl_log(nccl_log),
                                         ranks.fabric_devices(),
                                         len({place["node"] for place in rank_map}))
     return dict(world_size=info.world_size, backend=info.backend, is_main=info.is_main,
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],
-                gpus=[r["nvml"] for r in everyone],
+                gpus=readings,
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]
                 + consistency(everyone) + [(0, bandwidth), (0, transport)]
                 + sweep_findings(everyone, args) + [(0, finding) for finding in gpus])
@@ -98,15 +99,19 @@ def swept(args, info) -> dict:
     or more, where a pair is not the whole job) and matmul rate."""
     sync = lambda: ranks._sync(info.device)  # noqa: E731
     sizes = sweep.sweep_sizes(args.sweep_max_mib) if info.backend else []
-    pair_sizes = sweep.sweep_sizes(args.pair_max_mib) if info.world_size > 2 else []
     found = dict(sweep=sweep.allreduce_sweep(torch.distributed.all_reduce, info.rank,
                                              info.world_size, sizes, info.device, sync),
-                 matmul_gflops=sweep.matmul_rate(info.device, sync), pair_sizes=pair_sizes)
-    if pair_sizes:
+                 matmul_gflops=sweep.matmul_rate(info.device, sync))
+    if paired := pair_sizes(args, info.world_size):
         found.update(pairs.timed_pair_sweep(pairs.PairComm(), info.rank,
-                                            info.world_size, pair_sizes, args.pair_rounds,
+                                            info.world_size, paired, args.pair_rounds,
                                             info.device, sync))
     return found
+
+
+def pair_sizes(args, world_size: int) -> list[int]:
+    """The pair sweep's sizes: none with 2 ranks, where the one pair is the whole job."""
+    return sweep.sweep_sizes(args.pair_max_mib) if world_size > 2 else []
 
 
 def sweep_findings(everyone: list[dict], args) -> list[tuple[int, Finding]]:
@@ -114,11 +119,10 @@ def sweep_findings(everyone: list[dict], args) -> list[tuple[int, Finding]]:
     found = [(0, sweep.matmul_finding([r["matmul_gflops"] for r in everyone], hosts))]
     if any(r["sweep"] for r in everyone):
         found.append((0, sweep.sweep_finding([r["sweep"] for r in everyone], hosts)))
-    if everyone[0]["pair_sizes"]:
+    if paired := pair_sizes(args, len(everyone)):
         seconds = max(r["pair_seconds"] for r in everyone)
         found += [(0, f) for f in pairs.pair_findings(
-            [r["pairs"] for r in everyone], hosts, everyone[0]["pair_sizes"],
-            args.pair_rounds, seconds)]
+            [r["pairs"] for r in everyone], hosts, paired, args.pair_rounds, seconds)]
     return found
 
 

@@ -140,7 +140,8 @@ class Trainer:
         # slowest rank: a rank's own work starts when its module's forward does.
         self.forward_started = 0.0
         inner = getattr(state.model, "module", None)
-        if isinstance(inner, nn.Module):
+        self.stamped_by_hook = isinstance(inner, nn.Module)
+        if self.stamped_by_hook:
             inner.register_forward_pre_hook(self.stamp_forward)
 
     def stamp_forward(self, *_) -> None:
@@ -148,7 +149,8 @@ class Trainer:
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state, activity = self.state, self.activity
-        self.forward_started = activity.mark()  # DDP: moved on by stamp_forward
+        if not self.stamped_by_hook:  # one mark a step: on a GPU each is an event
+            self.forward_started = activity.mark()
         activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
