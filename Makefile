@@ -2,6 +2,8 @@
 #   make demo   # create/choose a virtual environment, install the package and its runtime
 #               # dependencies only, train the quick-start recipe
 #   make test   # install the test tools too (requirements/test.txt) and run the whole suite
+# After each edit:
+#   make check  # lint and the fast tier (no root, no Debian package, no SLURM, no image)
 #
 # The environment is $VIRTUAL_ENV when one is active, else ./.venv (override: make VENV=...).
 #
@@ -18,6 +20,13 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.hpc-train-runtime
 STAMP := $(VENV)/.hpc-train-installed
 PYTEST_ARGS ?= --durations=15
+# The fast tier: tests with none of these markers (tests/helpers/tiers.py keeps them true).
+FAST_TIER := not slow and not slurm and not image and not root and not gpu
+# Workers: the fast tier is CPU-bound (one per core); the rest mostly waits (SLURM
+# scheduling, grace times, timeouts), so more workers than cores overlap the waits.
+CHECK_WORKERS ?= 2
+TEST_WORKERS ?= 4
+PYTEST := PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest
 
 # The GPU check runs with the Python that has torch (python3 on PATH: a GPU machine's
 # system Python, the image's, or the active venv), not one this Makefile creates.
@@ -28,7 +37,7 @@ DEVICE ?= cuda
 PART ?= all
 QUICK ?=
 
-.PHONY: demo test lint install system-deps clean gpu-check gpu-wheels
+.PHONY: demo test check lint install system-deps clean gpu-check gpu-wheels
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,8 +67,16 @@ system-deps:
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-test: system-deps lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+check: lint
+	$(PYTEST) -m "$(FAST_TIER)" -n $(CHECK_WORKERS) $(PYTEST_ARGS)
+
+# The whole suite: the fast tier first (a broken import fails in minutes), then the rest,
+# its tests that share an image or a SLURM cluster grouped onto one worker each. Exit
+# status 5 (nothing selected) is success only for the second half, where PYTEST_ARGS
+# may name fast tests alone.
+test: system-deps check
+	$(PYTEST) -m "not ($(FAST_TIER))" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
+		|| test $$? -eq 5
 
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --device $(DEVICE) --part $(PART) --out $(GPU_CHECK_OUT) \

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
-from tests.helpers import TINY
+from tests.helpers import TINY, tiers
 from tests.helpers.images import build
 from tests.helpers.registry import local_registry
 from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, see tests/slurm)
@@ -35,3 +39,39 @@ def registry(tmp_path_factory):
     (tests/helpers/registry.py); stopped at the end of the session."""
     with local_registry(tmp_path_factory.mktemp("registry")) as started:
         yield started
+
+
+# The tiers' guard (tests/helpers/tiers.py): from the first fixture of a test to its last
+# teardown, what the test starts must match its markers.
+GUARD_REPORTS = Path(tempfile.mkdtemp(prefix="hpc-train-tier-guard-"))
+GUARD = pytest.StashKey[tiers.Guard]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(items):
+    tiers.group_for_workers(items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    if problems := tiers.missing_fixture_markers(item):
+        pytest.fail("; ".join(problems), pytrace=False)
+    guard = tiers.Guard(tiers.markers_of(item), GUARD_REPORTS / f"{id(item)}.txt")
+    item.stash[GUARD] = guard.__enter__()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item):
+    try:
+        return (yield)
+    finally:
+        guard = item.stash.get(GUARD, None)
+        if guard is not None:
+            guard.__exit__()
+            if problems := guard.problems():
+                pytest.fail("; ".join(dict.fromkeys(problems)), pytrace=False)
+
+
+def pytest_sessionfinish():
+    shutil.rmtree(GUARD_REPORTS, ignore_errors=True)

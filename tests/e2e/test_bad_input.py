@@ -97,6 +97,7 @@ def test_console_script_exit_status(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
     argv = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
             "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--base-lr", "1000",
@@ -131,6 +132,7 @@ def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
     port = free_port()
     done = run_rank(1, port, tmp_path)  # rank 0 never comes
@@ -142,6 +144,7 @@ def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
     assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
 
 
+@pytest.mark.slow
 def test_an_occupied_port_is_one_line_naming_it(tmp_path):
     import socket
 

@@ -129,6 +129,7 @@ def test_the_checkpoint_save_benchmark_prints_both_times_and_their_ratio():
     assert re.search(r"^save \(train's path\) +[0-9.]+ s", done.stdout, re.M), done.stdout
 
 
+@pytest.mark.slow
 def test_bench_train_waits_for_a_missing_rank_only_as_long_as_dist_timeout(tmp_path):
     # bench starts its process as train does: --dist-timeout bounds the rendezvous, and a
     # rank that never comes is one line naming the address, not a ten-minute hang.

@@ -19,6 +19,8 @@ from workload.checkpoint.store import MANIFEST
 from workload.files import sha256_file
 from workload.train import main as train_main
 
+pytestmark = pytest.mark.slow  # every test here trains
+
 # 2 epochs of 8 steps; a checkpoint every 2 steps.
 
 

@@ -76,6 +76,7 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_evaluate_exits_0_with_its_one_line_on_stdout(tiny_run):
     done = run([str(BIN / "evaluate"), str(tiny_run), "--device", "cpu"])
     assert done.returncode == 0, done.stderr
@@ -83,6 +84,7 @@ def test_evaluate_exits_0_with_its_one_line_on_stdout(tiny_run):
     assert "'accuracy'" not in done.stderr  # the result dict is not printed by sys.exit
 
 
+@pytest.mark.slow
 def test_predict_exits_0_whatever_the_number_of_images(tiny_run, tmp_path):
     from PIL import Image
 

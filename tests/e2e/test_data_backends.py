@@ -63,12 +63,14 @@ def test_auto_choice_and_its_reason(dataset, device, backend, why):
 
 
 @pytest.mark.parametrize("backend", ["device", "torch", "dali"])
+@pytest.mark.slow
 def test_every_backend_trains_and_says_so(backend, tmp_path, capsys):
     summary = run_train([*TINY, *SYNTHETIC, "--data-backend", backend], tmp_path / "run")
     assert summary["steps_run"] == 256 // 32 and summary["final_accuracy"] is not None
     assert f"data backend {backend}:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_dali_trains_the_same_model_as_the_device_backend_on_the_cpu(tmp_path):
     # Same shard order, same per-batch flips and offsets: bit-identical weights.
     args = [*TINY, *SYNTHETIC, "--max-steps", "4", "--seed", "3"]
@@ -89,6 +91,7 @@ def test_unknown_backend_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("backend", ["dali", "torch"])
+@pytest.mark.slow
 def test_image_folders_are_decoded_by_dali_and_by_torch(backend, tmp_path, capsys):
     write_image_folder(tmp_path / "images")
     summary = run_train([*TINY, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "images"),

@@ -49,6 +49,7 @@ def test_one_cpu_process_is_ready_and_writes_the_same_as_json(tmp_path):
     assert data["gpus"] == ["this rank runs on the CPU"]
 
 
+@pytest.mark.root
 def test_small_shm_warns_with_the_container_fix(tmp_path):
     with tmpfs(tmp_path / "shm", "size=64m") as shm:  # Docker's default /dev/shm
         status, out, err, data = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
@@ -59,12 +60,14 @@ def test_small_shm_warns_with_the_container_fix(tmp_path):
     assert "--shm-size" in out
 
 
+@pytest.mark.root
 def test_large_shm_is_fine(tmp_path):
     with tmpfs(tmp_path / "shm", "size=2g") as shm:
         _, _, _, data = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
     assert by_check(data, "shm")[0]["status"] == "ok"
 
 
+@pytest.mark.root
 def test_read_only_output_dir_is_fatal_and_names_the_fix(tmp_path):
     with tmpfs(tmp_path / "ro", "ro,size=1m") as read_only:
         status, out, err, data = doctor(["--device", "cpu", "--output-dir",

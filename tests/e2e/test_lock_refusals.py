@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import CHECKPOINT_ARGS, clean_env, vfat
 
 ARGS = [*CHECKPOINT_ARGS, "--max-steps", "1"]
@@ -18,6 +20,7 @@ def train(out) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.root
 def test_an_output_dir_without_hard_links_is_named_with_the_fix(tmp_path):
     with vfat(tmp_path / "fat", tmp_path / "fat.img") as fat:
         done = train(fat / "run")

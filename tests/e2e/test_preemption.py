@@ -14,6 +14,8 @@ import pytest
 from tests.helpers import TINY
 from workload.checkpoint import REQUEUE_EXIT_STATUS
 
+pytestmark = pytest.mark.slow  # every test here trains
+
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "3",
         "--checkpoint-every", "0"]  # epoch ends only: the preemption save is the one mid-epoch

@@ -42,6 +42,7 @@ def assert_png(path):
     assert data[:8] == PNG_MAGIC and len(data) > 5_000, path
 
 
+@pytest.mark.slow
 def test_report_draws_training_and_throughput_into_the_run(real_run, capsys):
     report_main([str(real_run)])
     printed = capsys.readouterr().out
@@ -51,6 +52,7 @@ def test_report_draws_training_and_throughput_into_the_run(real_run, capsys):
     assert not (real_run / "scaling.png").exists()  # no bench file given
 
 
+@pytest.mark.slow
 def test_report_with_bench_files_draws_scaling_into_out(real_run, tmp_path):
     files = [bench_file(tmp_path / f"bench-{n}.json", n, 1000.0 * n) for n in (1, 2, 4)]
     out = tmp_path / "figures"
@@ -70,6 +72,7 @@ def test_bench_results_are_found_by_name_with_their_world_size(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_tensorboard_events_hold_every_epoch(real_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -95,6 +98,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD)
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, real_run, tmp_path, capsys):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text((real_run / "metrics.jsonl").read_text())

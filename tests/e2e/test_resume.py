@@ -34,6 +34,7 @@ def checkpoint_files(out):
     return sorted(str(p.relative_to(out)) for p in (out / "checkpoints").rglob("*"))
 
 
+@pytest.mark.slow
 def test_resume_never_refuses_a_directory_with_checkpoints(finished_run, capsys):
     out, _ = finished_run
     before = checkpoint_files(out)
@@ -42,6 +43,7 @@ def test_resume_never_refuses_a_directory_with_checkpoints(finished_run, capsys)
     assert checkpoint_files(out) == before
 
 
+@pytest.mark.slow
 def test_resume_never_with_overwrite_starts_afresh(finished_run, tmp_path):
     out, _ = finished_run
     fresh = run_train([*ARGS, "--epochs", "1", "--seed", "6"], tmp_path / "fresh")
@@ -51,6 +53,7 @@ def test_resume_never_with_overwrite_starts_afresh(finished_run, tmp_path):
     assert (out / "metrics.jsonl").read_text().count("\n") == 1
 
 
+@pytest.mark.slow
 def test_auto_refuses_the_checkpoints_of_a_run_with_other_settings(finished_run, capsys):
     out, _ = finished_run
     argv = [*ARGS, "--epochs", "1", "--width", "12", "--output-dir", str(out)]
@@ -58,6 +61,7 @@ def test_auto_refuses_the_checkpoints_of_a_run_with_other_settings(finished_run,
     assert "--width 8 there, 12 now" in err and "--output-dir" in err
 
 
+@pytest.mark.slow
 def test_more_epochs_continue_a_finished_run(finished_run, capsys):
     out, first = finished_run
     summary = run_train([*ARGS, "--epochs", "2"], out)
@@ -102,6 +106,7 @@ def test_checkpoint_every_reads_steps_or_durations(text, expected):
         Every.parse("1.5h")
 
 
+@pytest.mark.slow
 def test_a_refused_resume_leaves_config_json_as_it_was(finished_run, capsys):
     out, _ = finished_run
     before = (out / "config.json").read_text()
@@ -110,6 +115,7 @@ def test_a_refused_resume_leaves_config_json_as_it_was(finished_run, capsys):
     assert (out / "config.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_path_to_another_model_s_checkpoint_is_one_line(finished_run, tmp_path, capsys):
     out, _ = finished_run
     path = out / "checkpoints" / "step-000000008"
@@ -140,6 +146,7 @@ def forge(path, name: str, write) -> None:
     ("model.safetensors", lambda f: f.write_bytes(__import__("safetensors.torch").torch.save(
         {"other.weight": __import__("torch").ones(2)}))),
 ])
+@pytest.mark.slow
 def test_auto_moves_bad_content_aside_and_falls_back(finished_run, name, write, capsys):
     out, first = finished_run
     newest = out / "checkpoints" / "step-000000008"
@@ -152,6 +159,7 @@ def test_auto_moves_bad_content_aside_and_falls_back(finished_run, name, write, 
     assert list((out / "checkpoints").glob("step-000000008.corrupt-*"))
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_does_not_stop_a_resume(finished_run, capsys):
     out, first = finished_run
     with open(out / "metrics.jsonl", "a") as f:

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import CHECKPOINT_ARGS as ARGS
 from tests.helpers import clean_env, read_jsonl, write_image_folder
+
+pytestmark = pytest.mark.slow  # every test here trains
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 # 8 steps an epoch (32 images, batch 4: quick steps), enough epochs for 60 steps.

@@ -71,6 +71,7 @@ def preset_exports(path: Path, stubs: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_each_preset_is_plain_exports_that_the_job_log_shows(path, stubs):
     exported = preset_exports(path, stubs)
     names = re.findall(r"^export ([A-Z_0-9]+)=", path.read_text(), re.M)

@@ -14,6 +14,8 @@ import torch
 
 from tests.helpers import TINY, clean_env, read_jsonl, run_train, write_image_folder
 
+pytestmark = pytest.mark.slow  # every test here trains
+
 # Tiny and quick, but real data: digits at 16 px, a few steps.
 DIGITS = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "64",
           "--epochs", "1", "--max-steps", "6", "--seed", "3"]
@@ -189,7 +191,6 @@ def test_a_missing_or_damaged_model_is_refused_in_one_line(how, digits_run, tmp_
     assert not (tmp_path / "e.json").exists()
 
 
-@pytest.mark.slow
 def test_evaluate_under_torchrun_gives_the_same_accuracy(digits_run, tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", "-m", "workload.evaluate", str(digits_run),

@@ -7,6 +7,8 @@ import torch
 
 from tests.helpers import TINY, read_jsonl, run_train
 
+pytestmark = pytest.mark.slow  # every test here trains
+
 SUMMARY_KEYS = {
     "final_accuracy", "best_accuracy", "epochs_run", "steps_run", "images_per_second",
     "total_time_s", "world_size", "device", "precision", "model_sha256", "versions",
@@ -15,7 +17,6 @@ SYNTHETIC = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes
              "--batch-size", "32"]
 
 
-@pytest.mark.slow
 def test_quick_start_recipe_reaches_90_percent_on_digits(tmp_path, capsys):
     # Exactly the README's quick start: no flag but the dataset and the device.
     summary = run_train(["--dataset", "digits", "--device", "cpu"], tmp_path / "run")
@@ -87,7 +88,6 @@ def test_label_smoothing_and_resnet18_train(tmp_path):
     assert summary["model"] == "resnet18" and summary["steps_run"] == 2
 
 
-@pytest.mark.slow
 def test_compile_trains_and_reports_the_first_step(tmp_path):
     summary = run_train([*TINY, *SYNTHETIC, "--max-steps", "3", "--compile"], tmp_path / "run")
     assert summary["steps_run"] == 3 and summary["first_step_s"] > 0

@@ -23,6 +23,7 @@ def usage_error(args: list[str], capsys) -> str:
 
 
 @pytest.mark.parametrize("model", ["mobilenet_v3_small", "shufflenet_v2_x0_5"])
+@pytest.mark.slow
 def test_torchvision_models_train_by_name(model, tmp_path):
     summary = run_train(["--model", model, "--device", "cpu", *SYNTHETIC, "--max-steps", "2"],
                         tmp_path / "run")
@@ -37,6 +38,7 @@ def test_a_wrong_model_name_exits_2_with_suggestions(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_resnet_stem_is_printed_and_recorded(tmp_path, capsys):
     run_train(["--model", "resnet18", "--device", "cpu", *SYNTHETIC, "--max-steps", "1"],
               tmp_path / "run")
@@ -44,6 +46,7 @@ def test_resnet_stem_is_printed_and_recorded(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["stem"] == "small"
 
 
+@pytest.mark.slow
 def test_init_from_a_runs_weights_and_a_refused_head(tmp_path, capsys):
     first = run_train([*TINY, *SYNTHETIC, "--max-steps", "2"], tmp_path / "a")
     weights = tmp_path / "a" / "model.safetensors"
@@ -66,6 +69,7 @@ def test_init_from_a_runs_weights_and_a_refused_head(tmp_path, capsys):
     assert "head fc.bias, fc.weight started afresh" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_log_every_prints_progress_inside_the_epoch(tmp_path, capsys):
     run_train([*TINY, *SYNTHETIC, "--synthetic-size", "256", "--epochs", "1",
                "--log-every", "10"], tmp_path / "run")
@@ -79,6 +83,7 @@ def test_log_every_prints_progress_inside_the_epoch(tmp_path, capsys):
     assert {"loss", "images_per_second", "eta_s", "peak_memory_gib"} <= records[0].keys()
 
 
+@pytest.mark.slow
 def test_config_file_starts_the_same_run_again(tmp_path, capsys):
     first = run_train([*TINY, *SYNTHETIC, "--max-steps", "3", "--seed", "3",
                        "--resume", "never", "--overwrite"], tmp_path / "a")
@@ -99,6 +104,7 @@ def test_config_file_starts_the_same_run_again(tmp_path, capsys):
     assert "resumed from" in said.out + said.err
 
 
+@pytest.mark.slow
 def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):
     tar = tar_folder(write_image_folder(tmp_path / "pets", per_class=4), tmp_path / "pets.tar")
     data = ["--dataset", "imagefolder", "--data-dir", str(tar), "--stage-to",
@@ -114,6 +120,7 @@ def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):
     assert summary["steps_run"] == 2
 
 
+@pytest.mark.slow
 def test_wandb_logs_the_epoch_metrics_offline(tmp_path, monkeypatch):
     # No internet on compute nodes: offline by default, into <output-dir>/wandb/ for a
     # later `wandb sync`. The run file is wandb's own record format; the tags it logged

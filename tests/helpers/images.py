@@ -3,6 +3,7 @@ commands inside a built image, and reading what changed in its filesystem."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -59,21 +60,49 @@ class Built:
 def remove_leftovers() -> None:
     """Images and containers of earlier runs that were killed: 7 GB each with vfs.
 
-    Named after the pid of the run that made them; those of live runs stay.
+    Named after the pid of the run that made them; those of live runs stay, and so do the
+    cached builds (named after their inputs, see `inputs_key`).
     """
     def dead(name: str) -> bool:
-        pid = int(name.rsplit("-", 1)[-1].rsplit(":", 1)[-1])
-        return not Path(f"/proc/{pid}").exists()
+        pid = name.rsplit("-", 1)[-1].rsplit(":", 1)[-1]
+        # A pid has at most 7 digits; a cached build's 16-digit hash is never one.
+        return pid.isdigit() and len(pid) <= 7 and not Path(f"/proc/{pid}").exists()
 
     containers = run(["buildah", "containers", "--format", "{{.ContainerName}}"]).stdout.split()
     for name in containers:
         if name.startswith("hpc-train-test-") and dead(name):
             run(["buildah", "rm", name], check=False)
-    images = run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
-                  "--filter", "reference=localhost/hpc-train/test-image"]).stdout.split()
-    for ref in images:
+    for ref in test_images():
         if dead(ref):
             run(["podman", "rmi", "--force", ref], check=False)
+
+
+def test_images() -> list[str]:
+    return run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                "--filter", f"reference={REPOSITORY}"]).stdout.split()
+
+
+# What the Dockerfile's build reads (.dockerignore lets only these into the context) and
+# the scripts that drive it: a change to any of them builds the project image again.
+IMAGE_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "LICENSE",
+                "NOTICE", "workload", "entrypoint.sh", "container/install-workload.sh",
+                "jobs", "examples", "tests/image/build_image.sh", "tests/image/containers.sh")
+REPOSITORY = "localhost/hpc-train/test-image"
+
+
+def inputs_key(base_digest: str, *settings: str) -> str:
+    """A hash of the image's inputs: the files the build copies (content and mode), the
+    base's digest and the build's settings. Git lists the files (tracked or not, less what
+    .gitignore names), so a dirty working tree is hashed as it is."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard",
+                             "-z", "--", *IMAGE_INPUTS], capture_output=True, check=True)
+    digest = hashlib.sha256("\0".join([base_digest, *settings]).encode())
+    for name in sorted(set(filter(None, listed.stdout.decode().split("\0")))):
+        path = ROOT / name
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(f"\0{name}\0{path.stat().st_mode & 0o111}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def inspect(ref: str) -> dict:
@@ -119,15 +148,27 @@ def entrypoint(image: Built) -> list[str]:
 
 def build(kind: str, *build_args: str, arch: str = "amd64"):
     """Builds the Dockerfile on the `kind` stand-in base (ngc, bare; arm64 for arch arm64);
-    yields it as a Built with a mounted working container, removes both afterwards."""
+    yields it as a Built with a mounted working container, removed afterwards.
+
+    The image itself is kept, tagged with a hash of its inputs, and reused by later runs
+    until an input changes (then the stale one is removed): a fresh machine builds it.
+    """
     started = time.monotonic()
     base_script = ["build_arm64_base.sh"] if arch == "arm64" else ["build_base.sh", kind]
     base = run([SCRIPTS / base_script[0], *base_script[1:]]).stdout.split()[-1]
     base_ready = time.monotonic()
     remove_leftovers()
-    tag = f"localhost/hpc-train/test-image:{kind}-{os.getpid()}"
-    proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", SCRIPTS / "build_image.sh", base, tag,
-                *build_args])
+    key = inputs_key(inspect(base)["Digest"], kind, arch, *build_args)
+    tag, log_file = f"{REPOSITORY}:{kind}-{key}", CACHE / "image-logs" / f"{kind}-{key}.log"
+    if not (run(["podman", "image", "exists", tag], check=False).returncode == 0
+            and log_file.exists()):
+        proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", f"INPUTS_KEY={key}",
+                    SCRIPTS / "build_image.sh", base, tag, *build_args])
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(proc.stdout + proc.stderr)
+        for stale in test_images():
+            if stale.startswith(f"{REPOSITORY}:{kind}-") and stale != tag:
+                run(["podman", "rmi", "--force", stale], check=False)
     built = time.monotonic()
     container = run(["buildah", "from", "--pull-never", "--arch", arch, "--name",
                      f"hpc-train-test-{kind}-{os.getpid()}", tag]).stdout.strip()
@@ -135,12 +176,9 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
         rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
         yield Built(tag, base, container, rootfs, inspect(tag), inspect(base),
                     {"base": base_ready - started, "build": built - base_ready,
-                     "container": time.monotonic() - built}, proc.stdout + proc.stderr)
+                     "container": time.monotonic() - built}, log_file.read_text())
     finally:
         run(["buildah", "rm", container], check=False)
-        run(["podman", "rmi", "--force", tag], check=False)
-
-
 
 
 def canonical(name: str) -> str:

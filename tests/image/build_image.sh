@@ -3,6 +3,8 @@
 #
 #   tests/image/build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]   # extra --build-arg values
 #   BUILD_PLATFORM=linux/arm64 tests/image/build_image.sh ...      # another architecture (QEMU)
+#   INPUTS_KEY=HASH tests/image/build_image.sh ...   # the test suite's hash of the build's inputs,
+#                                                    # as the label org.hpc-train.test.inputs
 #
 # The local package mirrors and CA bundle are mounted into RUN steps read-only (see
 # containers.sh), never copied. --layers=false commits the project's steps as one layer
@@ -23,6 +25,7 @@ main() {
   shift 2
   for arg in "$@"; do extra+=(--build-arg "${arg}"); done
   [[ -z "${BUILD_PLATFORM:-}" ]] || extra+=(--platform "${BUILD_PLATFORM}")
+  [[ -z "${INPUTS_KEY:-}" ]] || extra+=(--label "org.hpc-train.test.inputs=${INPUTS_KEY}")
   write_storage_conf
   write_pip_mount
   pip_build_volumes

@@ -154,6 +154,7 @@ def small_tmpfs(tmp_path):
         yield folder
 
 
+@pytest.mark.root
 def test_a_full_disk_is_one_message_and_leaves_no_partial_folder(small_tmpfs):
     root = small_tmpfs / "checkpoints"
     save(root, 1)

@@ -142,6 +142,7 @@ def test_diagnose_refuses_a_folder_without_diagnostics(tmp_path):
     assert done.returncode == 2 and "nothing" in done.stderr
 
 
+@pytest.mark.slow
 def test_train_called_twice_in_one_process_dumps_into_each_runs_own_folder(tmp_path,
                                                                           monkeypatch):
     """train sets the flight recorder's variables for its run only: left behind, they

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from workload.checkpoint.resume import trim_metrics
 from workload.files import append_jsonl, read_jsonl_records, write_json
 
@@ -40,6 +42,7 @@ def test_a_complete_line_that_is_not_a_record_is_dropped_too(tmp_path):
     assert path.read_text() == '{"epoch": 1}\n'
 
 
+@pytest.mark.root
 def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
     """safetensors reports a full disk as its own SafetensorError, which no handler took:
     the final write gets a checkpoint save's message and exit status (2), and leaves no

@@ -1,0 +1,120 @@
+"""The suite's tiers, and the guard that keeps their markers true.
+
+`make check` runs the tests with none of the markers below: they need no root, no Debian
+package, no SLURM and no image, and start no training. A test without a marker that does
+any of these fails, naming the marker to add:
+
+- a fixture that needs a marker (FIXTURE_MARKERS), requested without it;
+- a program of a marker's (PROGRAM_MARKERS) started without it, from this process;
+- a training or a torch process group without `slow`, in this process or in any Python
+  process it starts (tier_guard/sitecustomize.py, carried through PYTHONPATH).
+
+The guard is on in every run, `make test` included, so a test cannot pass in one tier and
+break the other.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.tier_guard import sitecustomize as in_process
+
+HEAVY_MARKERS = ("slow", "slurm", "image", "root", "gpu")
+FAST_TIER = " and ".join(f"not {marker}" for marker in HEAVY_MARKERS)
+FIXTURE_MARKERS = {"slurm_cluster": "slurm", "image": "image", "arm64_image": "image",
+                   "registry": "image"}
+PROGRAM_MARKERS = {
+    **dict.fromkeys(("torchrun",), "slow"),
+    **dict.fromkeys(("srun", "sbatch", "salloc", "scancel", "scontrol", "squeue", "sacct",
+                     "slurmctld", "slurmd", "munged"), "slurm"),
+    **dict.fromkeys(("podman", "buildah", "skopeo", "ch-run", "ch-image", "ch-convert",
+                     "apptainer", "docker-registry"), "image"),
+    **dict.fromkeys(("mount", "umount", "mkfs.vfat", "fusefat", "unshare", "nsenter"),
+                    "root"),
+}
+GUARD_FOLDER = Path(in_process.__file__).parent
+_popen_init = subprocess.Popen.__init__
+
+
+def markers_of(item: pytest.Item) -> set[str]:
+    return {mark.name for mark in item.iter_markers()}
+
+
+def missing_fixture_markers(item: pytest.Item) -> list[str]:
+    have = markers_of(item)
+    return [f"fixture {name!r} needs the {marker!r} marker"
+            for name, marker in FIXTURE_MARKERS.items()
+            if name in getattr(item, "fixturenames", ()) and marker not in have]
+
+
+def program_of(args) -> str:
+    first = args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), "")
+    return os.path.basename(os.fsdecode(first).split()[0] if first else "")
+
+
+class Guard:
+    """What one test may start, from its markers; `close` names what it should not have."""
+
+    def __init__(self, markers: set[str], report: Path):
+        self.markers, self.report = markers, report
+        self.refused: list[str] = []
+
+    def __enter__(self) -> Guard:
+        guard = self
+        slow = "slow" in self.markers
+
+        def popen_init(popen, args, *rest, **kwargs):
+            marker = PROGRAM_MARKERS.get(program_of(args))
+            if marker and marker not in guard.markers:
+                guard.refused.append(f"{program_of(args)} needs the {marker!r} marker")
+                raise in_process.UnmarkedHeavyWork(guard.refused[-1])
+            if not slow:
+                kwargs["env"] = guarded_env(kwargs.get("env"), guard.report)
+            _popen_init(popen, args, *rest, **kwargs)
+
+        subprocess.Popen.__init__ = popen_init
+        in_process.refuse_training(None if slow else str(self.report))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.Popen.__init__ = _popen_init
+        in_process.refuse_training(None)
+
+    def problems(self) -> list[str]:
+        started = self.report.read_text().splitlines() if self.report.exists() else []
+        return self.refused + started
+
+
+def guarded_env(env: dict | None, report: Path) -> dict:
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(GUARD_FOLDER),
+                                                      env.get("PYTHONPATH"))))
+    env[in_process.REPORT_VARIABLE] = str(report)
+    return env
+
+
+# Under pytest-xdist (make test): tests that share a built image run on one worker, which
+# builds it once; the SLURM tests are spread over SLURM_WORKERS workers by module, each
+# starting its own private cluster (tests/slurm: ports picked free), so their waits overlap.
+SLURM_WORKERS = 2
+
+
+def xdist_group(item: pytest.Item, slurm_modules: list[str]) -> str | None:
+    markers = markers_of(item)
+    if "image" in markers:
+        return "image"
+    if "slurm" in markers:
+        return f"slurm-{slurm_modules.index(item.module.__name__) % SLURM_WORKERS}"
+    return None
+
+
+def group_for_workers(items: list[pytest.Item]) -> None:
+    slurm_modules = sorted({item.module.__name__ for item in items
+                            if item.get_closest_marker("slurm")})
+    for item in items:
+        if group := xdist_group(item, slurm_modules):
+            item.add_marker(pytest.mark.xdist_group(group))
