@@ -109,9 +109,9 @@ def running_test(log_text: str) -> str | None:
 
 # ---------------------------------------------------------------- gpu-check.md
 def markdown(report: dict) -> str:
-    versions = ", ".join(f"{k} {v}" for k, v in (report.get("versions") or {}).items()
-                         if v is not None)
-    lines = [f"# GPU check: {report.get('device') or 'device not read'}", "",
+    versions = ", ".join(f"{k} {'-' if v is None else v}"
+                         for k, v in (report.get("versions") or {}).items())
+    lines = [f"# GPU check: {report.get('device') or 'device not read (see facts.log)'}", "",
              f"{report['date']}; driver {report.get('driver') or '-'}; {versions or '-'}; "
              f"{'quick' if report['quick'] else 'full'} sizes", ""]
     for part, title in (("install", "Install"),
@@ -165,7 +165,7 @@ def bench_lines(record: dict) -> list[str]:
     lines += [f"- failed: {e['part']}: {e['error']}" for e in record.get("errors", [])]
     lines += [f"- not measured: {m}" for m in missing]
     if record.get("profile"):
-        lines += [""] + profile_lines(record["profile"])
+        lines += ([""] if lines and lines[-1] else []) + profile_lines(record["profile"])
     elif record.get("status") != "not run":
         lines += ["- profile: not measured", ""]
     return lines
