@@ -59,8 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help=f"seconds for the whole run (default {DEADLINE_S}: under a 10-minute "
                         "command limit); 0 = none")
     args = p.parse_args(argv)
-    if args.deadline < 0:
-        p.error(f"--deadline {args.deadline:g}: expected seconds >= 0 (0 = no deadline)")
+    shortest = STOP_RESERVE_S + 2 * MIN_PART_S  # room for the install and one part
+    if args.deadline != 0 and not args.deadline >= shortest:
+        p.error(f"--deadline {args.deadline:g}: expected 0 (no deadline) or at least "
+                f"{shortest} seconds; raise it or leave it out ({DEADLINE_S})")
     if args.device == "cpu" and not args.quick:
         # The full sizes take far longer than a part's limit on a CPU.
         print("gpu-check: --device cpu runs the quick sizes", flush=True)

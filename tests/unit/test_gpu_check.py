@@ -220,3 +220,12 @@ def test_the_two_rank_nccl_test_is_left_out_where_one_gpu_is_visible(monkeypatch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     found = fewer_gpus_than(2)
     assert found == why if why is None else found.startswith(why)
+
+
+@pytest.mark.parametrize("deadline", ["5", "-1", "nan"])
+def test_a_deadline_too_short_for_any_part_is_refused_before_any_work(tmp_path, deadline):
+    done = subprocess.run([sys.executable, "tools/gpu_check.py", "--deadline", deadline,
+                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and f"--deadline {deadline}: expected 0" in done.stderr
+    assert not (tmp_path / "report").exists()
