@@ -10,8 +10,9 @@
 # The GPU check (docs/performance.md), for a GPU machine without network:
 #   make gpu-wheels    # here, with network: the wheels it installs, into .gpu-wheels/
 #   make gpu-check     # there: install without network, GPU tests, benchmarks, report
-#                      # (PART=tests|bench for halves, DEVICE=cpu QUICK=1 as CI runs it,
-#                      #  GPU_CHECK_OUT=DIR for the report folder)
+#                      # (PART=tests|bench for halves, DEVICE=cpu as CI runs it (the quick
+#                      #  sizes), GPU_CHECK_OUT=DIR for the report folder, DEADLINE=SECONDS
+#                      #  for the whole run, 540 unless told, 0 for none)
 
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
 PY := $(VENV)/bin/python
@@ -36,6 +37,7 @@ GPU_WHEELS ?= .gpu-wheels
 DEVICE ?= cuda
 PART ?= all
 QUICK ?=
+DEADLINE ?= 540
 
 .PHONY: demo test check lint install system-deps clean gpu-check gpu-wheels
 
@@ -80,7 +82,7 @@ test: system-deps check
 
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --device $(DEVICE) --part $(PART) --out $(GPU_CHECK_OUT) \
-		--wheels $(GPU_WHEELS) $(if $(filter 1 yes true,$(QUICK)),--quick)
+		--wheels $(GPU_WHEELS) --deadline $(DEADLINE) $(if $(filter 1 yes true,$(QUICK)),--quick)
 
 # A stamp per wheel list: the wheels are built again only when the list changes.
 gpu-wheels: $(GPU_WHEELS)/.built

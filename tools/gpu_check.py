@@ -5,15 +5,20 @@ with any Python that has torch (a bare GPU machine, the container image, a CI ve
 
     make gpu-check                                   # on a GPU machine: everything
     make gpu-check PART=tests   /   PART=bench       # the two halves, each under 8 minutes
-    make gpu-check DEVICE=cpu QUICK=1 GPU_CHECK_OUT=DIR   # CI: the whole kit, tiny, on a CPU
-    python3 tools/gpu_check.py --help                # the same without make
+    make gpu-check DEVICE=cpu GPU_CHECK_OUT=DIR      # CI: the whole kit, tiny, on a CPU
+    python3 tools/gpu_check.py --part tests --out DIR   # the same without make
 
 Steps: (1) `pip install --no-deps --no-index` of the wheels listed in
 requirements/gpu-wheels.txt (from --wheels, filled here by `make gpu-wheels`) and of this
 repository, into a throwaway folder put first on PYTHONPATH (the console scripts on PATH);
 (2) `pytest -m gpu tests/gpu` (only that folder: no recursion into the suite, no SLURM or
-image tests); (3) `python -m workload.bench.kit`; (4) the report. Exit status 0 when every
-part that ran passed, 1 when something failed, 2 on a usage error.
+image tests), each test stopped by pytest-timeout after TEST_TIMEOUT_S unless it marks a
+longer limit; (3) `python -m workload.bench.kit`; the report is written after each.
+
+Each part runs in a process group of its own and stops at PART_LIMIT_S, or earlier where
+the run's --deadline would pass (gpu_check_procs.py: nothing it started outlives it); a
+part that cannot start in time is reported as not run. Exit status 0 when every part that
+ran passed, 1 when something failed or stopped, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -22,46 +27,64 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+
+from gpu_check_procs import STOP_RESERVE_S, Finished, adopt_orphans, run_logged
+from gpu_check_report import Report, not_run, part_record, read_junit, running_test
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_LIST = REPO / "requirements" / "gpu-wheels.txt"
-# Each part must end inside the GPU machine's 10-minute command limit, report included.
-PART_TIMEOUT_S = 450
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "NOTICE")
+# One part must end inside the lent GPU machine's 10-minute command limit; the whole run
+# (install, facts, the parts, their stops) inside --deadline, 9 minutes unless told.
+PART_LIMIT_S, DEADLINE_S = 450, 540
+TEST_TIMEOUT_S = 300  # each test's own limit; the compile test marks a longer one
+FACTS_LIMIT_S, MIN_PART_S = 120, 20
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--quick", action="store_true", help="tiny sizes (the CPU form in CI)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes (the CPU form in CI); --device cpu implies it")
     p.add_argument("--part", default="all", choices=("all", "tests", "bench"))
     p.add_argument("--out", default="runs/gpu-check", help="report folder")
     p.add_argument("--wheels", default=str(REPO / ".gpu-wheels"),
                    help="folder holding the wheels of requirements/gpu-wheels.txt")
-    return p.parse_args(argv)
+    p.add_argument("--deadline", type=float, default=DEADLINE_S,
+                   help=f"seconds for the whole run (default {DEADLINE_S}: under a 10-minute "
+                        "command limit); 0 = none")
+    args = p.parse_args(argv)
+    shortest = STOP_RESERVE_S + 2 * MIN_PART_S  # room for the install and one part
+    if args.deadline != 0 and not args.deadline >= shortest:
+        p.error(f"--deadline {args.deadline:g}: expected 0 (no deadline) or at least "
+                f"{shortest} seconds; raise it or leave it out ({DEADLINE_S})")
+    if args.device == "cpu" and not args.quick:
+        # The full sizes take far longer than a part's limit on a CPU.
+        print("gpu-check: --device cpu runs the quick sizes", flush=True)
+        args.quick = True
+    return args
 
 
-def run_logged(command: list[str], log: Path, env: dict, timeout: float) -> int:
-    """Run `command` in the repository, its output into `log` and echoed; its exit status
-    (124 when it ran out of time)."""
-    print("gpu-check: $ " + " ".join(command), flush=True)
-    with open(log, "w") as out:
-        try:
-            done = subprocess.run(command, cwd=REPO, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
-            status = done.returncode
-        except subprocess.TimeoutExpired:
-            out.write(f"\ngpu-check: stopped after {timeout:.0f} s\n")
-            status = 124
-    sys.stdout.write(log.read_text()[-4000:])
-    return status
+class Clock:
+    """The run's deadline, and the limit a part may have within it."""
+
+    def __init__(self, deadline_s: float):
+        self.deadline_s = deadline_s
+        self.started = time.monotonic()
+
+    def limit(self, part_limit: float) -> tuple[float, str]:
+        """Seconds the next part may run (a stop may add STOP_RESERVE_S), and why."""
+        if not self.deadline_s:
+            return part_limit, "the part's limit"
+        left = self.deadline_s - (time.monotonic() - self.started) - STOP_RESERVE_S
+        if left < part_limit:
+            return left, f"the run's deadline of {self.deadline_s:.0f} s"
+        return part_limit, "the part's limit"
 
 
 def package_source(into: Path) -> Path:
@@ -76,23 +99,27 @@ def package_source(into: Path) -> Path:
     return into
 
 
-def install(site: Path, wheels: Path, log: Path) -> dict:
+def install_command(site: Path, wheels: Path) -> list[str]:
     """The carried wheels, then the repository, into `site`: no network, no dependencies
-    resolved (the machine's torch, torchvision, numpy and safetensors are used)."""
+    resolved (the machine's torch, torchvision, numpy, safetensors and pytest are used)."""
     # One pip command: a second one into the same --target would leave out the scripts
     # (pip does not merge into an existing bin/ folder). Building the repository needs
     # setuptools from this interpreter: no isolated build environment, which needs network.
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-               "--no-cache-dir", "--no-compile", "--no-build-isolation", "--target", str(site),
-               "--find-links", str(wheels), "-r", str(WHEEL_LIST),
-               str(package_source(site.parent / "src"))]
-    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    if run_logged(command, log, env, PART_TIMEOUT_S) != 0:
-        raise SystemExit(f"gpu-check: installing without network failed (see {log}); "
-                         f"are the wheels of {WHEEL_LIST.name} in {wheels}? Run "
-                         "`make gpu-wheels` where there is network and carry that folder")
-    return dict(wheels=sorted(p.name for p in wheels.glob("*.whl")),
-                into="a temporary pip --target folder, first on PYTHONPATH")
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+            "--no-cache-dir", "--no-compile", "--no-build-isolation", "--target", str(site),
+            "--find-links", str(wheels), "-r", str(WHEEL_LIST),
+            str(package_source(site.parent / "src"))]
+
+
+def install_record(finished: Finished, why_limit: str, log: Path, wheels: Path) -> dict:
+    record = part_record(finished, why_limit)
+    if record["status"] == "passed":
+        log.unlink()
+        return dict(record, wheels=sorted(p.name for p in wheels.glob("*.whl")))
+    tail = [line for line in log.read_text().splitlines() if line.strip()][-8:]
+    return dict(record, log=log.name, log_tail=tail + [
+        f"are the wheels of {WHEEL_LIST.name} in {wheels}? Run `make gpu-wheels` where there "
+        "is network and carry that folder"])
 
 
 def kit_env(site: Path, args: argparse.Namespace) -> dict:
@@ -106,145 +133,120 @@ def kit_env(site: Path, args: argparse.Namespace) -> dict:
     return env
 
 
-def run_tests(out: Path, env: dict) -> dict:
+def tests_command(junit: Path, tests: str = "tests/gpu") -> list[str]:
+    """pytest of the GPU tier; -v names each test as it starts (the one a stop
+    interrupted); pytest-timeout's signal method fails a hung test and goes on."""
+    return [sys.executable, "-m", "pytest", "-m", "gpu", tests, "-v", "-p", "no:cacheprovider",
+            f"--junitxml={junit}", f"--timeout={TEST_TIMEOUT_S}", "--timeout-method=signal"]
+
+
+def tests_record(finished: Finished, why_limit: str, out: Path) -> dict:
+    record = part_record(finished, why_limit)
     junit = out / "junit.xml"
-    junit.unlink(missing_ok=True)  # an earlier run's must not stand in for this one's
-    started = time.perf_counter()
-    status = run_logged([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q",
-                         "-p", "no:cacheprovider", f"--junitxml={junit}"],
-                        out / "tests.log", env, PART_TIMEOUT_S)
-    counts = read_junit(junit) if junit.exists() else dict(passed=0, failed=1, skipped=0)
-    return dict(counts, exit_status=status, seconds=time.perf_counter() - started)
+    if junit.exists():
+        record.update(read_junit(junit))
+        if record["failed"] and record["status"] == "passed":
+            record.update(status="failed", note="failures in junit.xml")
+    elif record["status"] == "passed":
+        record.update(status="failed", note="pytest wrote no junit.xml")
+    if finished.stopped:
+        record["running"] = running_test((out / "tests.log").read_text())
+    return record
 
 
-def read_junit(path: Path) -> dict:
-    """passed/failed/skipped counts and the names of failed and skipped tests (with why)."""
-    failed, skipped, total = [], [], 0
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        total += 1
-        name = f"{case.get('classname')}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(name)
-        elif (skip := case.find("skipped")) is not None:
-            skipped.append(dict(test=name, reason=skip.get("message", "")))
-    return dict(passed=total - len(failed) - len(skipped), failed=len(failed),
-                skipped=len(skipped), failures=failed, skips=skipped)
+def bench_command(args: argparse.Namespace, out: Path) -> list[str]:
+    return [sys.executable, "-m", "workload.bench.kit", "--device", args.device,
+            "--json", str(out / "bench.json"), *(["--quick"] if args.quick else [])]
 
 
-def run_bench(out: Path, env: dict, args: argparse.Namespace) -> tuple[dict | None, int]:
-    (out / "bench.json").unlink(missing_ok=True)
-    command = [sys.executable, "-m", "workload.bench.kit", "--device", args.device,
-               "--json", str(out / "bench.json"), *(["--quick"] if args.quick else [])]
-    status = run_logged(command, out / "bench.log", env, PART_TIMEOUT_S)
-    if status != 0 or not (out / "bench.json").exists():
-        return None, status or 1
-    return json.loads((out / "bench.json").read_text()), 0
+def bench_record(finished: Finished, why_limit: str, out: Path) -> dict:
+    """The part's status and what the benchmark wrote before it ended (it writes each row
+    as it is measured), never an earlier run's rows: bench.json is removed before."""
+    record = part_record(finished, why_limit)
+    try:
+        measured = json.loads((out / "bench.json").read_text()).get("bench") or {}
+    except (OSError, ValueError):
+        measured = {}
+    record.update(rows=measured.get("rows", []), profile=measured.get("profile"),
+                  errors=measured.get("errors", []), sizes=measured.get("sizes"),
+                  data=measured.get("data"))
+    return record
 
 
-def read_facts(out: Path, env: dict) -> dict:
+def read_facts(out: Path, env: dict, clock: Clock) -> dict:
     """The device and versions, from the installed package (the bench part has them too)."""
-    facts = out / "facts.json"
-    status = run_logged([sys.executable, "-m", "workload.bench.kit", "--facts", "--json",
-                         str(facts)], out / "facts.log", env, 120)
-    if status != 0:
+    facts, log = out / "facts.json", out / "facts.log"
+    limit, _ = clock.limit(FACTS_LIMIT_S)
+    if limit < MIN_PART_S:
+        return {}
+    command = [sys.executable, "-m", "workload.bench.kit", "--facts", "--json", str(facts)]
+    if run_logged(command, log, env, limit, REPO).exit_status != 0:
         return {}
     found = json.loads(facts.read_text())
-    for path in (facts, out / "facts.log"):  # keep $OUT to a few files (the device's limit)
+    for path in (facts, log):  # keep $OUT to a few files (the device's limit)
         path.unlink()
-    return found
+    return {k: found.get(k) for k in ("device", "devices", "driver", "versions")}
 
 
-def build_report(args: argparse.Namespace, facts: dict, previous: dict, tests: dict | None,
-                 bench: dict | None, install_info: dict) -> dict:
-    """gpu-check.json; a part not run this time keeps what an earlier part wrote."""
-    bench_part = bench["bench"] if bench else None
-    return dict(
-        device=facts.get("device"), driver=facts.get("driver"),
-        versions=facts.get("versions"), quick=args.quick, requested_device=args.device,
-        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        install=install_info,
-        tests=tests if tests is not None else previous.get("tests"),
-        bench=bench_part["rows"] if bench_part else previous.get("bench"),
-        profile=bench_part["profile"] if bench_part else previous.get("profile"),
-        bench_sizes=bench_part["sizes"] if bench_part else previous.get("bench_sizes"),
-    )
+def run_part(report: Report, clock: Clock, name: str, command: list[str], env: dict,
+             read) -> bool:
+    """One part under its limit, its record into the report; whether it passed."""
+    limit, why = clock.limit(PART_LIMIT_S)
+    if limit < MIN_PART_S:
+        report.set(name, not_run(f"{why} left {max(limit, 0):.0f} s, too little to start"))
+        return False
+    finished = run_logged(command, report.out / f"{name}.log", env, limit, REPO)
+    report.set(name, read(finished, why))
+    return report.data[name]["status"] == "passed"
 
 
-def markdown(report: dict) -> str:
-    lines = [f"# GPU check: {report['device']}", "",
-             f"{report['date']}; driver {report['driver'] or '-'}; " + ", ".join(
-                 f"{k} {v}" for k, v in (report["versions"] or {}).items()), ""]
-    if tests := report["tests"]:
-        lines += [f"## Tests (`pytest -m gpu tests/gpu`): {tests['passed']} passed, "
-                  f"{tests['failed']} failed, {tests['skipped']} skipped", ""]
-        lines += [f"- failed: `{name}`" for name in tests.get("failures", [])]
-        lines += [f"- skipped: `{s['test']}`: {s['reason']}" for s in tests.get("skips", [])]
-        lines.append("")
-    if rows := report["bench"]:
-        lines += ["## Reference loop against train's defaults", "",
-                  "| model | batch | reference images/s | train images/s | ratio | MFU (bf16) |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['model']} | {r['batch_size']} | {r['reference_images_per_second']:,.1f}"
-                  f" | {r['images_per_second']:,.1f} | {r['ratio']:.2f} | {percent(r['mfu'])} |"
-                  for r in rows]
-        lines.append("")
-    if profile := report["profile"]:
-        lines += profile_lines(profile)
-    return "\n".join(lines) + "\n"
-
-
-def percent(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.1f} %"
-
-
-def profile_lines(profile: dict) -> list[str]:
-    lines = [f"## One train step, profiled ({profile['model']}, batch {profile['batch_size']}, "
-             f"{profile['precision']}; shares of {profile['basis']})", "",
-             "| phase | ms | share |", "| --- | ---: | ---: |"]
-    lines += [f"| {name} | {p['ms']:,.2f} | {percent(p['share'])} |"
-              for name, p in profile["phases"].items()]
-    syncs = profile["host_syncs"]
-    lines += ["", f"Host synchronisations inside the steps: {syncs['total']} "
-              f"({', '.join(f'{k} {v}' for k, v in syncs['by_name'].items()) or 'none'}).", "",
-              "| top operators and kernels (self time) | ms | calls |", "| --- | ---: | ---: |"]
-    lines += [f"| `{op['name'][:80]}` | {op['self_ms']:,.2f} | {op['calls']} |"
-              for op in profile["top"]]
-    return lines + [""]
-
-
-def run_parts(args: argparse.Namespace, out: Path) -> tuple[dict, int]:
-    """Install, then the parts asked for; the report and the exit status."""
-    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    site = scratch / "site"
-    try:
-        install_info = install(site, Path(args.wheels), out / "install.log")
-        (out / "install.log").unlink()
-        env = kit_env(site, args)
-        tests = run_tests(out, env) if args.part in ("all", "tests") else None
-        bench, bench_status = (run_bench(out, env, args) if args.part in ("all", "bench")
-                               else (None, 0))
-        facts = bench or read_facts(out, env)  # the bench's JSON holds them too
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    previous_path = out / "gpu-check.json"
-    previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
-    report = build_report(args, facts, previous, tests, bench, install_info)
-    failed = bench_status != 0 or not facts or (tests is not None and (
-        tests["failed"] or tests["exit_status"] != 0))
-    return report, 1 if failed else 0
+def run_parts(args: argparse.Namespace, report: Report, clock: Clock, site: Path) -> bool:
+    """Install, read the facts, run the parts asked for; whether all passed."""
+    out, wheels = report.out, Path(args.wheels)
+    limit, why = clock.limit(PART_LIMIT_S)
+    finished = run_logged(install_command(site, wheels), out / "install.log",
+                          dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"), limit, REPO)
+    report.set("install", install_record(finished, why, out / "install.log", wheels))
+    parts = [p for p in ("tests", "bench") if args.part in ("all", p)]
+    if report.data["install"]["status"] != "passed":
+        for part in parts:
+            report.set(part, not_run("the install failed"))
+        return False
+    env = kit_env(site, args)
+    report.data.update(read_facts(out, env, clock))
+    results = [report.data.get("device") is not None]
+    if "tests" in parts:
+        (out / "junit.xml").unlink(missing_ok=True)  # an earlier run's must not count
+        results.append(run_part(report, clock, "tests", tests_command(out / "junit.xml"),
+                                env, lambda f, why: tests_record(f, why, out)))
+    if "bench" in parts:
+        (out / "bench.json").unlink(missing_ok=True)
+        results.append(run_part(report, clock, "bench", bench_command(args, out), env,
+                                lambda f, why: bench_record(f, why, out)))
+    return all(results)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report, status = run_parts(args, out)
-    (out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "gpu-check.md").write_text(markdown(report))
-    print(markdown(report))
-    print(f"gpu-check: {'passed' if status == 0 else 'FAILED'}; report in "
+    adopt_orphans()
+    clock = Clock(args.deadline)
+    parts = ("install",) + tuple(p for p in ("tests", "bench") if args.part in ("all", p))
+    report = Report(out, dict(device=None, devices=None, driver=None, versions=None,
+                              requested_device=args.device, quick=args.quick,
+                              deadline_s=args.deadline), parts)
+    report.write()
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    try:
+        passed = run_parts(args, report, clock, scratch / "site")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.write()
+    print((out / "gpu-check.md").read_text())
+    print(f"gpu-check: {'passed' if passed else 'FAILED'}; report in "
           f"{out / 'gpu-check.json'} and gpu-check.md")
-    return status
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

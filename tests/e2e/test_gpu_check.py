@@ -1,7 +1,8 @@
-"""The GPU check in its CPU form, exactly as CI runs it: `make gpu-check DEVICE=cpu QUICK=1
-GPU_CHECK_OUT=DIR` installs the package and the carried wheels without network, runs the
-GPU tier (its CUDA tests skip here), the benchmark comparison with its MFU arithmetic and
-the profiler summary at tiny sizes, and writes the report whose shape is checked here.
+"""The GPU check in its CPU form, exactly as CI runs it: `make gpu-check DEVICE=cpu
+GPU_CHECK_OUT=DIR` (the quick sizes) installs the package and the carried wheels without
+network, runs the GPU tier (its CUDA tests skip here), the benchmark comparison with its
+MFU arithmetic and the profiler summary at tiny sizes, and writes the report whose shape
+is checked here.
 (`make gpu-wheels` first: it builds the carried wheels once, here, where pip can fetch.)"""
 
 from __future__ import annotations
@@ -35,21 +36,23 @@ def report_dir(tmp_path_factory) -> Path:
     wheels = make("gpu-wheels", timeout=300)
     assert wheels.returncode == 0, wheels.stdout[-3000:] + wheels.stderr[-3000:]
     out = tmp_path_factory.mktemp("gpu-check")
-    done = make("gpu-check", "DEVICE=cpu", "QUICK=1", f"GPU_CHECK_OUT={out}", timeout=600)
+    done = make("gpu-check", "DEVICE=cpu", f"GPU_CHECK_OUT={out}", timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return out
 
 
 def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_dir):
     report = json.loads((report_dir / "gpu-check.json").read_text())
-    assert report["device"].startswith("cpu")
-    assert {"torch", "torchvision", "workload"} <= report["versions"].keys()
+    assert report["device"].startswith("cpu") and report["quick"] is True
+    assert {"torch", "torchvision", "workload", "cudnn", "nccl"} <= report["versions"].keys()
+    assert [report[part]["status"] for part in ("install", "tests", "bench")] == ["passed"] * 3
     tests = report["tests"]
-    assert {"passed", "failed", "skipped"} <= tests.keys()
+    assert {"passed", "failed", "skipped", "seconds"} <= tests.keys()
     # Here the kit's own install check passes and every CUDA test skips, saying why.
     assert tests["failed"] == 0 and tests["passed"] >= 1 and tests["skipped"] >= 5
     assert all("CUDA is absent" in skip["reason"] for skip in tests["skips"])
-    rows = report["bench"]
+    assert report["bench"]["errors"] == [] and report["bench"]["data"]["kind"] == "synthetic"
+    rows = report["bench"]["rows"]
     assert [row["model"] for row in rows] == ["wrn", "resnet18"]
     for row in rows:
         assert ROW_KEYS <= row.keys()
@@ -60,13 +63,14 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
 
 
 def test_the_report_says_where_a_train_step_spends_its_time(report_dir):
-    profile = json.loads((report_dir / "gpu-check.json").read_text())["profile"]
+    profile = json.loads((report_dir / "gpu-check.json").read_text())["bench"]["profile"]
     phases = profile["phases"]
     assert list(phases) == ["data", "forward", "backward", "optimizer"]
     assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
     assert phases["forward"]["ms"] > 0 and phases["backward"]["ms"] > 0
     assert profile["top"] and profile["host_syncs"]["total"] >= 0
     markdown = (report_dir / "gpu-check.md").read_text()
-    for words in ("passed", "| wrn |", "| resnet18 |", "| backward |", "top operators"):
+    for words in ("## Tests (`pytest -m gpu tests/gpu`): passed", "| wrn |", "| resnet18 |",
+                  "| backward |", "top operators", "CIFAR-100-shaped"):
         assert words in markdown
 

@@ -14,14 +14,25 @@ synchronisations inside the steps. The shares are of device time on a GPU (kerne
 attributed to the host operator that launched them) and of host time on a CPU. Backward
 is autograd's evaluate_function events, the optimizer is torch's
 Optimizer.step/zero_grad annotations, data is the next batch (`data` below), and forward
-is what is left of the step.
+is what is left of the step (step_profile.py reads the events).
+
+The JSON is written as the figures come: the facts first, then after each model's row and
+after the profile. A model or the profile that fails is named under `errors` (the exit
+status is then 1) and the others still run, so one failure or a stop loses nothing
+measured before it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -29,6 +40,7 @@ from workload import distributed
 from workload.bench.common import bench_process, config_from, fingerprint
 from workload.bench.train import Runner, peak_tflops, specs_for
 from workload.bench.train import run as bench_train
+from workload.bench import step_profile
 from workload.training.trainer import sync
 
 # The comparison at full size (GPU) and at tiny sizes (--quick: CI on a 2-core CPU). Both
@@ -71,31 +83,67 @@ def row(model: str, results: dict, device) -> dict:
 
 
 def facts() -> dict:
-    """The device and the versions the figures depend on."""
+    """The device and the versions the figures depend on (CUDA, cuDNN and NCCL among them)."""
     found = fingerprint()
-    return dict(device=found["devices"][0], driver=found["driver"], versions=found["versions"],
-                fingerprint=found)
+    versions = dict(found["versions"], cuda=found["cuda"], cudnn=found["cudnn"],
+                    nccl=found["nccl"])
+    return dict(device=found["devices"][0], devices=found["devices"], driver=found["driver"],
+                versions=versions, fingerprint=found)
 
 
-def run_bench(device_flag: str, quick: bool) -> dict:
+def measured_data(size: dict) -> dict:
+    """What the figures were measured on, for the report."""
+    sizes = {model: extra.get("image_size", 32) for model, extra in size["models"].items()}
+    return dict(kind="synthetic", shaped_as="CIFAR-100", images=size["synthetic_size"],
+                classes=size["num_classes"], channels=3, image_size=sizes,
+                note="random uint8 images and labels generated in memory (no dataset read)")
+
+
+@contextmanager
+def recorded(bench: dict, part: str) -> Iterator[None]:
+    """Run one model's comparison or the profile; a failure is written into the result
+    (and its traceback into the log) so the rows of the others still count."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 -- any failure of one part is reported, not fatal
+        traceback.print_exc()
+        bench["errors"].append(dict(part=part, error=f"{type(exc).__name__}: {exc}"[:500]))
+
+
+def run_bench(device_flag: str, quick: bool, save) -> dict:
+    """Each model's row, then the profile; `save(bench)` after each, so a later failure or
+    a stop keeps what was measured."""
     size = QUICK if quick else FULL
     device = distributed.resolve_device(device_flag)
-    rows = [row(model, bench_train(bench_args(device_flag, size, model)), device)
-            for model in size["models"]]
-    summary = profile_step(bench_args(device_flag, size, "wrn"))
-    print_summary(summary)
-    return dict(rows=rows, profile=summary, sizes={k: v for k, v in size.items()},
-                peak_note="mfu: achieved TFLOP/s (FlopCounterMode's count) over the GPU's "
-                          "dense bf16 datasheet peak")
+    bench = dict(rows=[], profile=None, errors=[], sizes=dict(size), data=measured_data(size),
+                 peak_note="mfu: achieved TFLOP/s (FlopCounterMode's count) over the GPU's "
+                           "dense bf16 datasheet peak")
+    save(bench)
+    for model in size["models"]:
+        with recorded(bench, model):
+            bench["rows"].append(row(model, bench_train(bench_args(device_flag, size, model)),
+                                     device))
+        save(bench)
+    with recorded(bench, "profile"):
+        bench["profile"] = profile_step(bench_args(device_flag, size, "wrn"))
+        print_summary(bench["profile"])
+    save(bench)
+    return bench
+
+
+def save_result(path: str | None, result: dict, bench: dict | None) -> None:
+    """The JSON (the facts, and the bench so far) in its key order (the phases in step
+    order), through a temporary file so the kit never reads half a file."""
+    if not path:
+        return
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    data = result if bench is None else dict(result, bench=bench)
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- the profile of a step
-WARMUP_STEPS, PROFILED_STEPS, TOP = 2, 2, 10
-BACKWARD = "autograd::engine::evaluate_function"
-OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
-# Operators that make the host wait for the device: each one inside a step is a stall.
-HOST_SYNCS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-              "cudaEventSynchronize", "cudaMemcpy")
+WARMUP_STEPS, PROFILED_STEPS = 2, 2
 
 
 def profile_step(args: dict) -> dict:
@@ -122,71 +170,7 @@ def profiled(args: dict, cfg, info) -> dict:
     on_device = info.device.type == "cuda"
     return dict(model=spec.model, batch_size=spec.batch_size, precision=runner.precision,
                 steps=PROFILED_STEPS, basis="device time" if on_device else "host time",
-                phases=phase_shares(prof.events(), on_device),
-                host_syncs=host_syncs(prof.events()), top=top_ops(prof, on_device))
-
-
-def _time(event, on_device: bool) -> float:
-    """Microseconds of one event, its children included: device or host time."""
-    if on_device:
-        return _device_attribute(event, "device_time_total")
-    return event.cpu_time_total
-
-
-def _device_attribute(event, name: str) -> float:
-    """torch's device-time figure (named cuda_... before torch 2.4, deprecated since)."""
-    if hasattr(event, name):
-        return getattr(event, name)
-    return getattr(event, name.replace("device", "cuda"))
-
-
-def _under(event, name: str) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name == name:
-            return True
-        parent = parent.cpu_parent
-    return False
-
-
-def _outermost(events, prefixes) -> list:
-    """Events named with a prefix that no ancestor of the same kind encloses."""
-    return [e for e in events if e.name.startswith(prefixes)
-            and not (e.cpu_parent is not None and e.cpu_parent.name.startswith(prefixes))]
-
-
-def phase_shares(events, on_device: bool) -> dict:
-    """Milliseconds and share of the profiled steps in data, forward, backward, optimizer."""
-    step = [e for e in events if e.name == "train_step"]
-    parts = {"backward": _outermost(events, (BACKWARD,)),
-             "optimizer": _outermost(events, OPTIMIZER)}
-    us = {name: sum(_time(e, on_device) for e in found) for name, found in parts.items()}
-    inside = sum(_time(e, on_device) for found in parts.values() for e in found
-                 if _under(e, "train_step"))
-    us["forward"] = max(0.0, sum(_time(e, on_device) for e in step) - inside)
-    us["data"] = sum(_time(e, on_device) for e in events if e.name == "data")
-    total = sum(us.values()) or 1.0
-    return {name: dict(ms=us[name] / 1e3, share=us[name] / total)
-            for name in ("data", "forward", "backward", "optimizer")}
-
-
-def host_syncs(events) -> dict:
-    counts: dict[str, int] = {}
-    for event in events:
-        if event.name.startswith(HOST_SYNCS):
-            counts[event.name] = counts.get(event.name, 0) + 1
-    return dict(total=sum(counts.values()), by_name=counts)
-
-
-def top_ops(prof, on_device: bool) -> list[dict]:
-    """The operators and kernels with the most self time (device time on a GPU)."""
-    def self_us(avg) -> float:
-        if on_device:
-            return _device_attribute(avg, "self_device_time_total")
-        return avg.self_cpu_time_total
-
-    averages = sorted(prof.key_averages(), key=self_us, reverse=True)[:TOP]
-    return [dict(name=a.key, self_ms=self_us(a) / 1e3, calls=a.count) for a in averages]
+                **step_profile.summarise(prof.events(), on_device))
 
 
 def print_summary(summary: dict) -> None:
@@ -199,7 +183,7 @@ def print_summary(summary: dict) -> None:
         print(f"  {op['self_ms']:10.2f} ms  {op['calls']:5d}x  {op['name'][:90]}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workload.bench.kit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -208,15 +192,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="write the result here (else stdout)")
     args = p.parse_args(argv)
     result = facts()
-    if not args.facts:
-        result["bench"] = run_bench(args.device, args.quick)
-    text = json.dumps(result, indent=2, default=str)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
-
+    save = partial(save_result, args.json, result)
+    save(None)
+    bench = None if args.facts else run_bench(args.device, args.quick, save)
+    if not args.json:
+        print(json.dumps(result if bench is None else dict(result, bench=bench), indent=2,
+                         default=str))
+    errors = bench["errors"] if bench else []
+    for error in errors:
+        print(f"bench: {error['part']} failed: {error['error']}", file=sys.stderr)
+    return 1 if errors else 0
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
