@@ -97,6 +97,15 @@ def test_one_step_seen_done_is_enough_for_the_stall_timeout(tmp_path):
     assert (beat["step"], beat["phase"], beat["stalled"]) == (13, CHECKPOINT, True)
 
 
+def test_the_watchdog_looks_every_second_until_a_step_is_done(tmp_path):
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=0, world_size=2, timeout_s=300.0)
+    assert dog.next_look_s() == 1.0  # a rank frozen after 13 quick steps said "step 0"
+    activity.step = 1
+    dog.check(dog.last_change + 1.0)
+    assert dog.next_look_s() == 5.0
+
+
 def test_the_last_heartbeat_says_the_run_ended(tmp_path):
     activity = Activity()
     with StallWatchdog(activity, tmp_path, rank=0, world_size=1, timeout_s=300.0,

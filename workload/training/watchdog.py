@@ -118,9 +118,13 @@ class StallWatchdog:
         except OSError as exc:
             logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
 
+    def next_look_s(self) -> float:
+        """Seconds to the next look: every second until a step is seen done, so a rank
+        that freezes soon after its first steps has a heartbeat past step 0."""
+        return self.poll_s if self.stepping else min(STARTUP_POLL_S, self.poll_s)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s if self.stepping else
-                                  min(STARTUP_POLL_S, self.poll_s)):
+        while not self._stop.wait(self.next_look_s()):
             try:
                 self.check(time.monotonic())
             except OSError as exc:  # a full or vanished disk must not stop the training
