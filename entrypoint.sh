@@ -39,14 +39,27 @@ resolve_launch() {
   printf '%s\n' "${resolved}"
 }
 
+# The only variables the resolver prints (EXPORTED_KEYS in workload/launch/__main__.py;
+# tests/unit/test_launch_env.py holds the two lists equal). A line for any other name,
+# PATH or LD_PRELOAD say, is refused: it cannot come from the resolver.
+readonly EXPORTED_KEYS=(
+  RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK MASTER_ADDR MASTER_PORT
+  OMP_NUM_THREADS LOCAL_GPU
+  PET_NNODES PET_NODE_RANK PET_MASTER_ADDR PET_MASTER_PORT PET_RDZV_BACKEND
+  PET_RDZV_ENDPOINT PET_RDZV_ID PET_RDZV_CONF TORCH_DISABLE_SHARE_RDZV_TCP_STORE
+  TORCH_FR_BUFFER_SIZE TORCH_NCCL_TRACE_BUFFER_SIZE TORCH_NCCL_DUMP_ON_TIMEOUT
+  TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING
+)
+
 # Exports KEY=VALUE lines read from stdin; comment lines are skipped. No eval: values
-# are assigned verbatim (the resolver already refuses shell metacharacters).
+# are assigned verbatim (the resolver refuses shell metacharacters and control
+# characters), and only to the names of EXPORTED_KEYS.
 export_lines() {
   local line key
   while IFS= read -r line; do
     [[ -z ${line} || ${line} == \#* ]] && continue
     key=${line%%=*}
-    if [[ ! ${key} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+    if [[ ${line} != *=* || " ${EXPORTED_KEYS[*]} " != *" ${key} "* ]]; then
       err "unexpected line from the resolver: ${line}"
       exit 2
     fi

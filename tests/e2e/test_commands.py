@@ -41,7 +41,7 @@ def test_each_console_script_answers_help_version_and_a_bad_flag(script):
 SOURCES = dict(train="workload/train.py", bench="workload/bench/cli.py",
                report="workload/report.py", doctor="workload/doctor/__init__.py",
                evaluate="workload/evaluate.py", predict="workload/predict.py",
-               diagnose="workload/diagnose.py")
+               diagnose="workload/diagnose/__init__.py")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

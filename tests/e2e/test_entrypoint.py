@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from workload.launch.__main__ import EXPORTED_KEYS
 from workload.launch.diagnostics import flight_recorder_env
 
 ENTRYPOINT = REPO / "entrypoint.sh"
@@ -214,3 +215,41 @@ def test_one_gpu_per_task_exports_local_gpu_and_warns_about_local_rank(stub_bin)
     assert (seen["LOCAL_RANK"], seen["LOCAL_GPU"]) == ("1", "0")
     assert "LOCAL_RANK=1 cannot index the 1 GPU(s)" in done.stderr
     assert "LOCAL_GPU=0" in done.stderr
+
+
+def test_a_newline_in_the_folder_name_runs_no_other_program(stub_bin, tmp_path):
+    """A folder named "a<newline>PATH=" with the path of another folder below it: the
+    flight recorder's prefix, <cwd>/diagnostics/fr-rank-, printed as it was, became a
+    second line PATH=<that folder>/diagnostics/fr-rank-, and the command was looked up
+    there. The resolver refuses the control character and nothing starts."""
+    evil = tmp_path / "evil"
+    planted = evil / "diagnostics" / "fr-rank-"
+    planted.mkdir(parents=True)
+    ran = tmp_path / "planted-program-ran"
+    (planted / "stub").write_text(f"#!/bin/sh\necho planted >{ran}\n")  # PATH is gone
+    (planted / "stub").chmod(0o755)
+    workdir = Path(f"{tmp_path / 'a'}\nPATH={evil}")
+    workdir.mkdir(parents=True)
+    done = run(clean_env(stub_bin), "stub", cwd=workdir)
+    assert not ran.exists(), "the planted program ran"
+    assert done.returncode == 2, done.stdout
+    assert "TORCH_FR_DUMP_TEMP_FILE=" in done.stderr and "control characters" in done.stderr
+
+
+def test_only_the_resolvers_variables_are_exported(stub_bin):
+    """A line for another name (PATH here) cannot come from the resolver: refused."""
+    script = (f"source {ENTRYPOINT}; export_lines <<<$'RANK=0\\nPATH=/elsewhere'; "
+              "echo exported")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env=clean_env(stub_bin), timeout=30)
+    assert done.returncode == 2 and "exported" not in done.stdout
+    assert "unexpected line from the resolver: PATH=/elsewhere" in done.stderr
+
+
+def test_the_exported_names_are_the_resolvers_own(stub_bin):
+    """entrypoint.sh's list and the one `python -m workload.launch env` prints from."""
+    script = f'source {ENTRYPOINT}; printf "%s\\n" "${{EXPORTED_KEYS[@]}}"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env=clean_env(stub_bin), timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == list(EXPORTED_KEYS)

@@ -14,7 +14,9 @@ import pytest
 
 from tests.helpers import REPO, clean_env
 from workload.launch.diagnostics import apply_defaults, flight_recorder_env
-from workload.training.watchdog import COMPUTE, DATA, STARTUP, Activity, StallWatchdog
+from workload.launch.diagnostics import EXITED, FINISHED
+from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, EVALUATION, STARTUP,
+                                        Activity, StallWatchdog)
 
 
 def test_flight_recorder_variables_keep_the_users_values(tmp_path):
@@ -78,6 +80,42 @@ def test_the_heartbeat_is_written_when_the_watchdog_starts(tmp_path):
     with StallWatchdog(Activity(), tmp_path, rank=1, world_size=2, timeout_s=300.0):
         beat = json.loads((tmp_path / "heartbeat-1.json").read_text())
     assert (beat["step"], beat["phase"], beat["pid"]) == (0, STARTUP, os.getpid())
+
+
+def test_one_step_seen_done_is_enough_for_the_stall_timeout(tmp_path):
+    """13 steps done before the watchdog's first look, then a hang in the first
+    checkpoint: no step was timed, and the flag's timeout alone applies."""
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=2, world_size=3, timeout_s=30.0)
+    activity.step, activity.phase = 13, CHECKPOINT
+    dog.check(dog.last_change + 5.0)
+    dog.check(dog.last_change + 29.0)
+    assert not (tmp_path / "rank-2.txt").exists()
+    dog.check(dog.last_change + 31.0)
+    assert "stalled: no step done for 31 s" in (tmp_path / "rank-2.txt").read_text()
+    beat = json.loads((tmp_path / "heartbeat-2.json").read_text())
+    assert (beat["step"], beat["phase"], beat["stalled"]) == (13, CHECKPOINT, True)
+
+
+def test_the_watchdog_looks_every_second_until_a_step_is_done(tmp_path):
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=0, world_size=2, timeout_s=300.0)
+    assert dog.next_look_s() == 1.0  # a rank frozen after 13 quick steps said "step 0"
+    activity.step = 1
+    dog.check(dog.last_change + 1.0)
+    assert dog.next_look_s() == 5.0
+
+
+def test_the_last_heartbeat_says_the_run_ended(tmp_path):
+    activity = Activity()
+    with StallWatchdog(activity, tmp_path, rank=0, world_size=1, timeout_s=300.0,
+                       attempt=7.0):
+        activity.step, activity.phase = 60, EVALUATION  # the end comes before a poll
+    beat = json.loads((tmp_path / "heartbeat-0.json").read_text())
+    assert (beat["step"], beat["phase"], beat["attempt"]) == (60, FINISHED, 7.0)
+    with pytest.raises(KeyboardInterrupt), StallWatchdog(activity, tmp_path, 0, 1, 300.0):
+        raise KeyboardInterrupt
+    assert json.loads((tmp_path / "heartbeat-0.json").read_text())["phase"] == EXITED
 
 
 def test_the_stall_timeout_follows_slow_steps(tmp_path):

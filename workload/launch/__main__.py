@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from collections.abc import Mapping
 
 from workload.commands import add_version_argument
 from workload.errors import LaunchError
-from workload.launch.devices import visible_gpu_count
+from workload.launch.devices import GPU_VARIABLE, visible_gpu_count
 from workload.launch import nccl
-from workload.launch.diagnostics import apply_defaults, user_folder
+from workload.launch.diagnostics import FLIGHT_RECORDER_KEYS, apply_defaults, user_folder
 from workload.launch.jobs import copy_jobs, find_jobs, submit_command
-from workload.launch.resolve import (NO_ADDRESS, PER_TASK, TORCHRUN, Resolution, resolve,
+from workload.launch.resolve import (DIST_KEYS, NO_ADDRESS, NO_SHARED_STORE, PER_TASK,
+                                     PET_KEYS, TORCHRUN, Resolution, resolve,
                                      resolve_for_torchrun)
 from workload.logs import say, warn
 
@@ -36,6 +38,12 @@ TORCHRUN_COMMANDS = {"torchrun", "torch.distributed.run"}
 # Commands of this package that pick their GPU from the resolution themselves: the
 # LOCAL_RANK pitfall note is for other programs (a user's own script).
 OWN_COMMANDS = {"train", "bench", "doctor"}
+# Every variable `env` may print: entrypoint.sh exports these and no other (its
+# EXPORTED_KEYS, which tests/unit/test_launch_env.py holds equal to this list).
+EXPORTED_KEYS = (*DIST_KEYS, "OMP_NUM_THREADS", GPU_VARIABLE, *PET_KEYS, *NO_SHARED_STORE,
+                 *FLIGHT_RECORDER_KEYS)
+# A control character (a newline above all) would split a value into a second line.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def is_torchrun(command: str | None) -> bool:
@@ -54,8 +62,21 @@ def render_env(res: Resolution) -> str:
         lines.append(f"# gpu: cuda:{res.gpu_index}")
     if res.cpus is not None:
         lines.append(f"# cpus: {res.cpus}")
-    lines += [f"{key}={value}" for key, value in res.values.items()]
+    lines += [env_line(key, value) for key, value in res.values.items()]
     return "\n".join(lines) + "\n"
+
+
+def env_line(key: str, value: str) -> str:
+    """One KEY=VALUE line for a shell to export: a key of EXPORTED_KEYS, a value of one
+    line without control characters (a newline in a folder's name would add a line,
+    PATH=... for one)."""
+    if key not in EXPORTED_KEYS:
+        raise ValueError(f"{key} is not in EXPORTED_KEYS: add it there and to entrypoint.sh")
+    if CONTROL.search(value):
+        raise LaunchError(key, value, "a value without control characters (newline, tab, "
+                          "escape)", f"start from a folder whose path has none, or set "
+                          f"{key} to such a path")
+    return f"{key}={value}"
 
 
 # ------------------------------------------------------------------ layout checks (check)
@@ -143,13 +164,14 @@ def flight_recorder_lines(command: str | None) -> str:
     if Path(command or "").name in OWN_COMMANDS or is_torchrun(command):
         return ""
     folder = user_folder(os.environ)
+    added = apply_defaults(dict(os.environ), folder)
+    lines = "".join(env_line(key, value) + "\n" for key, value in added.items())
     try:  # torch writes its dump there but does not create the folder
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         warn("launch", f"no flight recorder dumps: cannot create {folder} ({exc})")
         return ""
-    added = apply_defaults(dict(os.environ), folder)
-    return "".join(f"{key}={value}\n" for key, value in added.items())
+    return lines
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -30,6 +30,11 @@ FR_BUFFER_ENTRIES = "2000"       # torch's own default once enabled (FlightRecor
 # handles SIGTERM, SIGINT, SIGUSR2 and SIGHUP; torchrun forwards SIGQUIT).
 DUMP_SIGNAL = signal.SIGUSR1
 STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
+FINISHED, EXITED = "finished", "exited"  # the last heartbeat's phase: ended, or failed
+# Every variable flight_recorder_env may set (the old buffer name only for an old torch).
+FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                        "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
+                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
 def stacks_file(folder: Path, rank: int) -> Path:

@@ -222,6 +222,9 @@ def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int)
 # first node (is_host, decided by SLURM's node id rather than by host-name matching).
 # Flags on torchrun's command line still win over these PET_* defaults.
 NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# What torchrun reads its flag defaults from (see resolve_for_torchrun).
+PET_KEYS = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+            "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF")
 
 
 def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:

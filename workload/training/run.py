@@ -22,7 +22,7 @@ from workload.training.build import build_state, lr_scale, planned_steps, start_
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 from workload.training.stragglers import StragglerWatch
-from workload.training.watchdog import Activity, StallWatchdog
+from workload.training.watchdog import Activity, StallWatchdog, attempt_id
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
@@ -65,7 +65,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
                                 flag or PreemptionFlag(), data.num_classes)
     activity = Activity(state.step)
     watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
-                             cfg.distributed.stall_timeout_s)
+                             cfg.distributed.stall_timeout_s,
+                             attempt_id(info.is_main, info.device))
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
         enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None

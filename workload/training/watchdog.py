@@ -2,10 +2,12 @@
 
 The loop says where it is by two attribute writes on an `Activity` (the step count and
 the phase): no clock read, no syscall, no lock per step. A daemon thread looks at it every
-few seconds: it learns the step time from how fast the count moves, writes the rank's
-heartbeat (``diagnostics/heartbeat-<rank>.json``: step, phase, host, pid) when something
-changed or every HEARTBEAT_EVERY seconds, and, when no step completes within the stall
-timeout (``--stall-timeout``, or 10 x the median step if that is longer), writes every
+few seconds (every second until it has seen a step done): it learns the step time from
+how fast the count moves, writes the rank's heartbeat
+(``diagnostics/heartbeat-<rank>.json``: step, phase, host, pid, the attempt) when
+something changed or every HEARTBEAT_EVERY seconds, and a last one when the run ends. Once
+it has seen a step done, when no step completes within the stall timeout
+(``--stall-timeout``, or 10 x the median step if that is longer), it writes every
 thread's Python stack, the step and the phase to ``diagnostics/rank-<rank>.txt`` with
 the flight recorder's record of this rank's collectives (``fr-rank-<rank>.json``), logs
 one line, and leaves the rest to the collective timeout. `diagnose RUN_DIR` reads them.
@@ -25,14 +27,17 @@ from pathlib import Path
 
 import torch
 
+from workload import distributed
 from workload.files import write_json
-from workload.launch.diagnostics import STALL_MARK, dump_command, heartbeat_file, stacks_file
+from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
+                                         heartbeat_file, stacks_file)
 from workload.launch.variables import node_name
 from workload.logs import logger
 
 # The phases the loop reports (diagnose prints them as they are).
 STARTUP, DATA, COMPUTE, OPTIMIZER = "start-up", "data wait", "forward/backward", "optimizer"
 COLLECTIVE, CHECKPOINT, EVALUATION = "collective", "checkpoint", "evaluation"
+STARTUP_POLL_S = 1.0     # until the first step: a rank frozen soon after still shows it
 HEARTBEAT_EVERY = 30.0   # seconds: an unchanged heartbeat is rewritten this often
 STEP_FACTOR = 10         # the stall timeout is at least this many median steps
 FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N>.json
@@ -84,9 +89,9 @@ class StallWatchdog:
     """The thread; `check(now)` is one look (called by the thread, or by a test)."""
 
     def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
-                 timeout_s: float):
+                 timeout_s: float, attempt: float = 0.0):
         self.activity, self.folder, self.timeout_s = activity, folder, timeout_s
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.attempt = rank, world_size, attempt
         self.host = node_name()
         self.poll_s = min(5.0, timeout_s / 5) if timeout_s else 5.0
         self.step_times: deque[float] = deque(maxlen=100)
@@ -104,12 +109,22 @@ class StallWatchdog:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *_) -> None:
         self._stop.set()
         self._thread.join(timeout=self.poll_s + 1)
+        self.dumped = False
+        try:  # the last word: diagnose must not show a finished run's last poll
+            self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED)
+        except OSError as exc:
+            logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
+
+    def next_look_s(self) -> float:
+        """Seconds to the next look: every second until a step is seen done, so a rank
+        that freezes soon after its first steps has a heartbeat past step 0."""
+        return self.poll_s if self.stepping else min(STARTUP_POLL_S, self.poll_s)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.next_look_s()):
             try:
                 self.check(time.monotonic())
             except OSError as exc:  # a full or vanished disk must not stop the training
@@ -128,7 +143,9 @@ class StallWatchdog:
             self.last_step, self.last_change, self.dumped = step, now, False
             self.stepping = True
         stalled = now - self.last_change
-        if self.timeout_s and self.step_times and not self.dumped and stalled > self.limit_s():
+        # Once a step is done the flag's timeout applies, timed steps or not: a hang at
+        # the first checkpoint or collective comes before a second step is seen.
+        if self.timeout_s and self.stepping and not self.dumped and stalled > self.limit_s():
             self.dumped = True
             self.dump(f"{STALL_MARK} no step done for {stalled:.0f} s", step, phase)
             self.written = ()  # the heartbeat says so at once
@@ -145,7 +162,7 @@ class StallWatchdog:
         write_json(heartbeat_file(self.folder, self.rank),
                    dict(rank=self.rank, world_size=self.world_size, host=self.host,
                         pid=os.getpid(), step=step, phase=phase, time=time.time(),
-                        median_step_s=median, stalled=self.dumped))
+                        median_step_s=median, stalled=self.dumped, attempt=self.attempt))
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""
@@ -158,6 +175,14 @@ class StallWatchdog:
         record = flight_record()
         if record is not None:
             write_json(self.folder / f"fr-rank-{self.rank}.json", record)
+
+
+def attempt_id(is_main: bool, device: torch.device) -> float:
+    """Rank 0's clock as this attempt starts, the same on every rank (a collective): the
+    heartbeats of an earlier attempt, left in the folder, carry another one, and diagnose
+    leaves them out."""
+    mine = torch.tensor(time.time() if is_main else 0.0, dtype=torch.float64, device=device)
+    return float(distributed.all_reduce_sum(mine).item())
 
 
 def flight_record() -> dict | None:
