@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, tiers
+from tests.helpers import DIGITS_RUN, TINY, run_train, tiers
 from tests.helpers.images import build
 from tests.helpers.registry import local_registry
 from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, see tests/slurm)
@@ -17,6 +17,16 @@ from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, se
 @pytest.fixture
 def tiny_args() -> list[str]:
     return list(TINY)
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory) -> Path:
+    """A finished tiny run on the digits, trained once per session (per worker under
+    xdist) for the tests that only read it: model files, evaluate, predict. A test that
+    writes into a run copies it first."""
+    out = tmp_path_factory.mktemp("digits") / "run"
+    run_train(DIGITS_RUN, out)
+    return out
 
 
 # The image tests' builds, shared by every module that needs them (building the NGC

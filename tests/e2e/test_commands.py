@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, clean_env, run_train
+from tests.helpers import REPO, clean_env
 
 BIN = Path(sys.executable).parent
 SCRIPTS = ("train", "bench", "report", "doctor", "evaluate", "predict", "diagnose")
@@ -68,29 +68,21 @@ def test_each_python_m_entry_prints_the_version(module):
     assert done.returncode == 0 and "hpc-train" in done.stdout, done.stderr
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    run_train([*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "64",
-               "--epochs", "1", "--max-steps", "2"], out)
-    return out
-
-
 @pytest.mark.slow
-def test_evaluate_exits_0_with_its_one_line_on_stdout(tiny_run):
-    done = run([str(BIN / "evaluate"), str(tiny_run), "--device", "cpu"])
+def test_evaluate_exits_0_with_its_one_line_on_stdout(digits_run):
+    done = run([str(BIN / "evaluate"), str(digits_run), "--device", "cpu"])
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("evaluate: accuracy ") and len(done.stdout.splitlines()) == 1
     assert "'accuracy'" not in done.stderr  # the result dict is not printed by sys.exit
 
 
 @pytest.mark.slow
-def test_predict_exits_0_whatever_the_number_of_images(tiny_run, tmp_path):
+def test_predict_exits_0_whatever_the_number_of_images(digits_run, tmp_path):
     from PIL import Image
 
     for i in range(3):  # predict used to exit with the number of images
         Image.new("RGB", (16, 16), (i * 80, 0, 0)).save(tmp_path / f"{i}.png")
-    done = run([str(BIN / "predict"), str(tiny_run), str(tmp_path), "--device", "cpu"])
+    done = run([str(BIN / "predict"), str(digits_run), str(tmp_path), "--device", "cpu"])
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 3
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -23,10 +24,19 @@ def fails_with_usage_error(argv: list[str], capsys) -> str:
     return err
 
 
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    return out, run_train([*ARGS, "--epochs", "1"], out)
+
+
 @pytest.fixture
-def finished_run(tmp_path):
+def finished_run(trained_once, tmp_path):
+    """A copy of the module's one finished run, in this test's folder: the tests change it
+    (a user may move a run folder, so a copy resumes as the original would)."""
+    source, summary = trained_once
     out = tmp_path / "run"
-    summary = run_train([*ARGS, "--epochs", "1"], out)
+    shutil.copytree(source, out, symlinks=True)
     return out, summary
 
 

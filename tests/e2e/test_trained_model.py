@@ -16,18 +16,8 @@ from tests.helpers import TINY, clean_env, read_jsonl, run_train, write_image_fo
 
 pytestmark = pytest.mark.slow  # every test here trains
 
-# Tiny and quick, but real data: digits at 16 px, a few steps.
-DIGITS = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "64",
-          "--epochs", "1", "--max-steps", "6", "--seed", "3"]
 FOLDER = [*TINY, "--dataset", "imagefolder", "--image-size", "16", "--batch-size", "4",
           "--epochs", "1", "--workers", "0"]
-
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("digits") / "run"
-    run_train(DIGITS, out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,9 @@ CHECKPOINT_ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128",
                    "--image-size", "16", "--num-classes", "4", "--batch-size", "16",
                    "--epochs", "2", "--seed", "5", "--checkpoint-every", "2"]
 # Small doctor probes keep the suite fast on 2 cores; the figures are not asserted.
+# Tiny and quick, but real data: digits at 16 px, a few steps (the session's `digits_run`).
+DIGITS_RUN = [*TINY, "--dataset", "digits", "--image-size", "16", "--batch-size", "64",
+              "--epochs", "1", "--max-steps", "6", "--seed", "3"]
 DOCTOR_FAST = ["--probe-mib", "1", "--probe-iters", "2", "--timeout", "60",
                "--sweep-max-mib", "2", "--pair-max-mib", "2"]
 
