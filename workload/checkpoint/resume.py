@@ -76,13 +76,13 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
-        snapshot = _read_explicit(path, current, state, info.device)
+        snapshot = _read_explicit(path, current, state)
     else:
         root, snapshot, refused = checkpoints_dir(out), None, None
         if info.is_main:
             try:
                 snapshot = newest_loadable(
-                    root, info.device, lambda s, p: _fits_unless_other_run(s, p, current, state))
+                    root, lambda s, p: _fits_unless_other_run(s, p, current, state))
             except OldFormat as error:  # never moved aside: the run stops, nothing is lost
                 refused = str(error)
         step = _agree_on_step(-2 if refused else snapshot.trainer["step"] if snapshot else -1,
@@ -93,10 +93,10 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
         path = root / step_name(step)
-        snapshot = snapshot or read_checkpoint(path, info.device)
+        snapshot = snapshot or read_checkpoint(path)
         check_same_run(snapshot.config, current, path, strict=True)
         check_fits(snapshot, state, path)
-    restore(snapshot, state, info.rank, info.world_size, path)
+    restore(snapshot, state, info.rank, info.world_size)
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
@@ -113,12 +113,12 @@ def _epochs_recorded(cfg, state) -> int:
     return state.epoch + bool(state.batch and limit and state.step >= limit)
 
 
-def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
+def _read_explicit(path: Path, current: dict, state) -> Snapshot:
     """--resume PATH: a checkpoint that loads and fits this model, else one line (exit 2);
     other settings only warn."""
     listed = ""
     try:
-        snapshot = read_checkpoint(path, device)
+        snapshot = read_checkpoint(path)
         listed = differences(snapshot.config, current)
         check_fits(snapshot, state, path)
     except OldFormat as error:
@@ -138,7 +138,7 @@ def _fits_unless_other_run(snapshot: Snapshot, path: Path, current: dict, state)
         check_fits(snapshot, state, path)
 
 
-def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
+def newest_loadable(root: Path, accept=None) -> Snapshot | None:
     """The newest checkpoint of the run's timeline (up to `latest`) that verifies, loads
     and passes `accept(snapshot, path)` (which raises CorruptCheckpoint); bad and
     unfinished ones moved aside."""
@@ -153,7 +153,7 @@ def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
                        "checkpoint of this run; it is never loaded, pruned or followed")
     for _step, path in reversed(on_timeline(root)):
         try:
-            snapshot = read_checkpoint(path, device)
+            snapshot = read_checkpoint(path)
             if accept is not None:
                 accept(snapshot, path)
             return snapshot

@@ -153,7 +153,7 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0,
     threads = thread_count(env, owned, local_processes)
     if threads is not None:
         values["OMP_NUM_THREADS"] = str(threads)
-    notes = _notes(env, values, visible_gpus)
+    notes = _notes(env, visible_gpus)
     gpu = _gpu(env, visible_gpus, local_rank, warnings, notes)
     if gpu is not None:
         values[GPU_VARIABLE] = str(gpu)
@@ -180,7 +180,7 @@ def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[s
     return own if own is not None else gpu_index(visible, local_rank)
 
 
-def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int) -> dict[str, str]:
+def _notes(env: Mapping[str, str], visible_gpus: int) -> dict[str, str]:
     """Facts `check` compares: SLURM's view of this step and job."""
     notes = {"visible_gpus": str(visible_gpus)}
     if in_slurm(env):
@@ -251,7 +251,7 @@ def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
         values |= {key: env.get(key) or value for key, value in pet.items()}
     values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
     _validate(values)
-    notes = _notes(env, values, 0)
+    notes = _notes(env, 0)
     return Resolution(TORCHRUN, values, None, None, warnings=tuple(warnings),
                       notes=notes)
 
