@@ -15,11 +15,11 @@ from torch import nn
 
 from tests.helpers import tmpfs
 from workload.checkpoint.content import check_fits
+from workload.checkpoint.folder import complete_steps, prune, prune_aside, step_name
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes, write_part
 from workload.checkpoint.saving import DiskFull, save_checkpoint
 from workload.checkpoint.snapshot import local_states, read_checkpoint, restore
-from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
-                                       prune, prune_aside, step_name, verify)
+from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, Snapshot, verify
 from workload.files import sha256_file
 from workload.training.trainer import TrainState
 

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from workload import distributed
+from workload.checkpoint.folder import checkpoints_dir, complete_steps, move_aside, step_name
 from workload.checkpoint.snapshot import is_sharded, run_settings, save_shards, take_snapshot
-from workload.checkpoint.store import (SHARDS_DIR, Snapshot, checkpoints_dir, complete_steps,
-                                       finish_checkpoint, move_aside, step_name)
+from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint
 from workload.errors import UsageError
 # The flag and the requeue request live in the launch layer (torch-free), where a user's
 # own script can use them too; this module adds what needs torch.
