@@ -143,7 +143,8 @@ def _read_manifest(path: Path) -> tuple[dict, object]:
         raise CorruptCheckpoint(f"{path.name} has no {MANIFEST} (a save that did not finish)")
     try:
         manifest = read_json(manifest_path)
-        files, version = manifest["files"], manifest.get("format")
+        files = manifest["files"]
+        version = manifest.get("format")
     except (CorruptCheckpoint, KeyError, TypeError, AttributeError) as error:
         why = f" ({error})" if isinstance(error, CorruptCheckpoint) else ""
         raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest"
