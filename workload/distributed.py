@@ -215,6 +215,21 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag is true if any rank set it: one all-reduce MAX, written as a sum over 0/1
+    values (the same for booleans). All ranks call it, so they take the same decision."""
+    values = torch.tensor([float(f) for f in flags], device=device)
+    return [v > 0 for v in all_reduce_sum(values).tolist()]
+
+
+def main_rank_numbers(numbers: list[int], info: DistInfo) -> list[int]:
+    """Rank 0's whole numbers, on every rank (what the others pass is ignored): one
+    all-reduce sum to which only rank 0 adds. All ranks call it."""
+    mine = numbers if info.is_main else [0] * len(numbers)
+    values = torch.tensor(mine, dtype=torch.int64, device=info.device)
+    return [int(v) for v in all_reduce_sum(values).tolist()]
+
+
 def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
     """Every rank's few numbers, in rank order (one small all-gather)."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from workload import distributed
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
@@ -70,17 +68,9 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
         path = Path(cfg.checkpoint.resume)
         snapshot = _read_explicit(path, current, state)
     else:
-        root, snapshot, refused = checkpoints_dir(out), None, None
-        if info.is_main:
-            try:
-                snapshot = newest_loadable(root, lambda p: _read_auto(p, current, state))
-            except OldFormat as error:  # never moved aside: the run stops, nothing is lost
-                refused = str(error)
-        step = _agree_on_step(-2 if refused else snapshot.trainer["step"] if snapshot else -1,
-                              info)
-        if step == -2:
-            raise UsageError(refused or old_format_message(root))
-        if step < 0:
+        root = checkpoints_dir(out)
+        step, snapshot = _newest_on_every_rank(root, current, state, info)
+        if step is None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
         path = root / step_name(step)
@@ -122,6 +112,25 @@ def _read_explicit(path: Path, current: dict, state) -> Snapshot:
     return snapshot
 
 
+def _newest_on_every_rank(root: Path, current: dict, state, info
+                          ) -> tuple[int | None, Snapshot | None]:
+    """--resume auto: rank 0 finds the newest good checkpoint (its snapshot is returned
+    there) and every rank learns its step (None: there is none), so that all load the same
+    one; one of the old format stops every rank."""
+    snapshot, refused = None, None
+    if info.is_main:
+        try:
+            snapshot = newest_loadable(root, lambda p: _read_auto(p, current, state))
+        except OldFormat as error:  # never moved aside: the run stops, nothing is lost
+            refused = str(error)
+    step = snapshot.trainer["step"] if snapshot else 0
+    old_format, found, step = distributed.main_rank_numbers(
+        [refused is not None, snapshot is not None, step], info)
+    if old_format:
+        raise UsageError(refused or old_format_message(root))
+    return (step if found else None), snapshot
+
+
 def _read_auto(path: Path, current: dict, state) -> Snapshot:
     """--resume auto: a checkpoint that loads; a checkpoint of another run is refused
     later, with its settings; one of this run that does not fit the model is corrupt."""
@@ -129,13 +138,6 @@ def _read_auto(path: Path, current: dict, state) -> Snapshot:
     if not differences(snapshot.config, current):
         check_fits(snapshot, state, path)
     return snapshot
-
-
-def _agree_on_step(step: int, info) -> int:
-    """Rank 0's choice, shared with every rank (they all load the same step)."""
-    value = torch.tensor([step + 1 if info.is_main else 0], dtype=torch.int64,
-                         device=info.device)
-    return int(distributed.all_reduce_sum(value).item()) - 1
 
 
 def differences(saved: dict, current: dict) -> str:
