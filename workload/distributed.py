@@ -63,14 +63,15 @@ def apply_launch_env(env=os.environ) -> Resolution:
 
     A single process leaves the environment alone (``train`` may run inside another
     program, such as the test suite); a rank of a distributed job exports what it
-    resolved, for libraries that read LOCAL_RANK and friends.
+    resolved, for libraries that read LOCAL_RANK and friends, by the launch layer's one
+    rule (`Resolution.export`, as setup() does).
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     res = resolve(env, visible_gpus=gpus)
     for warning in res.warnings:
         warn("launch", warning)
     if int(res.values["WORLD_SIZE"]) > 1:
-        env.update(res.values)
+        res.export(env)
     if res.threads is not None:
         torch.set_num_threads(res.threads)
     return res
@@ -109,12 +110,8 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
         res = apply_launch_env()
     except LaunchError as error:
         raise UsageError(str(error)) from None
-    values = {key: int(res.values[key]) for key in
-              ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
     chosen = pick_device(device, res)
-    place = Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
-                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], str(chosen),
-                   chosen.index if chosen.type == "cuda" else None, res.layout, res.cpus or 1)
+    place = Launch.resolved(res, chosen.index if chosen.type == "cuda" else None)
     if place.world_size == 1:
         return DistInfo(place, chosen)
     join_group(place.backend, timeout_s, place.rank, place.world_size)

@@ -3,7 +3,8 @@
 One pure function, :func:`resolve`, reads an environment mapping and returns the
 variables torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 NODE_RANK, MASTER_ADDR, MASTER_PORT), the layout, the GPU index and thread count for
-this process, and warnings. It never touches ``os.environ``; callers apply the result.
+this process, and warnings. It never touches ``os.environ``; callers apply the result
+with :meth:`Resolution.export`, the one export rule (1 below).
 A torchrun about to start on a node gets :func:`resolve_for_torchrun` instead: the node's
 rank, the node count and the rendezvous (its workers then resolve their own ranks).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from workload.errors import LaunchError
 from workload.launch.devices import (GPU_VARIABLE, gpu_index, local_rank_warning,
@@ -51,6 +52,15 @@ class Resolution:
                                   # not a worker (a torchrun about to start)
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
+
+    def export(self, env: MutableMapping[str, str]) -> None:
+        """Write the values into `env`, never over one torchrun or the user set (rule 1
+        above). The thread count is the exception only in name: resolve() keeps a user's
+        OMP_NUM_THREADS and replaces only torchrun's placeholder 1 by the worker's share
+        of the task's CPUs."""
+        for key, value in self.values.items():
+            if not env.get(key) or key == "OMP_NUM_THREADS":
+                env[key] = value
 
 
 # ------------------------------------------------------------------ the rules
