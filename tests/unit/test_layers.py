@@ -1,10 +1,12 @@
-"""The package's shape: the dependency rule of workload/__init__.py, small modules and
-functions, and command lines that answer before torch is imported."""
+"""The package's shape: the dependency rule of docs/code-map.md (its layer table is read
+here, the one place it is written), small modules and functions, and command lines that
+answer before torch is imported."""
 
 from __future__ import annotations
 
 import ast
 import io
+import re
 import subprocess
 import sys
 import tokenize
@@ -15,15 +17,26 @@ import pytest
 import workload
 
 ROOT = Path(workload.__file__).parent
-LAYERS = {
-    1: {"errors", "commands", "files", "logs", "launch"},
-    2: {"config"},
-    3: {"distributed", "precision"},
-    4: {"models", "data", "checkpoint", "records"},
-    5: {"training"},
-    6: {"train", "bench", "doctor", "report", "evaluate", "predict", "diagnose",
-        "launch.__main__"},
-}
+CODE_MAP = ROOT.parent / "docs" / "code-map.md"
+
+
+def layer_table(text: str) -> dict[int, set[str]]:
+    """The layers of the code map's table, the ground floor 1: a row starts with the
+    layer's name, a row that starts with spaces goes on with the one above it; files and
+    folders count (`train.py` is train, `bench/` bench, `launch/__main__.py`
+    launch.__main__), a `(...)` aside and a `<- ...` note do not."""
+    table = re.search(r"^```\n(.*?)^```", text, re.S | re.M).group(1)
+    rows: list[set[str]] = []
+    for line in table.splitlines():
+        line = re.sub(r"\(.*?\)|<-.*", "", line)
+        if not line.startswith(" "):
+            line = line.split(maxsplit=1)[1] if " " in line.strip() else ""
+            rows.append(set())
+        rows[-1] |= {re.sub(r"\.py$|/$", "", name).replace("/", ".") for name in line.split()}
+    return {len(rows) - index: units for index, units in enumerate(rows)}
+
+
+LAYERS = layer_table(CODE_MAP.read_text())
 COMMAND_MODULES = {"workload.train", "workload.bench.cli", "workload.doctor",
                    "workload.report", "workload.evaluate", "workload.predict",
                    "workload.launch.__main__", "workload.diagnose"}
@@ -86,6 +99,17 @@ def test_imports_follow_the_layers(path):
 def test_every_module_has_a_layer():
     for module in MODULES:
         assert layer_of(module) in LAYERS, module
+
+
+def test_the_layer_table_names_only_modules_that_exist():
+    assert {unit for units in LAYERS.values() for unit in units} <= {
+        unit_of(module) for module in MODULES}
+
+
+def test_the_layer_table_is_read_row_by_row():
+    text = ("intro\n```\ntop     a.py  b/  (x.py, y.py)\n        b/__main__.py\n"
+            "bottom  c/   d.py                 <- no torch\n```\n")
+    assert layer_table(text) == {2: {"a", "b", "b.__main__"}, 1: {"c", "d"}}
 
 
 def docstring_lines(tree: ast.Module) -> set[int]:
