@@ -63,14 +63,15 @@ def apply_launch_env(env=os.environ) -> Resolution:
 
     A single process leaves the environment alone (``train`` may run inside another
     program, such as the test suite); a rank of a distributed job exports what it
-    resolved, for libraries that read LOCAL_RANK and friends.
+    resolved, for libraries that read LOCAL_RANK and friends, by the launch layer's one
+    rule (`Resolution.export`, as setup() does).
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     res = resolve(env, visible_gpus=gpus)
     for warning in res.warnings:
         warn("launch", warning)
     if int(res.values["WORLD_SIZE"]) > 1:
-        env.update(res.values)
+        res.export(env)
     if res.threads is not None:
         torch.set_num_threads(res.threads)
     return res
@@ -109,12 +110,8 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
         res = apply_launch_env()
     except LaunchError as error:
         raise UsageError(str(error)) from None
-    values = {key: int(res.values[key]) for key in
-              ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
     chosen = pick_device(device, res)
-    place = Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
-                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], str(chosen),
-                   chosen.index if chosen.type == "cuda" else None, res.layout, res.cpus or 1)
+    place = Launch.resolved(res, chosen.index if chosen.type == "cuda" else None)
     if place.world_size == 1:
         return DistInfo(place, chosen)
     join_group(place.backend, timeout_s, place.rank, place.world_size)
@@ -213,6 +210,21 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     total = t.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag is true if any rank set it: one all-reduce MAX, written as a sum over 0/1
+    values (the same for booleans). All ranks call it, so they take the same decision."""
+    values = torch.tensor([float(f) for f in flags], device=device)
+    return [v > 0 for v in all_reduce_sum(values).tolist()]
+
+
+def main_rank_numbers(numbers: list[int], info: DistInfo) -> list[int]:
+    """Rank 0's whole numbers, on every rank (what the others pass is ignored): one
+    all-reduce sum to which only rank 0 adds. All ranks call it."""
+    mine = numbers if info.is_main else [0] * len(numbers)
+    values = torch.tensor(mine, dtype=torch.int64, device=info.device)
+    return [int(v) for v in all_reduce_sum(values).tolist()]
 
 
 def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:

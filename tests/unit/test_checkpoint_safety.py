@@ -15,11 +15,11 @@ from torch import nn
 
 from tests.helpers import tmpfs
 from workload.checkpoint.content import check_fits
+from workload.checkpoint.folder import complete_steps, prune, prune_aside, step_name
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes, write_part
 from workload.checkpoint.saving import DiskFull, save_checkpoint
 from workload.checkpoint.snapshot import local_states, read_checkpoint, restore
-from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, Snapshot, complete_steps,
-                                       prune, prune_aside, step_name, verify)
+from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, Snapshot, verify
 from workload.files import sha256_file
 from workload.training.trainer import TrainState
 
@@ -56,7 +56,7 @@ def remanifest(path: Path) -> None:
 def test_a_good_checkpoint_reads_and_fits(tmp_path):
     state = live_state()
     path = save(tmp_path, 4, state)
-    check_fits(read_checkpoint(path, "cpu"), state, path)
+    check_fits(read_checkpoint(path), state, path)
 
 
 def part(data) -> str:
@@ -82,13 +82,13 @@ def test_bad_content_that_passes_the_manifest_is_corrupt(tmp_path, damage, words
     remanifest(path)
     verify(path)  # the manifest is satisfied...
     with pytest.raises(CorruptCheckpoint, match=words):
-        read_checkpoint(path, "cpu")  # ...the content is not
+        read_checkpoint(path)  # ...the content is not
 
 
 def test_another_model_s_weights_do_not_fit(tmp_path):
     path = save(tmp_path, 4, live_state(width=5))
     with pytest.raises(CorruptCheckpoint, match="another model.*of another shape"):
-        check_fits(read_checkpoint(path, "cpu"), live_state(width=3), path)
+        check_fits(read_checkpoint(path), live_state(width=3), path)
 
 
 @pytest.mark.parametrize("files", [
@@ -295,17 +295,17 @@ def test_damaged_content_behind_a_matching_manifest_is_corrupt(tmp_path, case):
     remanifest(path)
     verify(path)  # the manifest is satisfied...
     with pytest.raises(CorruptCheckpoint, match=words) as error:
-        check_fits(read_checkpoint(path, "cpu"), trained_state(), path)  # ...the content not
+        check_fits(read_checkpoint(path), trained_state(), path)  # ...the content not
     assert "\n" not in str(error.value) and len(str(error.value)) < 500
 
 
 def test_a_good_checkpoint_restores_after_every_check(tmp_path):
     state = trained_state()
     path = save(tmp_path, 1, state)
-    snapshot = read_checkpoint(path, "cpu")
+    snapshot = read_checkpoint(path)
     fresh = live_state()
     check_fits(snapshot, fresh, path)
-    restore(snapshot, fresh, 0, 1, path)
+    restore(snapshot, fresh, 0, 1)
     assert fresh.step == 1 and fresh.schedule.last_epoch == 1
     assert torch.equal(fresh.optimizer.state_dict()["state"][0]["momentum_buffer"],
                        state.optimizer.state_dict()["state"][0]["momentum_buffer"])

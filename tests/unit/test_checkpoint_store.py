@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
+from workload.checkpoint.folder import complete_steps, move_aside, prune, step_name
 from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
-                                       complete_steps, finish_checkpoint, move_aside, prune,
-                                       step_name, verify)
+                                       finish_checkpoint, verify)
 from workload.files import sha256_file
 
 

@@ -244,13 +244,13 @@ class RunLock:
 def lock_run_folder(out: Path, info):
     """Rank 0 takes the run folder's lock; every rank learns whether it did (one
     all-reduce) and all stop with one line when it did not, before anything is written."""
-    from workload.checkpoint.saving import agree  # torch: only once a run starts
+    from workload import distributed  # torch: only once a run starts
 
     lock = RunLock(out)
     refusal = lock.acquire() if info.is_main else None
     refused = refusal is not None
     if info.world_size > 1:
-        refused = agree([refused], info.device)[0]
+        refused = distributed.any_rank([refused], info.device)[0]
     if refused:
         raise UsageError(refusal or f"rank 0 could not lock --output-dir {out}: see its error")
     try:

@@ -1,33 +1,23 @@
 """Resume: which checkpoint a run continues from.
 
 `prepare` runs before training (--resume never / --overwrite), `resume` loads the newest
-complete, verified checkpoint (all ranks agree on its step first); a bad one is moved
-aside and the one before is tried.
-
-The run's timeline in `checkpoints/` is part of the same question (which steps `--resume
-auto` may continue from, a rollback, what `--overwrite` removes), so it lives here too.
-
-`latest` names the checkpoint the last save wrote: the head of the run's current timeline.
-Steps after it are not on it (a rollback left them, or a crash came between a save's
-rename and the update of `latest`), so `--resume auto` never continues from them. A
-rollback renames the later steps `step-...abandoned-<time>`: kept whole for the user (never
-resumed, never pruned), out of the way of the steps the new timeline saves.
+complete, verified checkpoint of the run's timeline (all ranks agree on its step first);
+a bad one is moved aside and the one before is tried. Which steps are on the timeline, a
+rollback and what `--overwrite` removes are the folder's (workload.checkpoint.folder);
+this module decides whether a checkpoint fits this run.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-
-import torch
 
 from workload import distributed
 from workload.checkpoint.content import check_fits
+from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
+                                        roll_back, step_name, written_by_train)
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
-                                       checkpoints_dir, complete_steps, move_aside,
-                                       old_format_message, remove_tree, replace_latest,
-                                       step_name, symlinked_steps)
+                                       old_format_message)
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of
 from workload.errors import UsageError
 from workload.files import json_text, read_jsonl_records
@@ -76,27 +66,18 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
-        snapshot = _read_explicit(path, current, state, info.device)
+        snapshot = _read_explicit(path, current, state)
     else:
-        root, snapshot, refused = checkpoints_dir(out), None, None
-        if info.is_main:
-            try:
-                snapshot = newest_loadable(
-                    root, info.device, lambda s, p: _fits_unless_other_run(s, p, current, state))
-            except OldFormat as error:  # never moved aside: the run stops, nothing is lost
-                refused = str(error)
-        step = _agree_on_step(-2 if refused else snapshot.trainer["step"] if snapshot else -1,
-                              info)
-        if step == -2:
-            raise UsageError(refused or old_format_message(root))
-        if step < 0:
+        root = checkpoints_dir(out)
+        step, snapshot = _newest_on_every_rank(root, current, state, info)
+        if step is None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
         path = root / step_name(step)
-        snapshot = snapshot or read_checkpoint(path, info.device)
+        snapshot = snapshot or read_checkpoint(path)
         check_same_run(snapshot.config, current, path, strict=True)
         check_fits(snapshot, state, path)
-    restore(snapshot, state, info.rank, info.world_size, path)
+    restore(snapshot, state, info.rank, info.world_size)
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
@@ -113,12 +94,12 @@ def _epochs_recorded(cfg, state) -> int:
     return state.epoch + bool(state.batch and limit and state.step >= limit)
 
 
-def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
+def _read_explicit(path: Path, current: dict, state) -> Snapshot:
     """--resume PATH: a checkpoint that loads and fits this model, else one line (exit 2);
     other settings only warn."""
     listed = ""
     try:
-        snapshot = read_checkpoint(path, device)
+        snapshot = read_checkpoint(path)
         listed = differences(snapshot.config, current)
         check_fits(snapshot, state, path)
     except OldFormat as error:
@@ -131,44 +112,32 @@ def _read_explicit(path: Path, current: dict, state, device) -> Snapshot:
     return snapshot
 
 
-def _fits_unless_other_run(snapshot: Snapshot, path: Path, current: dict, state) -> None:
-    """--resume auto: a checkpoint of another run is refused later, with its settings;
-    one of this run that does not fit the model is corrupt."""
+def _newest_on_every_rank(root: Path, current: dict, state, info
+                          ) -> tuple[int | None, Snapshot | None]:
+    """--resume auto: rank 0 finds the newest good checkpoint (its snapshot is returned
+    there) and every rank learns its step (None: there is none), so that all load the same
+    one; one of the old format stops every rank."""
+    snapshot, refused = None, None
+    if info.is_main:
+        try:
+            snapshot = newest_loadable(root, lambda p: _read_auto(p, current, state))
+        except OldFormat as error:  # never moved aside: the run stops, nothing is lost
+            refused = str(error)
+    step = snapshot.trainer["step"] if snapshot else 0
+    old_format, found, step = distributed.main_rank_numbers(
+        [refused is not None, snapshot is not None, step], info)
+    if old_format:
+        raise UsageError(refused or old_format_message(root))
+    return (step if found else None), snapshot
+
+
+def _read_auto(path: Path, current: dict, state) -> Snapshot:
+    """--resume auto: a checkpoint that loads; a checkpoint of another run is refused
+    later, with its settings; one of this run that does not fit the model is corrupt."""
+    snapshot = read_checkpoint(path)
     if not differences(snapshot.config, current):
         check_fits(snapshot, state, path)
-
-
-def newest_loadable(root: Path, device, accept=None) -> Snapshot | None:
-    """The newest checkpoint of the run's timeline (up to `latest`) that verifies, loads
-    and passes `accept(snapshot, path)` (which raises CorruptCheckpoint); bad and
-    unfinished ones moved aside."""
-    if root.is_symlink():
-        logger.warning(f"{root} is a symbolic link: not followed, starting from step 0")
-        return None
-    for leftover in sorted(root.glob(".tmp-step-*")) if root.is_dir() else []:
-        moved = move_aside(leftover, "incomplete")
-        logger.warning(f"skipping a checkpoint whose save did not finish: moved to {moved}")
-    for link in symlinked_steps(root):
-        logger.warning(f"skipping {link}: a symbolic link (to {link.resolve()}), not a "
-                       "checkpoint of this run; it is never loaded, pruned or followed")
-    for _step, path in reversed(on_timeline(root)):
-        try:
-            snapshot = read_checkpoint(path, device)
-            if accept is not None:
-                accept(snapshot, path)
-            return snapshot
-        except CorruptCheckpoint as error:
-            moved = move_aside(path, "corrupt")
-            logger.warning(f"skipping a bad checkpoint: {error}; moved to {moved}, "
-                           "resuming from the one before")
-    return None
-
-
-def _agree_on_step(step: int, info) -> int:
-    """Rank 0's choice, shared with every rank (they all load the same step)."""
-    value = torch.tensor([step + 1 if info.is_main else 0], dtype=torch.int64,
-                         device=info.device)
-    return int(distributed.all_reduce_sum(value).item()) - 1
+    return snapshot
 
 
 def differences(saved: dict, current: dict) -> str:
@@ -212,58 +181,3 @@ def trim_metrics(path: Path, epochs_done: int) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(json_text(r) + "\n" for r in kept))
         tmp.replace(path)
-
-
-# --- the timeline -------------------------------------------------------------
-
-# Everything `train` writes in checkpoints/: step folders, the ones moved aside, the
-# temporary folders of a save, `latest` and its temporary file. Nothing else is its own.
-_TRAIN_WRITES = re.compile(
-    r"^(step-\d+(\.(corrupt|incomplete|abandoned)-\d{8}-\d{6}(~\d+)?)?"
-    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\d+)$")
-
-
-def latest_step(root: Path) -> int | None:
-    """The step `latest` names, or None when it is missing or names no step (a run of an
-    earlier version: every step then counts)."""
-    try:
-        match = re.fullmatch(r"step-(\d+)", (root / "latest").read_text().strip())
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(match.group(1)) if match else None
-
-
-def on_timeline(root: Path) -> list[tuple[int, Path]]:
-    """The complete steps `--resume auto` may continue from, oldest first: those up to
-    `latest`. Later ones are left where they are, with a line saying why."""
-    steps, head = complete_steps(root), latest_step(root)
-    if head is None:
-        return steps
-    for step, path in steps:
-        if step > head:
-            logger.warning(f"not resuming {path}: it comes after {root / 'latest'} "
-                           f"(step {head}), so it is not on the run's current timeline "
-                           "(a rollback or an interrupted save left it); it is kept")
-    return [(step, path) for step, path in steps if step <= head]
-
-
-def roll_back(root: Path, path: Path, step: int) -> None:
-    """`--resume PATH` to a step of this run's own folder: it becomes the head of the
-    timeline; the steps after it are renamed `.abandoned-<time>` and kept."""
-    if path.resolve().parent != root.resolve() or path.name != step_name(step):
-        return  # another folder's checkpoint (or one moved aside): the timeline stays
-    later = [p for s, p in complete_steps(root) if s > step]
-    for old in later:
-        moved = move_aside(old, "abandoned")
-        logger.warning(f"rolled back to {path.name}: {old.name}, after it, moved to "
-                       f"{moved.name} (kept, never resumed; delete it when done with it)")
-    if later or latest_step(root) != step:
-        replace_latest(root, path.name)
-
-
-def written_by_train(root: Path) -> list[Path]:
-    """What `train` wrote in checkpoints/ (a symbolic link is never its own)."""
-    if not root.is_dir() or root.is_symlink():
-        return []
-    return sorted(p for p in root.iterdir()
-                  if _TRAIN_WRITES.match(p.name) and not p.is_symlink())

@@ -11,10 +11,10 @@ save (FSDP shards from every rank, the rest from rank 0, see workload.checkpoint
 Preemption: the signal handler only sets a flag (workload.launch.preemption, torch-free,
 which a user's own script uses too; nothing else is safe inside a signal handler, least of
 all a collective or a file write). At the next step boundary every rank contributes its
-flag to one all-reduce (`agree`), so a signal that reached a single rank stops all of them
-at the same step and none is left waiting in a collective. The trainer then saves one
-checkpoint and exits with REQUEUE_EXIT_STATUS; the batch script sees it and runs
-`scontrol requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
+flag to one all-reduce (workload.distributed's `any_rank`), so a signal that reached a
+single rank stops all of them at the same step and none is left waiting in a collective.
+The trainer then saves one checkpoint and exits with REQUEUE_EXIT_STATUS; the batch script
+sees it and runs `scontrol requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
 
 A full disk: a writer need not report it as OSError(ENOSPC) (torch.save's zip writer
 raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a
@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from workload import distributed
+from workload.checkpoint.folder import checkpoints_dir, complete_steps, move_aside, step_name
 from workload.checkpoint.snapshot import is_sharded, run_settings, save_shards, take_snapshot
-from workload.checkpoint.store import (SHARDS_DIR, Snapshot, checkpoints_dir, complete_steps,
-                                       finish_checkpoint, move_aside, step_name)
+from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint
 from workload.errors import UsageError
 # The flag and the requeue request live in the launch layer (torch-free), where a user's
 # own script can use them too; this module adds what needs torch.
@@ -169,13 +169,6 @@ class Preempted(Exception):
         self.step = step
 
 
-def agree(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag is true if any rank set it: an all-reduce MAX, written as a sum over 0/1
-    values (the same for booleans; distributed.py offers the sum)."""
-    values = torch.tensor([float(f) for f in flags], device=device)
-    return [v > 0 for v in distributed.all_reduce_sum(values).tolist()]
-
-
 class Checkpointer:
     """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
     preemption."""
@@ -196,7 +189,7 @@ class Checkpointer:
         due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
         preempt = self.flag.is_set()
         if self.info.world_size > 1:  # one collective: every rank takes the same decision
-            preempt, due_time = agree([preempt, due_time], self.info.device)
+            preempt, due_time = distributed.any_rank([preempt, due_time], self.info.device)
         if preempt:
             self.save("preemption")
             why = self.flag.signal_name or "a signal to another rank"

@@ -69,9 +69,9 @@ def take_snapshot(state, settings: dict, world_size: int, sharded: bool) -> Snap
                     gather_states(world_size), settings)
 
 
-def read_checkpoint(path: Path, device=None) -> Snapshot:
+def read_checkpoint(path: Path) -> Snapshot:
     """Verify and read every file of one checkpoint, onto the CPU (`restore` copies the
-    tensors to the device); FSDP shards are joined into full tensors. `device` is unused."""
+    tensors to the device); FSDP shards are joined into full tensors."""
     manifest = verify(path)
     trainer, states = read_part(path, "trainer"), read_part(path, "rng")
     check_loaded(path, trainer, states, manifest)
@@ -87,7 +87,7 @@ def read_checkpoint(path: Path, device=None) -> Snapshot:
     return Snapshot(model, optimizer, trainer, states, read_config(path), buffers)
 
 
-def restore(snapshot: Snapshot, state, rank: int, world_size: int, path: Path) -> None:
+def restore(snapshot: Snapshot, state, rank: int, world_size: int) -> None:
     """Put a loaded checkpoint into the live training state of this rank (a collective
     when the live model is sharded), whatever the world size that wrote it."""
     trainer, buffers = snapshot.trainer, snapshot.rank_buffers

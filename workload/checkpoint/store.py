@@ -1,6 +1,7 @@
-"""Atomic, verified checkpoints, and finding the one to resume from.
+"""Atomic, verified checkpoints: one step folder, written and read back.
 
-Layout of `<output-dir>/checkpoints/` (every file safetensors, JSON or text):
+Layout of one checkpoint in `<output-dir>/checkpoints/` (every file safetensors or JSON;
+the folder around it, `latest` and the ones moved aside: workload.checkpoint.folder):
     step-000000120/         one complete checkpoint (the name is the optimizer step)
         model.safetensors   the model's state dict (single process, DDP)
         optimizer.json      the optimizer's state dict, tensors as references into
@@ -11,29 +12,27 @@ Layout of `<output-dir>/checkpoints/` (every file safetensors, JSON or text):
         rng.safetensors     rng.safetensors), numpy, python random
         config.json         the resolved config
         MANIFEST.json       size and sha256 of every file above: written last
-    latest                  the name of the newest complete checkpoint (replaced atomically)
-    step-000000100.corrupt-20261122-161500/   a bad one, moved aside
 
 With FSDP, `shards/rank-NNNNN.safetensors` and `shards/rank-NNNNN.json` (every rank writes
 its own: its rows of each parameter and optimizer state, and the layout) take the place of
 model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the others
 (same filesystem, so the rename is atomic), fsyncs every file, writes the manifest, renames
 the directory into place, fsyncs the parent, replaces `latest`, and only then prunes the
-oldest beyond --keep-checkpoints. A crash at any moment leaves either the previous
-checkpoints or the new one complete. Loading verifies the manifest (read as strict JSON,
-its names plain ones inside the folder) and refuses a JSON file that starts like a pickle
-or a zip archive; nothing is ever unpickled.
+oldest beyond --keep-checkpoints (these last steps are the folder's `publish`). A crash at
+any moment leaves either the previous checkpoints or the new one complete. Loading
+verifies the manifest (read as strict JSON, its names plain ones inside the folder) and
+refuses a JSON file that starts like a pickle or a zip archive; nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workload.checkpoint.folder import publish
 from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, read_json, sniff,
                                          safetensors_bytes, write_durably, write_part)
 from workload.files import json_text, sha256_file
@@ -48,71 +47,17 @@ REQUIRED_FILES = (MODEL_FILE, "optimizer.json", *COMMON_FILES)
 SHARDED_REQUIRED_FILES = (f"{SHARDS_DIR}/rank-00000.json", *COMMON_FILES)
 FORMAT_VERSION = 2  # 1: torch.save files (model.pt, ...), refused since; 2: safetensors, JSON
 OLD_FORMAT_FILES = ("model.pt", "optimizer.pt", "trainer.pt", "rng.pt")
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 # What a manifest may name: the files a save writes are plain ASCII names, at most one
 # folder deep (shards/rank-00000.json); anything else is an edited manifest.
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99})?")
-# A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
-_ASIDE_DIR = re.compile(r"^(step-\d+)\.(corrupt|incomplete)-(\d{8}-\d{6})(~\d+)?$")
-# Moved-aside folders kept of each kind; older ones are deleted after each save, so that a
-# run that keeps failing cannot fill the disk with them.
-KEEP_ASIDE = 3
 
 
 class OldFormat(Exception):
     """A checkpoint written by an earlier version in the torch.save format."""
 
 
-# --- files ---------------------------------------------------------------------------------
-
-def checkpoints_dir(out: Path) -> Path:
-    return Path(out) / "checkpoints"
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
-def complete_steps(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every folder named like a complete checkpoint, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not p.is_symlink()]
-    return sorted(found)
-
-
-def symlinked_steps(root: Path) -> list[Path]:
-    """Step folders that are symbolic links: never loaded, pruned or followed to delete
-    (a checkpoint is a folder of the run, not a pointer to somewhere else)."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_symlink())
-
-
 def _json_bytes(data: dict) -> bytes:
     return (json_text(data, indent=2) + "\n").encode()
-
-
-def replace_latest(root: Path, name: str) -> None:
-    tmp = root / f".latest.tmp-{os.getpid()}"
-    write_durably(tmp, name.encode() + b"\n")
-    os.replace(tmp, root / "latest")
-    fsync_dir(root)
-
-
-def move_aside(path: Path, why: str) -> Path:
-    """Rename a bad checkpoint to `<step name>.<why>-<time>`: kept for inspection, never
-    deleted, and no longer a candidate for resuming."""
-    match = re.match(r"^\.?(?:tmp-)?(step-\d+)", path.name)
-    base = match.group(1) if match else path.name
-    target = path.with_name(f"{base}.{why}-{time.strftime('%Y%m%d-%H%M%S')}")
-    suffix = 1
-    while target.exists():
-        target = target.with_name(f"{target.name.split('~')[0]}~{suffix}")
-        suffix += 1
-    os.replace(path, target)
-    return target
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -135,7 +80,6 @@ def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
                       shard_files: dict | None = None) -> None:
     """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning.
     `shard_files`: the manifest entries of the FSDP shards every rank wrote, gathered."""
-    root = final.parent
     files = dict(shard_files or {})
     if snapshot.model is not None:
         files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, safetensors_bytes(
@@ -154,52 +98,7 @@ def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=files)
     write_durably(tmp / MANIFEST, _json_bytes(manifest))
     fsync_dir(tmp)
-    _rename_into_place(tmp, final)
-    fsync_dir(root)
-    replace_latest(root, final.name)
-    prune(root, keep, newest=snapshot.trainer["step"])
-
-
-def _rename_into_place(tmp: Path, final: Path) -> None:
-    """os.replace cannot replace a non-empty folder: an older save of the same step (the
-    epoch end after a preemption save) is renamed away first, then removed."""
-    if final.exists() or final.is_symlink():
-        old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        remove_tree(old)
-    else:
-        os.replace(tmp, final)
-
-
-def prune(root: Path, keep: int, newest: int) -> None:
-    """Remove complete checkpoints older than the newest `keep` up to step `newest`."""
-    older = [path for step, path in complete_steps(root) if step <= newest]
-    for path in older[:-keep]:
-        remove_tree(path)
-    prune_aside(root)
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a folder of the run; a symbolic link is removed itself, never followed."""
-    if path.is_symlink():
-        path.unlink()
-    else:
-        shutil.rmtree(path)
-
-
-def prune_aside(root: Path, keep: int = KEEP_ASIDE) -> None:
-    """Keep the newest `keep` folders moved aside of each kind (`.corrupt-`,
-    `.incomplete-`), by the time in their names; delete older ones. Symbolic links are
-    left alone."""
-    kinds: dict[str, list[tuple[str, Path]]] = {}
-    for path in root.iterdir() if root.is_dir() else []:
-        match = _ASIDE_DIR.match(path.name)
-        if match and path.is_dir() and not path.is_symlink():
-            kinds.setdefault(match.group(2), []).append((match.group(3) + path.name, path))
-    for found in kinds.values():
-        for _, path in sorted(found)[:-keep]:
-            shutil.rmtree(path, ignore_errors=True)
+    publish(tmp, final, keep, snapshot.trainer["step"])
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -244,7 +143,8 @@ def _read_manifest(path: Path) -> tuple[dict, object]:
         raise CorruptCheckpoint(f"{path.name} has no {MANIFEST} (a save that did not finish)")
     try:
         manifest = read_json(manifest_path)
-        files, version = manifest["files"], manifest.get("format")
+        files = manifest["files"]
+        version = manifest.get("format")
     except (CorruptCheckpoint, KeyError, TypeError, AttributeError) as error:
         why = f" ({error})" if isinstance(error, CorruptCheckpoint) else ""
         raise CorruptCheckpoint(f"{path.name}/{MANIFEST} is not a readable manifest"

@@ -3,7 +3,8 @@
 One pure function, :func:`resolve`, reads an environment mapping and returns the
 variables torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 NODE_RANK, MASTER_ADDR, MASTER_PORT), the layout, the GPU index and thread count for
-this process, and warnings. It never touches ``os.environ``; callers apply the result.
+this process, and warnings. It never touches ``os.environ``; callers apply the result
+with :meth:`Resolution.export`, the one export rule (1 below).
 A torchrun about to start on a node gets :func:`resolve_for_torchrun` instead: the node's
 rank, the node count and the rendezvous (its workers then resolve their own ranks).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from workload.errors import LaunchError
 from workload.launch.devices import (GPU_VARIABLE, gpu_index, local_rank_warning,
@@ -51,6 +52,15 @@ class Resolution:
                                   # not a worker (a torchrun about to start)
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
+
+    def export(self, env: MutableMapping[str, str]) -> None:
+        """Write the values into `env`, never over one torchrun or the user set (rule 1
+        above). The thread count is the exception only in name: resolve() keeps a user's
+        OMP_NUM_THREADS and replaces only torchrun's placeholder 1 by the worker's share
+        of the task's CPUs."""
+        for key, value in self.values.items():
+            if not env.get(key) or key == "OMP_NUM_THREADS":
+                env[key] = value
 
 
 # ------------------------------------------------------------------ the rules
@@ -153,7 +163,7 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0,
     threads = thread_count(env, owned, local_processes)
     if threads is not None:
         values["OMP_NUM_THREADS"] = str(threads)
-    notes = _notes(env, values, visible_gpus)
+    notes = _notes(env, visible_gpus)
     gpu = _gpu(env, visible_gpus, local_rank, warnings, notes)
     if gpu is not None:
         values[GPU_VARIABLE] = str(gpu)
@@ -180,7 +190,7 @@ def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[s
     return own if own is not None else gpu_index(visible, local_rank)
 
 
-def _notes(env: Mapping[str, str], values: Mapping[str, str], visible_gpus: int) -> dict[str, str]:
+def _notes(env: Mapping[str, str], visible_gpus: int) -> dict[str, str]:
     """Facts `check` compares: SLURM's view of this step and job."""
     notes = {"visible_gpus": str(visible_gpus)}
     if in_slurm(env):
@@ -254,7 +264,7 @@ def resolve_for_torchrun(env: Mapping[str, str]) -> Resolution:
         values |= {key: env.get(key) or value for key, value in pet.items()}
     values |= {key: env.get(key) or value for key, value in NO_SHARED_STORE.items()}
     _validate(values)
-    notes = _notes(env, values, 0)
+    notes = _notes(env, 0)
     return Resolution(TORCHRUN, values, None, None, warnings=tuple(warnings),
                       notes=notes)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, MutableMapping
 
 from workload.launch.devices import visible_gpu_count
 from workload.launch.diagnostics import apply_defaults, enable_dump_on_signal, user_folder
-from workload.launch.resolve import SINGLE, resolve
+from workload.launch.resolve import SINGLE, Resolution, resolve
 from workload.logs import warn
 
 
@@ -43,6 +43,17 @@ class Launch:
     gpu_index: int | None = None  # N of cuda:N among the GPUs this process sees
     layout: str = SINGLE          # single, per-task or torchrun-per-node
     cpus: int = 1                 # CPUs it owns: its share under torchrun (DataLoader workers)
+
+    @classmethod
+    def resolved(cls, res: Resolution, gpu_index: int | None) -> Launch:
+        """The record of a resolved process that uses GPU `gpu_index` (None: the CPU):
+        the one builder, for setup() and for the runtime's process start alike."""
+        values = {key: int(res.values[key]) for key in
+                  ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+        device = "cpu" if gpu_index is None else f"cuda:{gpu_index}"
+        return cls(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
+                   values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], device, gpu_index,
+                   res.layout, res.cpus or 1)
 
     @property
     def is_main(self) -> bool:
@@ -89,25 +100,17 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     res = resolve(env, visible_gpus=visible)
     for warning in () if quiet else res.warnings:
         warn("launch", warning)
-    for key, value in res.values.items():
-        # Never overwrite what torchrun or the user set; the thread count is the
-        # exception only in name: resolve() keeps a user's OMP_NUM_THREADS and replaces
-        # only torchrun's placeholder 1 by the worker's share of the task's CPUs.
-        if not env.get(key) or key == "OMP_NUM_THREADS":
-            env[key] = value
-    device = "cpu"
+    res.export(env)
+    gpu = None
     if cuda is not None:
         if res.gpu_index is not None and cuda.count > 0:
             cuda.select(res.gpu_index)
-            device = f"cuda:{res.gpu_index}"
+            gpu = res.gpu_index
         if res.threads is not None and cuda.set_threads is not None:
             cuda.set_threads(res.threads)
-    values = {key: int(res.values[key]) for key in
-              ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+    launch = Launch.resolved(res, gpu)
     folder = user_folder(env)
     apply_defaults(env, folder)
-    if own and enable_dump_on_signal(folder, values["RANK"]) is None and not quiet:
+    if own and enable_dump_on_signal(folder, launch.rank) is None and not quiet:
         warn("launch", f"no stack dumps on SIGUSR1: {folder} cannot be written")
-    return Launch(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"],
-                  values["LOCAL_WORLD_SIZE"], values["NODE_RANK"], device,
-                  res.gpu_index if device != "cpu" else None, res.layout, res.cpus or 1)
+    return launch

@@ -131,8 +131,12 @@ def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: floa
 class Trainer:
     def __init__(self, cfg: TrainConfig, info: DistInfo, state: TrainState, data,
                  precision: str, hooks: Hooks | None = None, activity: Activity | None = None):
-        self.cfg, self.info, self.state, self.data = cfg, info, state, data
-        self.precision, self.hooks = precision, hooks or Hooks()
+        self.cfg = cfg
+        self.info = info
+        self.state = state
+        self.data = data
+        self.precision = precision
+        self.hooks = hooks or Hooks()
         # Where the loop is, for the stall watchdog: plain attribute writes, nothing more.
         self.activity = activity or Activity(state.step)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
@@ -174,9 +178,12 @@ class Trainer:
         state.model.train()
         progress = Progress(len(self.data.train), f"epoch {epoch + 1}", self.info.is_main)
         loss_sum = torch.zeros((), device=device)
-        steps, timed_images, first_step_s = 0, 0, None
+        steps = 0
+        timed_images = 0
+        first_step_s = None
         t_epoch = t_window = time.perf_counter()
-        self.activity.phase, fetching = DATA, time.perf_counter()
+        self.activity.phase = DATA
+        fetching = time.perf_counter()
         for batch, (images, labels) in enumerate(self.data.train.batches(epoch, start_batch),
                                                   start=start_batch + 1):
             if self.done_stepping():
@@ -201,7 +208,8 @@ class Trainer:
             else:
                 timed_images += len(labels)
             progress.update(batch)
-            self.activity.phase, fetching = DATA, time.perf_counter()
+            self.activity.phase = DATA
+            fetching = time.perf_counter()
         self.activity.phase = COLLECTIVE
         sync(device)
         progress.close()
@@ -253,7 +261,10 @@ class Trainer:
         partway is evaluated and recorded, but stays unfinished: its checkpoint holds the
         position within it, and its accuracy is not one of the epochs' accuracies."""
         cfg, state = self.cfg.training, self.state
-        timed_images, timed_seconds, first_step_s, stopped_early = 0, 0.0, None, False
+        timed_images = 0
+        timed_seconds = 0.0
+        first_step_s = None
+        stopped_early = False
         final = None  # the accuracy of the model as it is now, once evaluated
         while state.epoch < cfg.epochs and not self.done_stepping():
             stats = self.train_epoch(state.epoch, state.batch)
