@@ -81,3 +81,16 @@ def test_sigterm_in_a_slurm_job_without_a_job_script_waits_for_slurm(tmp_path):
     assert proc.poll() is None
     proc.kill()
     proc.communicate()
+
+
+def test_a_stack_dump_asked_for_during_start_up_kills_nothing(tmp_path):
+    """`scancel --signal=USR1` (docs/hangs.md) on a job still starting: train's dump
+    handler is not set yet, and SIGUSR1's default action would end the rank."""
+    proc, _ = start_rank_0_alone(tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(3)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert alive, err
+    assert proc.returncode == 75, err

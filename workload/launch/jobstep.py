@@ -40,6 +40,10 @@ TRAIN_SETTINGS = ("--batch-size", "256", "--epochs", "100", "--base-lr", "0.01",
 # torchrun dies of USR2 unless told to handle it; then it passes it on to its workers,
 # which checkpoint (jobs/lib/requeue.sh, train, workload.launch.preemption).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+# `scancel --signal=USR1` (docs/hangs.md) reaches every process of the step; train dumps
+# its stacks, torchrun dies of it and stops its workers on any signal it handles. So the
+# step starts with USR1 ignored, which exec and fork pass on; train's handler replaces it.
+IGNORE_USR1 = ["bash", "-c", 'trap "" USR1 && exec "$@"', "ignore-usr1"]
 # What a docker container needs from the task (apptainer passes the environment on).
 # `docker run -e NAME` takes NAME's value from the docker client: the task's own value.
 DOCKER_PASSES = (
@@ -51,8 +55,7 @@ DOCKER_PASSES = (
     "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
     "TRAIN_REQUEUE_FILE")
 # The option each runtime mounts DATA_DIR (and the job's folder) with, and the characters
-# it splits a mount on (apptainer's --bind src[:dest[:opts]][,...], docker's -v src:dest,
-# pyxis's --container-mounts src[:dest[:flags]][,...]).
+# it splits mounts on (--bind src[:dest[:opts]][,...], -v src:dest, the same for pyxis).
 MOUNT_SYNTAX = {"apptainer": ("--bind", ",:"), "docker": ("-v", ":"),
                 "pyxis": ("--container-mounts", ",:")}
 PRESET_EXPORT = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", re.M)
@@ -73,22 +76,19 @@ def shown(value):
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def count(env, name, default, what, fix):
-    """NAME as a whole number from 1 to 99999 (SLURM's node and CPU counts)."""
-    value = setting(env, name, default)
+def whole(name, value, what, fix=""):
+    """VALUE of NAME as a whole number from 1 to 99999 (a node, CPU or GPU count)."""
     if not re.fullmatch(r"[1-9][0-9]{0,4}", value):
-        raise JobError("{}={}: expected a whole number of {}, such as 4; {}"
+        raise JobError("{}={}: expected a whole number of {}, such as 4{}"
                        .format(name, shown(value), what, fix))
     return int(value)
 
 
 def plain_path(name, value, runtime=None):
-    """VALUE of the path setting NAME, refused where the option syntax it goes into would
-    read it as something else: a leading '-' as an option; for a folder RUNTIME mounts,
-    ',' and ':' as the start of another mount or field."""
+    """VALUE of the path setting NAME, refused where its command would misread it: a
+    leading '-' as an option; ',' and ':' where RUNTIME mounts it, as another mount."""
     if re.search(r"[\x00-\x1f\x7f]", value):
-        raise JobError("{}={}: holds a control character (a newline?); name the path "
-                       "without one".format(name, shown(value)))
+        raise JobError("{}={}: holds a control character; remove it".format(name, shown(value)))
     option, separators = MOUNT_SYNTAX.get(runtime, ("", ""))
     bad = [repr(char) for char in separators if char in value]
     if bad:
@@ -115,11 +115,7 @@ def folders(env, runtime=None):
 def gpus_per_node(env):
     """GPUS_PER_NODE, else the job's --gpus-per-node (a typed `h100:4` gives 4), else 1."""
     value = setting(env, "GPUS_PER_NODE", setting(env, "SLURM_GPUS_PER_NODE", "1"))
-    value = value.rsplit(":", 1)[-1]
-    if not re.fullmatch(r"[1-9][0-9]{0,3}", value):
-        raise JobError("GPUS_PER_NODE={}: expected a whole number of GPUs, such as 4"
-                       .format(shown(value)))
-    return int(value)
+    return whole("GPUS_PER_NODE", value.rsplit(":", 1)[-1], "GPUs")
 
 
 def check_one_task_per_node(env):
@@ -137,8 +133,7 @@ def preset_names(env, jobs_dir):
         return []
     path = os.path.join(jobs_dir, "presets", preset + ".sh")
     try:
-        # The names are ASCII; the shell that sourced the file took any other byte as is.
-        with open(path, encoding="utf-8", errors="replace") as file:
+        with open(path, encoding="utf-8", errors="replace") as file:  # names are ASCII
             return PRESET_EXPORT.findall(file.read())
     except OSError as error:
         raise JobError("PRESET={}: cannot read {} ({}); choose one of jobs/presets"
@@ -185,9 +180,11 @@ def task_shape(env, layout, gpus):
     """srun's task options for LAYOUT on whole nodes: --kill-on-bad-exit=1 so one failed
     rank ends the step; --cpus-per-task given explicitly, as Slurm 22.05-23.02 srun does
     not inherit it from sbatch."""
-    nodes = count(env, "SLURM_NNODES", "1", "nodes", "sbatch sets it from --nodes")
-    node_cpus = setting(env, "SLURM_CPUS_PER_TASK") and count(
-        env, "SLURM_CPUS_PER_TASK", "", "CPUs", "sbatch sets it from --cpus-per-task")
+    nodes = whole("SLURM_NNODES", setting(env, "SLURM_NNODES", "1"), "nodes",
+                  "; sbatch sets it from --nodes")
+    node_cpus = setting(env, "SLURM_CPUS_PER_TASK")
+    node_cpus = node_cpus and whole("SLURM_CPUS_PER_TASK", node_cpus, "CPUs",
+                                    "; sbatch sets it from --cpus-per-task")
     if layout == "torchrun":
         shape = ["--ntasks={}".format(nodes), "--ntasks-per-node=1"]
         return shape + (["--cpus-per-task={}".format(node_cpus)] if node_cpus else [])
@@ -202,9 +199,8 @@ def task_shape(env, layout, gpus):
 
 
 def check_command(layout, in_image):
-    if layout == "torchrun":
-        return in_image + ["python", "-m", "workload.launch", "check", "--command", "torchrun"]
-    return in_image + ["python", "-m", "workload.launch", "check"]
+    torchrun = ["--command", "torchrun"] if layout == "torchrun" else []
+    return in_image + ["python", "-m", "workload.launch", "check"] + torchrun
 
 
 def run_id(env):
@@ -250,6 +246,8 @@ def step_command(env, jobs_dir, what, args):
     names = preset_names(env, jobs_dir)
     in_step, in_image, via_entrypoint = runtime_commands(env, jobs_dir,
                                                          list(DOCKER_PASSES) + names)
+    via_entrypoint[len(in_image):len(in_image)] = IGNORE_USR1  # the image's command starts
+    in_image = in_image + IGNORE_USR1  # with USR1 ignored
     torchrun = ["torchrun", "--nproc-per-node={}".format(gpus), TORCHRUN_SIGNALS]
     if what == "train":
         train = train_command(env, args)

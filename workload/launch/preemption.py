@@ -66,6 +66,13 @@ class PreemptionFlag:
             self._previous[number] = signal.signal(number, self._handle)
         return self
 
+    def ignore(self, name: str) -> PreemptionFlag:
+        """Ignore SIG<name> until uninstall(): the stack-dump signal until its handler is
+        set (docs/hangs.md), so that a dump asked for during start-up kills nothing."""
+        number = getattr(signal, "SIG" + name)
+        self._previous.setdefault(number, signal.signal(number, signal.SIG_IGN))
+        return self
+
     def uninstall(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
