@@ -433,3 +433,11 @@ def test_a_preset_with_a_byte_that_is_not_utf8_is_read(stubs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "preset latin1: NCCL_DEBUG=WARN" in done.stderr
     assert call["env"]["NCCL_DEBUG"] == "WARN"
+
+
+@pytest.mark.parametrize("preset", ["../lib/requeue", "/etc/profile", "-x", "a b"])
+def test_a_preset_is_a_name_in_the_presets_folder_not_a_path(stubs, preset):
+    """launch.sh sources presets/$PRESET.sh: a path would source another file."""
+    done, calls = launch(stubs, PRESET=preset)
+    assert "expected a file name in jobs/presets" in done.stderr, done.stderr
+    assert done.returncode == 2 and calls == []
