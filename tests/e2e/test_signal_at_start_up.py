@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,18 +33,22 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def start_rank_0_alone(tmp_path, **env: str) -> tuple[subprocess.Popen, int]:
+TRAIN = [sys.executable, "-m", "workload.train", *TINY, "--dataset", "synthetic",
+         "--synthetic-size", "64", "--max-steps", "1", "--dist-start-timeout", str(WAIT_S),
+         "--dist-timeout", "30"]
+
+
+def start_rank_0_alone(tmp_path, command=TRAIN, **env: str) -> tuple[subprocess.Popen, int]:
     """Rank 0 of 2, whose peer never comes: it waits in the rendezvous (its store's port
     is open once it does)."""
     port = free_port()
     env = {**clean_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            **env}
-    proc = subprocess.Popen([sys.executable, "-m", "workload.train", *TINY, "--dataset",
-                             "synthetic", "--synthetic-size", "64", "--max-steps", "1",
-                             "--dist-start-timeout", str(WAIT_S), "--dist-timeout", "30",
-                             "--output-dir", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if command is TRAIN:
+        command = [*TRAIN, "--output-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     deadline = time.monotonic() + 120
     while not listening(port):
         assert proc.poll() is None, proc.communicate()
@@ -94,3 +99,19 @@ def test_a_stack_dump_asked_for_during_start_up_kills_nothing(tmp_path):
     _, err = proc.communicate(timeout=20)
     assert alive, err
     assert proc.returncode == 75, err
+
+
+def test_ctrl_c_during_the_rendezvous_ends_bench_with_130(tmp_path):
+    """bench has no preemption handling: Python's own Ctrl-C, which cannot run in C++."""
+    bench = [str(Path(sys.executable).parent / "bench"), "train", "--device", "cpu",
+             "--dataset", "synthetic", "--model", "wrn", "--width", "8", "--blocks-per-stage",
+             "1", "--image-size", "16", "--dist-timeout", str(WAIT_S)]
+    proc, _ = start_rank_0_alone(tmp_path, bench)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "SIGINT while waiting for the other ranks at start-up (rank 0 of 2): exiting " \
+           "with status 130" in err, err
