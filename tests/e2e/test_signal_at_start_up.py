@@ -7,7 +7,6 @@ status 2. tests/e2e/test_preemption_slurm.py does the same under SLURM."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,22 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, clean_env
+from tests.helpers import TINY, clean_env, free_port, listening
 
 pytestmark = pytest.mark.slow
 
 WAIT_S = 120  # --dist-start-timeout: far longer than the test lets the rank wait
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 TRAIN = [sys.executable, "-m", "workload.train", *TINY, "--dataset", "synthetic",

@@ -7,14 +7,13 @@ tests/e2e/test_signal_at_start_up.py holds the same outside SLURM."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENDED_STATES, TINY, job_field, sbatch, wait_for
+from tests.helpers import ENDED_STATES, TINY, free_port, job_field, listening, sbatch, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -33,17 +32,6 @@ echo "srun ended with status $?"
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("nid001", port)) == 0
-
-
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_a_signal_during_the_rendezvous_ends_the_rank_at_once(slurm_cluster, tmp_path, name):
     port, requeue = free_port(), tmp_path / ".requeue"
@@ -54,7 +42,7 @@ def test_a_signal_during_the_rendezvous_ends_the_rank_at_once(slurm_cluster, tmp
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     job = sbatch(slurm_cluster, ["--nodelist=nid001", f"--output={log}", str(script)],
                  env=env, cwd=tmp_path)
-    wait_for(lambda: listening(port), "rank 0 to wait in the rendezvous", log)
+    wait_for(lambda: listening(port, "nid001"), "rank 0 to wait in the rendezvous", log)
     time.sleep(1)
 
     sent = time.monotonic()
