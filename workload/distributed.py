@@ -23,6 +23,7 @@ from torch import nn
 
 from workload.errors import UsageError
 from workload.launch import Launch, LaunchError, Resolution, resolve
+from workload.launch.preemption import signals_end_the_wait
 from workload.logs import warn
 
 
@@ -121,7 +122,8 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
 def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> None:
     """init_process_group; a rendezvous that cannot form is one line naming the address
     and the fix (an occupied port, a rank that never came), not torch's traceback."""
-    with _held_stderr() as held:
+    with _held_stderr() as held, signals_end_the_wait(
+            f"the other ranks at start-up (rank {rank} of {world_size})", held.stderr):
         try:
             timeout = timedelta(seconds=timeout_s)
             dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),
@@ -133,7 +135,7 @@ def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> No
 
 
 class _Held:
-    failed = False
+    failed, stderr = False, 2  # stderr: the descriptor of the real one while it is held
 
 
 @contextmanager
@@ -143,6 +145,7 @@ def _held_stderr():
     TORCH_DISTRIBUTED_DEBUG set), dropped after a failure, whose one line says it all."""
     sys.stderr.flush()
     saved, held = os.dup(2), _Held()
+    held.stderr = saved
     with tempfile.TemporaryFile() as log:
         os.dup2(log.fileno(), 2)
         try:

@@ -83,6 +83,8 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     # Installed first, so a preemption signal during start-up is not fatal either. Ctrl-C
     # (SIGINT) is a preemption too: a checkpoint, then the requeue status; twice: stop now.
     flag = PreemptionFlag().install(("TERM", "INT", cfg.checkpoint.preempt_signal))
+    if cfg.checkpoint.preempt_signal != "USR1":
+        flag.ignore("USR1")  # until the run's stack dump takes it over (training/run.py)
     try:
         return run(cfg, flag)
     except Preempted as stop:

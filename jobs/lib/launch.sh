@@ -47,6 +47,11 @@ jobs_dir() {
 load_preset() {
   [[ -z ${PRESET:-} ]] && return 0
   local file
+  if [[ ! ${PRESET} =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]]; then  # a name, not a path
+    job_err "PRESET=${PRESET@Q}: expected a file name in jobs/presets without .sh; choose one" \
+      "of: $(ls "$(jobs_dir)/presets")"
+    exit 2
+  fi
   file="$(jobs_dir)/presets/${PRESET}.sh"
   if [[ ! -f ${file} ]]; then
     job_err "PRESET=${PRESET}: no ${file}; choose one of: $(ls "$(jobs_dir)/presets")"

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, clean_env, write_cifar100, write_image_folder
+from tests.helpers import TINY, clean_env, free_port, write_cifar100, write_image_folder
 from workload.train import main as train_main
 
 
@@ -112,14 +112,6 @@ def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
     train_main([*argv[:-1], str(allowed), "--allow-nonfinite-loss", "--epochs", "1"])
     summary = (allowed / "summary.json").read_text()
     assert "NaN" not in summary and "Infinity" not in summary  # strict JSON: null
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:

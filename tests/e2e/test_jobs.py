@@ -32,7 +32,11 @@ TRAIN_SCRIPTS = [path for path in SCRIPTS if path != OWN_SCRIPT]
 TRAIN = ["train", "--dataset", "cifar100", "--data-dir", "/data", "--batch-size", "256",
          "--epochs", "100", "--base-lr", "0.01", "--target-accuracy", "0.95", "--patience",
          "2", "--output-dir", "runs/77"]
-APPTAINER = ["apptainer", "exec", "--nv", "--bind", "/data", "/images/hpc-train.sif"]
+# The step's command starts with SIGUSR1 ignored (docs/hangs.md: the on-demand stack dump
+# must not kill torchrun, nor any process of the step before train's handler is there).
+IGNORE_USR1 = ["bash", "-c", 'trap "" USR1 && exec "$@"', "ignore-usr1"]
+APPTAINER = ["apptainer", "exec", "--nv", "--bind", "/data", "/images/hpc-train.sif",
+             *IGNORE_USR1]
 SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
 # Records its arguments and a few variables, then exits with STUB_STATUS.
@@ -223,7 +227,7 @@ def test_docker_passes_the_task_variables_and_the_presets(stubs):
     assert {"SLURM_PROCID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
             "TRAIN_REQUEUE_FILE", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG"} <= passed
     assert docker[:3] == ["docker", "run", "--rm"] and "--network" in docker
-    assert argv[argv.index("hpc-train:latest") + 1:] == TRAIN
+    assert argv[argv.index("hpc-train:latest") + 1:] == [*IGNORE_USR1, *TRAIN]
     # The preset's exports reach srun, which passes them to the tasks.
     assert call["env"]["NCCL_DEBUG"] == "INFO"
 
@@ -231,16 +235,16 @@ def test_docker_passes_the_task_variables_and_the_presets(stubs):
 def test_docker_torchrun_uses_the_image_entrypoint(stubs):
     _, [call] = launch(stubs, RUNTIME="docker", IMAGE="img", LAYOUT="torchrun")
     argv = call["argv"]
-    assert argv[argv.index("img") + 1:argv.index("img") + 3] == ["torchrun",
-                                                                "--nproc-per-node=4"]
+    start = argv.index("img") + 1 + len(IGNORE_USR1)
+    assert argv[start:start + 2] == ["torchrun", "--nproc-per-node=4"]
 
 
 def test_runtime_none_runs_on_the_host(stubs):
     _, [call] = launch(stubs, RUNTIME="none")
-    assert call["argv"][4:] == TRAIN
+    assert call["argv"][4:] == [*IGNORE_USR1, *TRAIN]
     _, calls = launch(stubs, RUNTIME="none", LAYOUT="torchrun")
-    entrypoint = Path(calls[-1]["argv"][4])
-    assert entrypoint.resolve() == REPO / "entrypoint.sh" and calls[-1]["argv"][5] == "torchrun"
+    command = calls[-1]["argv"][4 + len(IGNORE_USR1):]
+    assert Path(command[0]).resolve() == REPO / "entrypoint.sh" and command[1] == "torchrun"
 
 
 def test_entrypoint_setting(stubs):
@@ -351,3 +355,89 @@ def test_a_copied_jobs_folder_runs_on_a_host_without_the_package(stubs, tmp_path
     [call] = srun_calls(stubs)
     assert call["argv"] == ["--kill-on-bad-exit=1", "--ntasks=8", "--ntasks-per-node=4",
                             "--cpus-per-task=18", *APPTAINER, *TRAIN, "--epochs", "5"]
+
+
+# Hostile and odd settings: one line naming the setting and the fix, before srun ----------
+
+def one_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("job: "), done.stderr[-2000:]
+    assert len(lines[0]) < 600, "the value is shown shortened"
+    return lines[0]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"SLURM_NNODES": "abc"}, "SLURM_NNODES=abc: expected a whole number of nodes"),
+    ({"SLURM_NNODES": "9" * 5000}, "SLURM_NNODES=999"),
+    ({"SLURM_NNODES": "-3"}, "SLURM_NNODES=-3: expected a whole number of nodes"),
+    ({"SLURM_NNODES": "0"}, "SLURM_NNODES=0: expected a whole number of nodes"),
+    ({"SLURM_CPUS_PER_TASK": "abc"}, "SLURM_CPUS_PER_TASK=abc: expected a whole number of"),
+    ({"SLURM_CPUS_PER_TASK": "abc", "LAYOUT": "torchrun"}, "SLURM_CPUS_PER_TASK=abc"),
+    ({"GPUS_PER_NODE": "7" * 5000}, "GPUS_PER_NODE=777"),
+    # A path in option syntax: a second pyxis mount, docker's -v fields, a runtime option.
+    ({"RUNTIME": "pyxis", "DATA_DIR": "/data,/etc"}, "DATA_DIR=/data,/etc: holds ','"),
+    ({"RUNTIME": "pyxis", "DATA_DIR": "/data:/x"}, "pyxis's --container-mounts"),
+    ({"RUNTIME": "docker", "DATA_DIR": "/a:b"}, "DATA_DIR=/a:b: holds ':', which docker's -v"),
+    ({"DATA_DIR": "/a,b"}, "apptainer's --bind reads as a separator"),
+    ({"DATA_DIR": "/a\nb"}, "DATA_DIR=/a\\nb: holds a control character"),
+    ({"IMAGE": "--writable"}, "IMAGE=--writable: starts with '-'"),
+    ({"RUNTIME": "docker", "IMAGE": "-v/:/host"}, "IMAGE=-v/:/host: starts with '-'"),
+    ({"RUNTIME": "pyxis", "ENTRYPOINT": "--pty"}, "ENTRYPOINT=--pty: starts with '-'"),
+    ({"LAYOUT": "x\x1b[2J"}, "LAYOUT=x\\x1b[2J: expected per-task or torchrun"),
+])
+def test_hostile_settings_are_one_line_before_srun(stubs, settings, message):
+    done, calls = launch(stubs, **settings)
+    assert message in one_line(done)
+    assert calls == []
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"SCRIPT": "-c", "FORM": "no-entrypoint"}, "SCRIPT=-c: starts with '-'"),
+    ({"SCRIPT": "--nnodes=9", "FORM": "torchrun"}, "SCRIPT=--nnodes=9: starts with '-'"),
+    ({"SCRIPT": "x.py", "PYTHON": "-i"}, "PYTHON=-i: starts with '-'"),
+])
+def test_own_script_settings_that_read_as_options_are_refused(stubs, settings, message):
+    done, calls = launch(stubs, function="launch_script", **settings)
+    assert message in one_line(done)
+    assert calls == []
+
+
+def test_a_folder_with_a_comma_is_refused_where_it_would_be_mounted(stubs):
+    """The job's folder is mounted by docker and pyxis: a ',' there splits the mount."""
+    folder = stubs.parent / "a,b"
+    folder.mkdir()
+    script = f'set -Eeuo pipefail; source "{LAUNCH_SH}"; launch_train'
+    done = run_bash(script, base_env(stubs, RUNTIME="pyxis", IMAGE="img.sqsh"), folder)
+    assert f"PWD={folder}: holds ','" in one_line(done)
+    done = run_bash(script, base_env(stubs), folder)  # apptainer binds it by itself
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_relative_data_dir_is_mounted_at_its_absolute_path(stubs):
+    """docker -v takes a relative source for a volume's name, not a folder."""
+    done, [call] = launch(stubs, RUNTIME="docker", IMAGE="img", DATA_DIR="mydata")
+    assert done.returncode == 0, done.stderr
+    data = str(stubs.parent / "mydata")
+    assert f"{data}:{data}" in call["argv"]
+    assert call["argv"][call["argv"].index("--data-dir") + 1] == data
+
+
+def test_a_preset_with_a_byte_that_is_not_utf8_is_read(stubs, tmp_path):
+    """The shell sources a preset whatever its bytes; its exports are still found."""
+    dest = tmp_path / "copied" / "jobs"
+    subprocess.run([sys.executable, "-m", "workload.launch", "jobs", str(dest)], check=True,
+                   capture_output=True, cwd=REPO)
+    (dest / "presets" / "latin1.sh").write_bytes(b"# caf\xe9\nexport NCCL_DEBUG=WARN\n")
+    done, [call] = launch(stubs, JOBS_DIR=str(dest), PRESET="latin1")
+    assert done.returncode == 0, done.stderr
+    assert "preset latin1: NCCL_DEBUG=WARN" in done.stderr
+    assert call["env"]["NCCL_DEBUG"] == "WARN"
+
+
+@pytest.mark.parametrize("preset", ["../lib/requeue", "/etc/profile", "-x", "a b"])
+def test_a_preset_is_a_name_in_the_presets_folder_not_a_path(stubs, preset):
+    """launch.sh sources presets/$PRESET.sh: a path would source another file."""
+    done, calls = launch(stubs, PRESET=preset)
+    assert "expected a file name in jobs/presets" in done.stderr, done.stderr
+    assert done.returncode == 2 and calls == []

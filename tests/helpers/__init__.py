@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import re
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -77,6 +78,19 @@ def pickles_and_zips(folder: Path) -> list[str]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def free_port() -> int:
+    """A port the kernel reports free right now (for a rendezvous of this test's own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections there (a rank 0 waiting in its rendezvous)."""
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
 
 
 def clean_env() -> dict[str, str]:

@@ -163,13 +163,15 @@ def flight_recorder_lines(command: str | None) -> str:
     torchrun (its workers do: train, or a script through setup())."""
     if Path(command or "").name in OWN_COMMANDS or is_torchrun(command):
         return ""
-    folder = user_folder(os.environ)
-    added = apply_defaults(dict(os.environ), folder)
-    lines = "".join(env_line(key, value) + "\n" for key, value in added.items())
     try:  # torch writes its dump there but does not create the folder
+        folder = user_folder(os.environ)  # in the working folder, which may be gone
+        added = apply_defaults(dict(os.environ), folder)
+        # Checked before the folder is made: a value that cannot be one line stops here.
+        lines = "".join(env_line(key, value) + "\n" for key, value in added.items())
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        warn("launch", f"no flight recorder dumps: cannot create {folder} ({exc})")
+        warn("launch", f"no flight recorder dumps: cannot create "
+             f"{exc.filename or 'diagnostics in the working folder'} ({exc.strerror})")
         return ""
     return lines
 
@@ -191,6 +193,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    if not args.dest:  # Path("") is the working folder: the files would mix with its own
+        raise LaunchError("DEST", "", "a folder for the job scripts", "name one, e.g. ./jobs")
     files = copy_jobs(Path(args.dest), force=args.force)
     print(f"copied {len(files)} files from {find_jobs()} to {args.dest}; submit with:")
     print(f"  {submit_command(Path(args.dest))}")
@@ -206,7 +210,8 @@ def cmd_nccl(args: argparse.Namespace) -> int:
 def nccl_version(text: str) -> nccl.Version:
     version = nccl.parse(text)
     if version is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected X.Y.Z, e.g. 2.27.7")
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown!r}: expected X.Y.Z, e.g. 2.27.7")
     return version
 
 

@@ -35,6 +35,10 @@ def candidates() -> list[Path]:
 
 
 def find_jobs() -> Path:
+    override = os.environ.get(JOBS_ENV)
+    if override and not (Path(override) / MARKER).is_file():  # set, so meant: never skipped
+        raise LaunchError(JOBS_ENV, override, f"a jobs/ folder (one with {MARKER})",
+                          f"point {JOBS_ENV} at the jobs/ folder of a checkout, or unset it")
     for folder in candidates():
         if (folder / MARKER).is_file():
             return folder
@@ -45,18 +49,25 @@ def find_jobs() -> Path:
 
 def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
     """Copy jobs/ to `dest`, with jobstep.py in its lib/ (the batch host runs it there,
-    without this package); existing files are kept unless `force`. Returns the files."""
+    without this package); existing files are kept unless `force`, and a link in the way
+    is replaced, never written through. Returns the files."""
     source = find_jobs()
     copies = {dest / path.relative_to(source): path
               for path in sorted(source.rglob("*")) if path.is_file()}
     copies[dest / JOBSTEP_COPY] = Path(__file__).with_name("jobstep.py")
-    clashes = [target for target in copies if target.exists()]
+    clashes = [target for target in copies if target.exists() or target.is_symlink()]
     if clashes and not force:
         raise LaunchError("DEST", str(dest), f"a folder without the job scripts (it already "
                           f"has {clashes[0]})", "pass --force to overwrite, or another DEST")
-    for target, path in copies.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+    try:
+        for target, path in copies.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_symlink():
+                target.unlink()
+            shutil.copy2(path, target)
+    except OSError as error:
+        raise LaunchError("DEST", str(dest), "a folder this user can create and write "
+                          f"({error.strerror}: {error.filename})", "name another DEST") from None
     return list(copies)
 
 

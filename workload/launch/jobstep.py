@@ -40,6 +40,10 @@ TRAIN_SETTINGS = ("--batch-size", "256", "--epochs", "100", "--base-lr", "0.01",
 # torchrun dies of USR2 unless told to handle it; then it passes it on to its workers,
 # which checkpoint (jobs/lib/requeue.sh, train, workload.launch.preemption).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+# `scancel --signal=USR1` (docs/hangs.md) reaches every process of the step; train dumps
+# its stacks, torchrun dies of it and stops its workers on any signal it handles. So the
+# step starts with USR1 ignored, which exec and fork pass on; train's handler replaces it.
+IGNORE_USR1 = ["bash", "-c", 'trap "" USR1 && exec "$@"', "ignore-usr1"]
 # What a docker container needs from the task (apptainer passes the environment on).
 # `docker run -e NAME` takes NAME's value from the docker client: the task's own value.
 DOCKER_PASSES = (
@@ -50,6 +54,10 @@ DOCKER_PASSES = (
     "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST_HET_GROUP_0",
     "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
     "TRAIN_REQUEUE_FILE")
+# The option each runtime mounts DATA_DIR (and the job's folder) with, and the characters
+# it splits mounts on (--bind src[:dest[:opts]][,...], -v src:dest, the same for pyxis).
+MOUNT_SYNTAX = {"apptainer": ("--bind", ",:"), "docker": ("-v", ":"),
+                "pyxis": ("--container-mounts", ",:")}
 PRESET_EXPORT = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", re.M)
 
 
@@ -62,14 +70,52 @@ def setting(env, name, default=""):
     return env.get(name) or default
 
 
+def shown(value):
+    """A value as an error line shows it: escaped, and cut short if long."""
+    text = repr(value)[1:-1]
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def whole(name, value, what, fix=""):
+    """VALUE of NAME as a whole number from 1 to 99999 (a node, CPU or GPU count)."""
+    if not re.fullmatch(r"[1-9][0-9]{0,4}", value):
+        raise JobError("{}={}: expected a whole number of {}, such as 4{}"
+                       .format(name, shown(value), what, fix))
+    return int(value)
+
+
+def plain_path(name, value, runtime=None):
+    """VALUE of the path setting NAME, refused where its command would misread it: a
+    leading '-' as an option; ',' and ':' where RUNTIME mounts it, as another mount."""
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise JobError("{}={}: holds a control character; remove it".format(name, shown(value)))
+    option, separators = MOUNT_SYNTAX.get(runtime, ("", ""))
+    bad = [repr(char) for char in separators if char in value]
+    if bad:
+        raise JobError("{}={}: holds {}, which {}'s {} reads as a separator between "
+                       "mounts or fields; use a path without {} (a link to it will do)"
+                       .format(name, shown(value), " and ".join(bad), runtime, option,
+                               " or ".join(repr(char) for char in separators)))
+    if value.startswith("-"):
+        raise JobError("{}={}: starts with '-', which the command it goes into reads as "
+                       "an option; name it by a path such as ./{}"
+                       .format(name, shown(value), shown(value)))
+    return value
+
+
+def folders(env, runtime=None):
+    """(cwd, DATA_DIR) as the step sees them: DATA_DIR made absolute, as the runtimes
+    mount it at the same path (docker would take a relative one for a volume's name)."""
+    cwd = plain_path("PWD", setting(env, "PWD", os.getcwd()),
+                     runtime if runtime in ("docker", "pyxis") else None)
+    data_dir = os.path.join(cwd, setting(env, "DATA_DIR", "data"))
+    return cwd, plain_path("DATA_DIR", os.path.normpath(data_dir), runtime)
+
+
 def gpus_per_node(env):
     """GPUS_PER_NODE, else the job's --gpus-per-node (a typed `h100:4` gives 4), else 1."""
     value = setting(env, "GPUS_PER_NODE", setting(env, "SLURM_GPUS_PER_NODE", "1"))
-    value = value.rsplit(":", 1)[-1]
-    if not re.fullmatch(r"[1-9][0-9]{0,3}", value):
-        raise JobError("GPUS_PER_NODE={}: expected a whole number of GPUs, such as 4"
-                       .format(value))
-    return int(value)
+    return whole("GPUS_PER_NODE", value.rsplit(":", 1)[-1], "GPUs")
 
 
 def check_one_task_per_node(env):
@@ -77,7 +123,7 @@ def check_one_task_per_node(env):
     if tasks != "1":
         raise JobError("--ntasks-per-node={}: the job scripts allocate one task per node and "
                        "start GPUS_PER_NODE processes per node themselves; set "
-                       "--gpus-per-node (or GPUS_PER_NODE) instead".format(tasks))
+                       "--gpus-per-node (or GPUS_PER_NODE) instead".format(shown(tasks)))
 
 
 def preset_names(env, jobs_dir):
@@ -86,8 +132,12 @@ def preset_names(env, jobs_dir):
     if not preset:
         return []
     path = os.path.join(jobs_dir, "presets", preset + ".sh")
-    with open(path, encoding="utf-8") as file:
-        return PRESET_EXPORT.findall(file.read())
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:  # names are ASCII
+            return PRESET_EXPORT.findall(file.read())
+    except OSError as error:
+        raise JobError("PRESET={}: cannot read {} ({}); choose one of jobs/presets"
+                       .format(shown(preset), path, error.strerror)) from None
 
 
 def runtime_commands(env, jobs_dir, names):
@@ -95,10 +145,12 @@ def runtime_commands(env, jobs_dir, names):
     a container; how a task runs a command in the image as it is (train resolves SLURM by
     itself); how it runs one through entrypoint.sh (torchrun, a user's script)."""
     runtime = setting(env, "RUNTIME", "apptainer")
-    cwd = setting(env, "PWD", os.getcwd())
-    data_dir = setting(env, "DATA_DIR", os.path.join(cwd, "data"))
-    image = setting(env, "IMAGE", os.path.join(cwd, "hpc-train.sif"))
-    entrypoint = setting(env, "ENTRYPOINT", "entrypoint.sh")
+    if runtime not in RUNTIMES:
+        raise JobError("RUNTIME={}: expected {} or {}".format(
+            shown(runtime), ", ".join(RUNTIMES[:-1]), RUNTIMES[-1]))
+    cwd, data_dir = folders(env, runtime)
+    image = plain_path("IMAGE", setting(env, "IMAGE", os.path.join(cwd, "hpc-train.sif")))
+    entrypoint = plain_path("ENTRYPOINT", setting(env, "ENTRYPOINT", "entrypoint.sh"))
     if runtime == "apptainer":
         in_image = ["apptainer", "exec", "--nv", "--bind", data_dir, image]
         return [], in_image, in_image + [entrypoint]
@@ -117,39 +169,38 @@ def runtime_commands(env, jobs_dir, names):
         # folder (mounted at the same path) so relative paths stay on the host.
         return (["--container-image=" + image, "--container-mounts=" + cwd + "," + data_dir,
                  "--container-workdir=" + cwd], [], [entrypoint])
-    if runtime == "edf":
-        edf = setting(env, "EDF")
-        if not edf:
-            raise JobError("RUNTIME=edf needs EDF, e.g. EDF=$PWD/jobs/sites/cscs-alps.toml")
-        # The EDF names the image, the mounts and the working folder (and the NCCL hook).
-        return ["--environment=" + edf], [], [entrypoint]
-    raise JobError("RUNTIME={}: expected {} or {}".format(
-        runtime, ", ".join(RUNTIMES[:-1]), RUNTIMES[-1]))
+    edf = setting(env, "EDF")
+    if not edf:
+        raise JobError("RUNTIME=edf needs EDF, e.g. EDF=$PWD/jobs/sites/cscs-alps.toml")
+    # The EDF names the image, the mounts and the working folder (and the NCCL hook).
+    return ["--environment=" + plain_path("EDF", edf)], [], [entrypoint]
 
 
 def task_shape(env, layout, gpus):
     """srun's task options for LAYOUT on whole nodes: --kill-on-bad-exit=1 so one failed
     rank ends the step; --cpus-per-task given explicitly, as Slurm 22.05-23.02 srun does
     not inherit it from sbatch."""
-    nodes = int(setting(env, "SLURM_NNODES", "1"))
+    nodes = whole("SLURM_NNODES", setting(env, "SLURM_NNODES", "1"), "nodes",
+                  "; sbatch sets it from --nodes")
     node_cpus = setting(env, "SLURM_CPUS_PER_TASK")
+    node_cpus = node_cpus and whole("SLURM_CPUS_PER_TASK", node_cpus, "CPUs",
+                                    "; sbatch sets it from --cpus-per-task")
     if layout == "torchrun":
         shape = ["--ntasks={}".format(nodes), "--ntasks-per-node=1"]
-        return shape + (["--cpus-per-task=" + node_cpus] if node_cpus else [])
+        return shape + (["--cpus-per-task={}".format(node_cpus)] if node_cpus else [])
     shape = ["--ntasks={}".format(nodes * gpus), "--ntasks-per-node={}".format(gpus)]
     if not node_cpus:
         return shape
-    if int(node_cpus) < gpus:
+    if node_cpus < gpus:
         raise JobError("--cpus-per-task={} cannot be split among GPUS_PER_NODE={} tasks: ask "
                        "for at least one CPU per GPU (sbatch --cpus-per-task)"
                        .format(node_cpus, gpus))
-    return shape + ["--cpus-per-task={}".format(int(node_cpus) // gpus)]
+    return shape + ["--cpus-per-task={}".format(node_cpus // gpus)]
 
 
 def check_command(layout, in_image):
-    if layout == "torchrun":
-        return in_image + ["python", "-m", "workload.launch", "check", "--command", "torchrun"]
-    return in_image + ["python", "-m", "workload.launch", "check"]
+    torchrun = ["--command", "torchrun"] if layout == "torchrun" else []
+    return in_image + ["python", "-m", "workload.launch", "check"] + torchrun
 
 
 def run_id(env):
@@ -160,13 +211,12 @@ def run_id(env):
         raise JobError("SLURM_JOB_ID is not set: run the job scripts with sbatch")
     value = setting(env, "TRAIN_RUN_ID", job_id)
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
-        raise JobError("TRAIN_RUN_ID={}: expected a job id such as 12345".format(value))
+        raise JobError("TRAIN_RUN_ID={}: expected a job id such as 12345".format(shown(value)))
     return value
 
 
 def train_command(env, args):
-    cwd = setting(env, "PWD", os.getcwd())
-    data_dir = setting(env, "DATA_DIR", os.path.join(cwd, "data"))
+    data_dir = folders(env)[1]
     return (["train", "--dataset", "cifar100", "--data-dir", data_dir] + list(TRAIN_SETTINGS)
             + ["--output-dir", "runs/" + run_id(env)] + list(args))
 
@@ -179,11 +229,12 @@ def layout_of(env, what):
                            "SCRIPT=my_train.py sbatch jobs/own-script.sbatch")
         form = setting(env, "FORM", "per-task")
         if form not in FORM_LAYOUTS:
-            raise JobError("FORM={}: expected per-task, torchrun or no-entrypoint".format(form))
+            raise JobError("FORM={}: expected per-task, torchrun or no-entrypoint"
+                           .format(shown(form)))
         return FORM_LAYOUTS[form]
     layout = setting(env, "LAYOUT")  # its default is in jobs/lib/launch.sh
     if layout not in LAYOUTS:
-        raise JobError("LAYOUT={}: expected per-task or torchrun".format(layout))
+        raise JobError("LAYOUT={}: expected per-task or torchrun".format(shown(layout)))
     return layout
 
 
@@ -195,6 +246,8 @@ def step_command(env, jobs_dir, what, args):
     names = preset_names(env, jobs_dir)
     in_step, in_image, via_entrypoint = runtime_commands(env, jobs_dir,
                                                          list(DOCKER_PASSES) + names)
+    via_entrypoint[len(in_image):len(in_image)] = IGNORE_USR1  # the image's command starts
+    in_image = in_image + IGNORE_USR1  # with USR1 ignored
     torchrun = ["torchrun", "--nproc-per-node={}".format(gpus), TORCHRUN_SIGNALS]
     if what == "train":
         train = train_command(env, args)
@@ -210,7 +263,8 @@ def step_command(env, jobs_dir, what, args):
 def script_command(env, in_image, via_entrypoint, torchrun, args):
     """A user's SCRIPT in FORM: through entrypoint.sh (per-task), under torchrun, or as
     is when the script calls workload.launch.setup() itself (no-entrypoint)."""
-    script, python = setting(env, "SCRIPT"), setting(env, "PYTHON", "python")
+    script = plain_path("SCRIPT", setting(env, "SCRIPT"))
+    python = plain_path("PYTHON", setting(env, "PYTHON", "python"))
     form = setting(env, "FORM", "per-task")
     if form == "torchrun":
         return via_entrypoint + torchrun + [script] + list(args)

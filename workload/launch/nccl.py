@@ -42,7 +42,7 @@ TORCH_ASKS = ("import torch; v = torch.cuda.nccl.version(); "
 
 
 def parse(text: str) -> Version | None:
-    found = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)\s*", text)
+    found = re.fullmatch(r"\s*([0-9]{1,6})\.([0-9]{1,6})\.([0-9]{1,6})\s*", text)
     return tuple(int(part) for part in found.groups()) if found else None
 
 

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from workload.logs import say
@@ -63,6 +66,13 @@ class PreemptionFlag:
             self._previous[number] = signal.signal(number, self._handle)
         return self
 
+    def ignore(self, name: str) -> PreemptionFlag:
+        """Ignore SIG<name> until uninstall(): the stack-dump signal until its handler is
+        set (docs/hangs.md), so that a dump asked for during start-up kills nothing."""
+        number = getattr(signal, "SIG" + name)
+        self._previous.setdefault(number, signal.signal(number, signal.SIG_IGN))
+        return self
+
     def uninstall(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
@@ -77,14 +87,16 @@ class PreemptionFlag:
         return self.signal_name is not None
 
 
-def request_requeue(step: int, signal_name: str | None) -> None:
-    """Tell the batch shell (jobs/lib/requeue.sh) that this job wants a requeue."""
+def request_requeue(step: int | None, signal_name: str | None) -> None:
+    """Tell the batch shell (jobs/lib/requeue.sh) that this job wants a requeue (`step`
+    None: while the ranks met at start-up)."""
     path = os.environ.get(REQUEUE_FILE_ENV)
     if not path:
         return
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_text(f"preempted by {signal_name or 'a signal to another rank'} at step {step}\n")
+    when = "at start-up" if step is None else f"at step {step}"
+    tmp.write_text(f"preempted by {signal_name or 'a signal to another rank'} {when}\n")
     os.replace(tmp, target)  # atomic: several ranks may write it
 
 
@@ -113,3 +125,57 @@ def exit_for_requeue(step: int, signal_name: str | None = None) -> None:
     if slurm_will_requeue(signal_name):
         wait_for_slurm()
     raise SystemExit(REQUEUE_EXIT_STATUS)
+
+
+@contextmanager
+def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
+    """While the main thread waits in C++ for `what` (the ranks meeting at start-up, for up
+    to --dist-start-timeout), a Python signal handler cannot run: CPython only notes the
+    signal, and writes its number to the wakeup fd. A thread reading that fd acts on it
+    at once, by what the handler means: a preemption signal (PreemptionFlag) ends the
+    process with the requeue status, as nothing has been trained since the last
+    checkpoint (after SLURM's SIGTERM it waits, like a running job: see
+    wait_for_slurm); Python's own Ctrl-C with 130, as a shell reports it. Others wait."""
+    try:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: no handler of this process runs here
+        yield
+        return
+    watcher = threading.Thread(target=_end_on_signal, args=(read_fd, what, stderr_fd),
+                               name="signals-while-waiting", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # the watcher reads the end of the pipe and returns
+        watcher.join()
+        os.close(read_fd)
+
+
+def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
+    while number := os.read(read_fd, 1):
+        name = signal.Signals(number[0]).name
+        status = status_while_waiting(signal.getsignal(number[0]), name)
+        if status is None:
+            continue
+        action = ("nothing to save; exiting with status 75 so that the job is requeued"
+                  if status == REQUEUE_EXIT_STATUS else f"exiting with status {status}")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.write(stderr_fd, f"{name} while waiting for {what}: {action}\n".encode())
+        os._exit(status)
+
+
+def status_while_waiting(handler: object, signal_name: str) -> int | None:
+    """The exit status a signal means before anything trained (None: keep waiting)."""
+    if handler is signal.default_int_handler:
+        return 128 + signal.SIGINT
+    if not isinstance(getattr(handler, "__self__", None), PreemptionFlag):
+        return None  # a handler of the user's own: its meaning is not ours to guess
+    if slurm_will_requeue(signal_name):
+        return None
+    request_requeue(None, signal_name)
+    return REQUEUE_EXIT_STATUS

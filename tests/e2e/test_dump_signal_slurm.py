@@ -1,0 +1,63 @@
+"""docs/hangs.md's `scancel --signal=USR1 JOBID` on a live job of the job scripts, on the
+real private SLURM cluster, in both layouts: every rank appends its stacks to
+rank-<N>.txt and the job trains on to the end. SLURM signals every process of the step,
+torchrun included, which dies of SIGUSR1 unless it ignores it (and stops its workers for
+any signal it handles), so the job scripts start the step with SIGUSR1 ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, TINY, job_field, sbatch, wait_for, wait_until_ended
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 300  # seconds of training on the loaded 2-core machine: the signal lands mid-run
+ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "8192", "--image-size", "16",
+        "--num-classes", "4", "--batch-size", "8", "--epochs", "1", "--seed", "4",
+        "--precision", "fp32", "--checkpoint-every", "0", "--dist-timeout", "120",
+        "--max-steps", str(STEPS)]
+
+
+def heartbeat_step(folder: Path, rank: int) -> int:
+    try:
+        return json.loads((folder / f"heartbeat-{rank}.json").read_text()).get("step", 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def dumped(folder: Path, rank: int) -> bool:
+    path = folder / f"rank-{rank}.txt"
+    return path.exists() and "most recent call first" in path.read_text()
+
+
+@pytest.mark.parametrize("layout", ["per-task", "torchrun"])
+def test_usr1_dumps_every_rank_and_the_job_trains_on(slurm_cluster, tmp_path, layout):
+    text = (REPO / "jobs" / "multinode.sbatch").read_text()
+    body = "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("#SBATCH --gpus", "#SBATCH --cpus")))
+    script, log = tmp_path / "multinode.sbatch", tmp_path / "job.log"
+    script.write_text(body + "\n")
+    env = {**slurm_cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+           "GPUS_PER_NODE": "2", "LAYOUT": layout, "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job = sbatch(slurm_cluster, ["--nodes=1", "--cpus-per-task=2", "--time=10",
+                                 f"--output={log}", str(script), *ARGS], env=env, cwd=tmp_path)
+    out = tmp_path / "runs" / str(job)
+    diagnostics = out / "diagnostics"
+    wait_for(lambda: all(heartbeat_step(diagnostics, r) >= 2 for r in range(2)),
+             "both ranks to train", log)
+
+    done = slurm_cluster.run(["scancel", "--signal=USR1", str(job)])
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: all(dumped(diagnostics, r) for r in range(2)), "the dumps", log,
+             timeout=60)
+    assert wait_until_ended(slurm_cluster, job, log) == "COMPLETED", log.read_text()[-3000:]
+    assert job_field(slurm_cluster, job, "ExitCode") == "0:0"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_run"] == STEPS and summary["world_size"] == 2

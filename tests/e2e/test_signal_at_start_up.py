@@ -1,0 +1,105 @@
+"""A signal while a rank waits for its peers at start-up: the rendezvous blocks the main
+thread in C++ for up to --dist-start-timeout, where no Python handler runs. SIGTERM and
+Ctrl-C (SIGINT) must end `train` within seconds with the requeue status 75 (they are
+preemption signals, and nothing has been trained to save), not after the timeout with
+status 2. tests/e2e/test_preemption_slurm.py does the same under SLURM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TINY, clean_env, free_port, listening
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 120  # --dist-start-timeout: far longer than the test lets the rank wait
+
+
+TRAIN = [sys.executable, "-m", "workload.train", *TINY, "--dataset", "synthetic",
+         "--synthetic-size", "64", "--max-steps", "1", "--dist-start-timeout", str(WAIT_S),
+         "--dist-timeout", "30"]
+
+
+def start_rank_0_alone(tmp_path, command=TRAIN, **env: str) -> tuple[subprocess.Popen, int]:
+    """Rank 0 of 2, whose peer never comes: it waits in the rendezvous (its store's port
+    is open once it does)."""
+    port = free_port()
+    env = {**clean_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           **env}
+    if command is TRAIN:
+        command = [*TRAIN, "--output-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    deadline = time.monotonic() + 120
+    while not listening(port):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "rank 0 never opened its rendezvous port"
+        time.sleep(0.2)
+    time.sleep(1)  # inside the rendezvous's wait for rank 1
+    return proc, port
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_signal_during_the_rendezvous_ends_train_at_once(tmp_path, number):
+    requeue = tmp_path / ".requeue"
+    proc, _ = start_rank_0_alone(tmp_path, TRAIN_REQUEUE_FILE=str(requeue))
+    sent = time.monotonic()
+    proc.send_signal(number)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 20
+    assert proc.returncode == 75, err
+    assert "Traceback" not in err and "could not join" not in err, err
+    assert (f"{number.name} while waiting for the other ranks at start-up (rank 0 of 2): "
+            "nothing to save; exiting with status 75") in err, err
+    assert requeue.read_text() == f"preempted by {number.name} at start-up\n"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sigterm_in_a_slurm_job_without_a_job_script_waits_for_slurm(tmp_path):
+    """SLURM's preemption: a job that ends by itself in its grace time is not requeued
+    (workload/launch/preemption.py), so the rank stays, as a training one does."""
+    proc, _ = start_rank_0_alone(tmp_path, SLURM_JOB_ID="5")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(5)
+    assert proc.poll() is None
+    proc.kill()
+    proc.communicate()
+
+
+def test_a_stack_dump_asked_for_during_start_up_kills_nothing(tmp_path):
+    """`scancel --signal=USR1` (docs/hangs.md) on a job still starting: train's dump
+    handler is not set yet, and SIGUSR1's default action would end the rank."""
+    proc, _ = start_rank_0_alone(tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(3)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert alive, err
+    assert proc.returncode == 75, err
+
+
+def test_ctrl_c_during_the_rendezvous_ends_bench_with_130(tmp_path):
+    """bench has no preemption handling: Python's own Ctrl-C, which cannot run in C++."""
+    bench = [str(Path(sys.executable).parent / "bench"), "train", "--device", "cpu",
+             "--dataset", "synthetic", "--model", "wrn", "--width", "8", "--blocks-per-stage",
+             "1", "--image-size", "16", "--dist-timeout", str(WAIT_S)]
+    proc, _ = start_rank_0_alone(tmp_path, bench)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "SIGINT while waiting for the other ranks at start-up (rank 0 of 2): exiting " \
+           "with status 130" in err, err
