@@ -3,6 +3,7 @@ marker declares, in its own process or in a Python process it starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -56,3 +57,40 @@ def test_make_check_leaves_out_every_heavy_marker_and_pytest_knows_them(pytestco
     assert f"FAST_TIER := {tiers.FAST_TIER}\n" in makefile
     declared = {line.split(":")[0] for line in pytestconfig.getini("markers")}
     assert set(tiers.HEAVY_MARKERS) <= declared
+
+
+GROUPED_TESTS = '''
+import os
+import pytest
+
+@pytest.mark.{marker}
+@pytest.mark.parametrize("i", range(4))
+def test_{name}(i):
+    with open("workers.txt", "a") as f:
+        f.write("{name} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+'''
+
+
+@pytest.mark.slow  # three pytest processes, a few seconds
+def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
+    """The grouping make test relies on, through xdist as it is installed: a pytest or
+    xdist release that stops honouring xdist_group (pytest-xdist#1386) fails here."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\nfrom tests.helpers import tiers\n\n"
+        "@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(items):\n    tiers.group_for_workers(items)\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    image\n    slurm\n")
+    for module, marker in (("one", "image"), ("two", "image"), ("three", "slurm")):
+        (tmp_path / f"test_{module}.py").write_text(
+            GROUPED_TESTS.format(marker=marker, name=module))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist",
+                           "loadgroup", "-p", "no:cacheprovider"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split() for line in (tmp_path / "workers.txt").read_text().splitlines()]
+    assert len(ran) == 12
+    image_workers = {worker for name, worker in ran if name in ("one", "two")}
+    slurm_workers = {worker for name, worker in ran if name == "three"}
+    assert len(image_workers) == 1 and len(slurm_workers) == 1, ran
