@@ -74,10 +74,13 @@ def finite_or_null(value):
 
 
 def strict_json(text: str):
-    """JSON as a file from disk must be: no NaN or Infinity, and no number that becomes
-    infinite as a float (`1e400`), each refused with ValueError naming it. Nesting is the
-    caller's to bound (json raises RecursionError past Python's limit)."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    """JSON as a file from disk must be: no NaN or Infinity, no number that becomes
+    infinite as a float (`1e400`), and no nesting past Python's recursion limit (where
+    json raises RecursionError), each refused with ValueError naming it."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("it is nested too deeply to be data") from None
 
 
 def _refuse_constant(word: str):
@@ -96,28 +99,34 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json_text(record) + "\n")
 
 
-def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
-    """The records of a JSON-lines file and a description of each line left out: a last
-    line without its newline (a torn write: a full disk, a node that died) and any line
-    that is not a JSON object."""
-    records, dropped = [], []
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
+def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
+    """Each line of a JSON-lines file that is not blank: (its number, its record, "") or
+    (its number, None, why it is left out): a last line without its newline (a torn
+    write: a full disk, a node that died), a line that is not UTF-8, not strict JSON
+    (strict_json) or not an object."""
+    lines = path.read_bytes().split(b"\n")
+    found = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         if number == len(lines):  # after the last newline: an unterminated line
-            dropped.append(f"line {number} has no newline at its end (a torn write)")
+            found.append((number, None, "no newline at its end (a torn write)"))
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = strict_json(line.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is one
             record = None
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            dropped.append(f"line {number} is not a JSON object")
-    return records, dropped
+        found.append((number, record, "") if isinstance(record, dict)
+                     else (number, None, "not a JSON object"))
+    return found
+
+
+def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
+    """The records of a JSON-lines file and a description of each line left out
+    (read_jsonl_lines)."""
+    found = read_jsonl_lines(path)
+    return ([record for _, record, _ in found if record is not None],
+            [f"line {number}: {why}" for number, _, why in found if why])
 
 
 def sha256_file(path: Path) -> str:

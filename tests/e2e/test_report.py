@@ -175,3 +175,23 @@ def test_ranks_busy_times_from_steps_jsonl_are_drawn(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"wrote {run / 'ranks.png'}" in done.stdout
     assert_png(run / "ranks.png")
+
+
+@pytest.mark.parametrize("damage", [b"[" * 100_000 + b"]" * 100_000, b'{"epoch": 2, "x": "\xff"}'],
+                         ids=["nested", "not UTF-8"])
+@pytest.mark.parametrize("damaged", ["metrics.jsonl", "steps.jsonl"])
+def test_a_nested_or_non_utf8_line_is_skipped_not_a_traceback(tmp_path, damaged, damage):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    steps = [{"step": 4 * i, "step_busy_by_rank_s": [0.02, 0.05]} for i in (1, 2)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    with open(run / damaged, "ab") as f:
+        f.write(damage + b"\n")
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert_png(run / "training.png")
+    assert_png(run / "ranks.png")
+    if damaged == "metrics.jsonl":
+        assert "line 2: not a JSON object" in done.stderr
