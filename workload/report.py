@@ -34,7 +34,8 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
-from workload.files import read_jsonl_lines, read_jsonl_records, strict_json
+from workload.files import (read_jsonl_lines, read_jsonl_records, strict_json,
+                            unwritable_reason)
 from workload.logs import warn
 
 PROG = "report"
@@ -95,8 +96,7 @@ def epoch_problem(record) -> str | None:
 
 
 def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list[dict]:
-    """The records that can be drawn; one warning naming the other lines (or a UsageError
-    when none is left)."""
+    """The records that can be drawn; one warning naming the others (or a UsageError)."""
     problems = [(line, unread or epoch_problem(record)) for line, record, unread in lines
                 if unread or epoch_problem(record) is not None]
     named = "; ".join(f"line {line}: {why}" for line, why in problems[:5]) + (
@@ -255,13 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def output_dir(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"--out {path} cannot be created ({error.strerror}); pass a folder "
-                         "you can write to") from None
+def output_dir(run_dir: Path, out_flag: str | None) -> Path:
+    """--out (made if missing), else RUN_DIR, checked for writing before any figure is
+    drawn: a run folder may be read-only (another user's, a finished project's)."""
+    out = Path(out_flag).expanduser() if out_flag else run_dir
+    problem = unwritable_reason(out, create=bool(out_flag))
+    if problem:
+        named = f"--out {out_flag}" if out_flag else f"RUN_DIR {run_dir}"
+        raise UsageError(f"{named} cannot take the figures ({problem}); pass --out DIR, a "
+                         "folder you can write to")
     return out
 
 
@@ -273,7 +275,7 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
                          "of a train run")
     records, summary = read_metrics(run_dir), read_summary(run_dir)
     points = [point for path in bench_files for point in read_bench(path)]
-    out = output_dir(out_flag) if out_flag else run_dir
+    out = output_dir(run_dir, out_flag)
     written = [out / "training.png", out / "throughput.png"]
     plot_training(plt, records, written[0])
     plot_throughput(plt, records, summary, written[1])
