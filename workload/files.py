@@ -42,6 +42,18 @@ def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
         return f"{folder}: {error.strerror}"
 
 
+def output_file_problem(path: str | Path) -> str | None:
+    """None when a command can write its output file at `path` (a --json PATH) after its
+    work, else why: checked before the work, so an hour's results are not lost to a
+    folder, a FIFO (an open() that waits for a reader) or a device in the way."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        return f"{file} is a folder"
+    if file.exists() and not file.is_file():
+        return f"{file} is not a regular file"
+    return unwritable_reason(file.parent, create=False)
+
+
 def write_json(path: Path, data: dict) -> None:
     """Write through a temporary file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")

@@ -275,3 +275,10 @@ def test_the_model_file_honours_the_umask_like_the_other_files(digits_run):
     modes = {name: (digits_run / name).stat().st_mode & 0o777
              for name in ("model.safetensors", "model.json", "config.json")}
     assert len(set(modes.values())) == 1, modes  # 0600 for the weights alone before
+
+
+def test_evaluate_json_naming_a_folder_is_refused_before_the_work(digits_run, tmp_path, capsys):
+    (tmp_path / "e.json").mkdir()
+    status, out, err = evaluate([digits_run, "--json", tmp_path / "e.json"], capsys)
+    assert status == 2 and out == "" and f"--json {tmp_path / 'e.json'}" in err, err
+    assert err.count("\n") == 1
