@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from workload import checkpoint, distributed
@@ -69,7 +70,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
         enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
-    with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
+    board_wanted = cfg.logging.tensorboard and info.is_main
+    with watching(watchdog), open_board(board_wanted, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
@@ -79,6 +81,24 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+@contextmanager
+def watching(watchdog: StallWatchdog):
+    """The stall watchdog while the training runs, or, when its folder cannot be written
+    (a file, a dangling link or a read-only folder named diagnostics), one warning and the
+    training without it: diagnostics are never a reason not to train."""
+    try:
+        watchdog.__enter__()
+    except OSError as error:
+        logger.warning(f"no heartbeats or stall dumps for this run: {watchdog.folder} cannot "
+                       f"be written ({error.strerror or error}); training on")
+        yield None
+        return
+    try:
+        yield watchdog
+    finally:
+        watchdog.__exit__(None, None, None)
 
 
 def shorten_timeout(cfg: TrainConfig, info: DistInfo):
