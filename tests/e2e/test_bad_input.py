@@ -121,14 +121,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
+def run_rank(rank: int, port: int, tmp_path, dist_timeout: str = "3",
+             timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**clean_env(), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
                            "synthetic", "--synthetic-size", "64", "--max-steps", "1",
-                           "--dist-start-timeout", "3", "--dist-timeout", "3",
+                           "--dist-start-timeout", "3", "--dist-timeout", dist_timeout,
                            "--output-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
@@ -139,6 +140,13 @@ def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
     assert f"127.0.0.1:{port}" in done.stderr and "all 2 ranks" in done.stderr
+    assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
+
+
+def test_a_start_timeout_below_the_dist_timeout_is_the_one_waited(tmp_path):
+    """--dist-start-timeout 3 with --dist-timeout 600 waited 600 s (a max() of the two)."""
+    done = run_rank(1, free_port(), tmp_path, dist_timeout="600", timeout=120)
+    assert done.returncode == 2, done.stderr
     assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
 
 

@@ -30,9 +30,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
     # Before the process group forms: torch reads the flight recorder's variables then.
-    start_timeout = max(cfg.distributed.dist_start_timeout_s, cfg.distributed.dist_timeout_s)
     with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
-            start_process(cfg, start_timeout) as (info, precision):
+            start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
 
