@@ -27,6 +27,15 @@ def looped_image_folder(tmp_path):
     return str(tmp_path / "images")
 
 
+def overlapping_stage(tmp_path, where: str) -> list[str]:
+    """--data-dir and a --stage-to inside it, holding it, or inside it through a link."""
+    data = write_image_folder(tmp_path / "pets", per_class=1)
+    stage = {"inside the data": data / "staged", "holding the data": tmp_path,
+             "inside through a link": tmp_path / "link" / "staged"}[where]
+    (tmp_path / "link").symlink_to(data)
+    return ["--data-dir", str(data), "--stage-to", str(stage)]
+
+
 CASES = {
     # name: (extra args, builder of args needing tmp_path, words the message must contain)
     "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "1 or more", "got 0"]),
@@ -52,6 +61,10 @@ CASES = {
     "batch larger than the data": (["--dataset", "synthetic", "--synthetic-size", "64",
                                     "--batch-size", "128"], None,
                                    ["--batch-size 128", "0 steps", "--batch-size 64 or less"]),
+    **{f"--stage-to {where}": (["--dataset", "imagefolder", "--image-size", "32"],
+                               lambda p, where=where: overlapping_stage(p, where),
+                               ["--stage-to", "overlap", "outside"])
+       for where in ("inside the data", "holding the data", "inside through a link")},
     "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
                                lambda p: ["--data-dir", looped_image_folder(p)],
                                ["symbolic link loop", "remove the link"]),

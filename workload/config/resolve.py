@@ -201,6 +201,14 @@ def _check_data_files(c: dict) -> None:
     source = Path(data_dir).expanduser()
     _require(source.is_dir() or (is_tar and source.is_file()),
              f"--data-dir {data_dir} does not exist, so --stage-to has nothing to copy")
+    # Links resolved: a staged copy inside the dataset becomes part of it (a class more
+    # for every later run), and a dataset inside the staging folder is copied into itself.
+    read, staged = source.resolve(), Path(stage_to).expanduser().resolve()
+    _require(not source.is_dir() or not (read == staged or read in staged.parents
+                                         or staged in read.parents),
+             f"--stage-to {stage_to} and --data-dir {data_dir} overlap ({staged} and {read}: "
+             "one holds the other), so the copy would go into the dataset; pass a --stage-to "
+             "outside it, such as $SLURM_TMPDIR")
 
 
 def _check_unsafe_load_env(env) -> None:
