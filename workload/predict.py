@@ -87,14 +87,13 @@ def checked(args: argparse.Namespace) -> tuple[ModelFiles, ModelDescription, lis
 
 def read_batch(paths: list[Path], transform) -> tuple[list, dict[Path, str]]:
     """The uint8 tensors of the images that read, and why each other one did not."""
-    from PIL import Image
+    from workload.data import UNREADABLE, open_rgb
 
     tensors, errors = [], {}
     for path in paths:
         try:
-            with Image.open(path) as image:
-                tensors.append(transform(image.convert("RGB")))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            tensors.append(transform(open_rgb(path)))
+        except UNREADABLE as error:
             errors[path] = str(error).strip().splitlines()[0] if str(error).strip() else \
                 type(error).__name__
     return tensors, errors

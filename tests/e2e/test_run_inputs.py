@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, clean_env, tmpfs
+from tests.helpers import TINY, clean_env, tmpfs, write_image_folder
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +52,19 @@ def test_a_damaged_diagnostics_folder_is_a_warning_and_the_run_trains(kind, tmp_
     assert "Traceback" not in done.stderr
     assert done.stdout.count("no heartbeats or stall dumps for this run") == 1, done.stdout
     assert json.loads((out / "summary.json").read_text())["epochs_run"] == 1
+
+
+def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):
+    """The training reads image files through the same bound as predict: a 64 Mpixel PNG
+    in the data is a skipped file with a warning, not a worker ended by memory."""
+    from PIL import Image
+
+    data = write_image_folder(tmp_path / "pets", per_class=2)
+    Image.new("1", (8000, 8000)).save(data / "train" / "cat" / "bomb.png")
+    done = subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
+                           "imagefolder", "--data-dir", str(data), "--image-size", "16",
+                           "--batch-size", "5", "--epochs", "1", "--workers", "0",
+                           "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "bomb.png: it cannot be read as an image (8000 x 8000 pixels" in done.stdout
