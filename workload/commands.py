@@ -27,6 +27,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from workload.errors import UsageError, exit_with_usage_error
+from workload.logs import logging_kept
 
 DISTRIBUTION = "hpc-train"
 # DALI's wheels are named after the CUDA major they are built for (NGC's images too).
@@ -199,7 +200,8 @@ def run_command(prog: str, work: Callable[[], object]) -> int:
     exit status, 0: never what `work` returned, which the console-script wrapper would
     pass to sys.exit (a dict printed to stderr and status 1, a count taken modulo 256)."""
     try:
-        work()
+        with logging_kept():  # a program that runs commands in its own process keeps its own
+            work()
         return EXIT_OK
     except UsageError as error:
         exit_with_usage_error(prog, error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 
@@ -68,3 +69,46 @@ def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):
                           capture_output=True, text=True, timeout=300, env=clean_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "bomb.png: it cannot be read as an image (8000 x 8000 pixels" in done.stdout
+
+
+# A program that calls train in its own process: what it had set before, and afterwards
+# the same read again (printed as JSON), then SIGUSR1 sent to itself.
+IN_PROCESS = """
+import json, logging, os, signal, sys
+import torch
+from workload.train import main
+
+torch.set_num_threads(2)
+torch.backends.cudnn.allow_tf32 = True
+torch.manual_seed(7)
+def settings():
+    log = logging.getLogger("workload")
+    return dict(threads=torch.get_num_threads(), tf32=torch.backends.cudnn.allow_tf32,
+                benchmark=torch.backends.cudnn.benchmark, rng=torch.rand(1).item(),
+                handlers=len(log.handlers), propagate=log.propagate, level=log.level,
+                files=len(os.listdir("/proc/self/fd")))
+state = torch.random.get_rng_state()
+before = settings()
+torch.random.set_rng_state(state)
+try:
+    main(sys.argv[1:])
+except SystemExit as stop:
+    print("exit", stop.code)
+print(json.dumps(dict(before=before, after=settings())))
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGUSR1)  # the default: the process ends
+"""
+
+
+@pytest.mark.parametrize("outcome", ["trained", "refused"])
+def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, tmp_path):
+    out = tmp_path / "run"
+    if outcome == "refused":  # another run's checkpoints: exit 2 after the process started
+        assert train("--output-dir", out).returncode == 0
+    args = [*QUICK, "--output-dir", str(out), *(["--width", "16"] if outcome == "refused" else [])]
+    done = subprocess.run([sys.executable, "-c", IN_PROCESS, *args], capture_output=True,
+                          text=True, timeout=300, env={**clean_env(), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == -signal.SIGUSR1, done.stdout[-2000:] + done.stderr[-2000:]
+    settings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert settings["after"] == settings["before"], settings
+    assert "Current thread" not in (out / "diagnostics" / "rank-0.txt").read_text()
