@@ -13,12 +13,36 @@ cannot write into them. Such a cache moves to a per-user folder.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+
+def path_kind(path: Path) -> str:
+    """What is at `path`, in words (a dangling link is named with its target)."""
+    if path.is_symlink() and not path.exists():
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """None when `path` is a regular file (a link to one included), else what it is: read
+    before any check, a FIFO waits for a writer and /dev/zero never ends."""
+    file = Path(path).expanduser()
+    if file.is_file():
+        return None
+    if not os.path.lexists(file):
+        return f"{file} does not exist"
+    return f"{file} is {path_kind(file)}, not a file"
 
 
 def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
@@ -29,6 +53,8 @@ def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
     bind mounts.
     """
     folder = Path(path).expanduser().absolute()
+    if os.path.lexists(folder) and not folder.is_dir():  # else mkdir says "File exists"
+        return f"{folder} is {path_kind(folder)}, not a folder"
     try:
         if create:
             folder.mkdir(parents=True, exist_ok=True)
@@ -93,6 +119,15 @@ def strict_json(text: str):
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("it is nested too deeply to be data") from None
+
+
+def read_json_file(path: Path):
+    """strict_json of a regular file's UTF-8 text. OSError when it cannot be read or is
+    not a regular file (a FIFO would wait for a writer forever), ValueError when it is not
+    UTF-8 or not strict JSON."""
+    if problem := regular_file_problem(path):
+        raise OSError(errno.EINVAL, problem)
+    return strict_json(path.read_bytes().decode("utf-8"))
 
 
 def _refuse_constant(word: str):

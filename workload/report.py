@@ -34,7 +34,7 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
-from workload.files import (read_jsonl_lines, read_jsonl_records, strict_json,
+from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records,
                             unwritable_reason)
 from workload.logs import warn
 
@@ -113,10 +113,9 @@ def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list
 
 def read_summary(run_dir: Path) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
-    path = run_dir / "summary.json"
     try:
-        summary = strict_json(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        summary = read_json_file(run_dir / "summary.json")
+    except (OSError, ValueError):
         return {}
     return summary if isinstance(summary, dict) else {}
 
@@ -152,7 +151,7 @@ def _results(node, name: str = ""):
 
 def read_bench(path: Path) -> list[BenchPoint]:
     try:
-        data = strict_json(path.read_bytes().decode("utf-8"))
+        data = read_json_file(path)
     except OSError as error:
         raise UsageError(f"bench file {path} cannot be read ({error.strerror}); pass the "
                          "file that `bench --json PATH` wrote") from None

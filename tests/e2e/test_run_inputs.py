@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -112,3 +113,75 @@ def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, tm
     settings = json.loads(done.stdout.strip().splitlines()[-1])
     assert settings["after"] == settings["before"], settings
     assert "Current thread" not in (out / "diagnostics" / "rank-0.txt").read_text()
+
+
+def fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+def dangling(path):
+    path.symlink_to(path.parent / "nowhere")
+    return path
+
+
+def a_file(path):
+    path.write_text("x")
+    return path
+
+
+def finished_run(tmp_path):
+    run = tmp_path / "finished"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"epoch": 1, "train_loss": 1.5, "test_loss": 1.4, "accuracy": 0.4,
+         "images_per_second": 900.0}) + "\n")
+    return run
+
+
+# name: (the command line, built in tmp_path; words of its one error line). Each hung (a
+# FIFO read), said "File exists" of a file or a dangling link, or blamed the network.
+PATH_FLAGS = {
+    "train --config a FIFO": (lambda p: ["train", *QUICK, "--config", fifo(p / "c.json")],
+                              ["--config", "is not a regular file"]),
+    "report, a bench file that is a FIFO": (
+        lambda p: ["report", finished_run(p), fifo(p / "b.json"), "--out", p / "figures"],
+        ["bench file", "is a FIFO, not a file"]),
+    "train --download into a file": (
+        lambda p: ["train", *TINY, "--dataset", "cifar100", "--download", "--data-dir",
+                   a_file(p / "data"), "--output-dir", p / "run"],
+        ["cannot be downloaded into --data-dir", "is a file, not a folder"]),
+    "train --stage-to a file": (
+        lambda p: ["train", *QUICK, "--dataset", "imagefolder",
+                   "--data-dir", write_image_folder(p / "pets", per_class=1),
+                   "--stage-to", a_file(p / "stage"), "--output-dir", p / "run"],
+        ["--stage-to", "is a file, not a folder", "$SLURM_TMPDIR"]),
+    "train --output-dir a dangling link": (
+        lambda p: ["train", *QUICK, "--output-dir", dangling(p / "run")],
+        ["--output-dir", "a symbolic link to", "which does not exist"]),
+    "report --out a dangling link": (
+        lambda p: ["report", finished_run(p), "--out", dangling(p / "figures")],
+        ["--out", "a symbolic link to", "which does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", PATH_FLAGS)
+def test_a_path_flag_naming_the_wrong_kind_of_thing_is_one_line(case, tmp_path):
+    build, words = PATH_FLAGS[case]
+    command, *args = build(tmp_path)
+    done = subprocess.run([sys.executable, "-m", f"workload.{command}", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+def test_report_on_a_run_whose_summary_is_a_fifo_draws_without_it(tmp_path):
+    run = finished_run(tmp_path)
+    fifo(run / "summary.json")
+    done = subprocess.run([sys.executable, "-m", "workload.report", str(run)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (run / "training.png").is_file()
