@@ -65,6 +65,9 @@ CASES = {
                                lambda p, where=where: overlapping_stage(p, where),
                                ["--stage-to", "overlap", "outside"])
        for where in ("inside the data", "holding the data", "inside through a link")},
+    "a newline in --output-dir": (["--dataset", "digits"],
+                                  lambda p: ["--output-dir", str(p / "run\nPATH=x")],
+                                  ["--output-dir", "\\n", "control character"]),
     "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
                                lambda p: ["--data-dir", looped_image_folder(p)],
                                ["symbolic link loop", "remove the link"]),
