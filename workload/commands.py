@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as metadata
 import importlib.util
+import math
 import platform
 import re
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from workload.errors import UsageError, exit_with_usage_error
+from workload.logs import logging_kept
 
 DISTRIBUTION = "hpc-train"
 # DALI's wheels are named after the CUDA major they are built for (NGC's images too).
@@ -154,13 +156,34 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action=_VersionAction)
 
 
+def finite_float(text: str) -> float:
+    """A number flag's value: `nan` and `inf` are refused (`float` would take them, and
+    they pass every `< 0` check: a sweep of `inf` MiB doubles its size until memory runs
+    out). A flag that means them would name another type."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; pass a number "
+                                         "such as 10 or 0.5")
+    return value
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, with every `type=float` flag (the generated config flags and
+    the hand-written ones of each command, its subcommands' included) typed as
+    `finite_float`: the one place a flag's number is typed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("type", float, finite_float)
+
+
 def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
     """A parser for a console script: the docstring's first line as the description, the
     rest (its launch recipes) after the flags."""
     first, _, rest = doc.strip("\n").partition("\n")
-    p = argparse.ArgumentParser(prog=prog, description=first,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=rest.strip("\n"), **kwargs)
+    p = CommandParser(prog=prog, description=first,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=rest.strip("\n"), **kwargs)
     add_version_argument(p)
     return p
 
@@ -177,7 +200,8 @@ def run_command(prog: str, work: Callable[[], object]) -> int:
     exit status, 0: never what `work` returned, which the console-script wrapper would
     pass to sys.exit (a dict printed to stderr and status 1, a count taken modulo 256)."""
     try:
-        work()
+        with logging_kept():  # a program that runs commands in its own process keeps its own
+            work()
         return EXIT_OK
     except UsageError as error:
         exit_with_usage_error(prog, error)

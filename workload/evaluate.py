@@ -27,7 +27,7 @@ from pathlib import Path
 from workload.commands import command_parser, main_of
 from workload.config import TrainConfig, add_flags, given, read_config_file, validate
 from workload.errors import UsageError
-from workload.files import unwritable_reason
+from workload.files import output_file_problem
 from workload.models import ModelDescription, ModelFiles, locate, read_description
 
 PROG = "evaluate"
@@ -67,7 +67,7 @@ def checked(args: argparse.Namespace) -> tuple[ModelFiles, TrainConfig]:
     files = locate(args.model)
     cfg = eval_config(args, files, read_description(files.description))
     if args.json:
-        problem = unwritable_reason(Path(args.json).expanduser().parent)
+        problem = output_file_problem(args.json)
         if problem:
             raise UsageError(f"--json {args.json} cannot be written ({problem})")
     return files, cfg

@@ -13,12 +13,36 @@ cannot write into them. Such a cache moves to a per-user folder.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+
+def path_kind(path: Path) -> str:
+    """What is at `path`, in words (a dangling link is named with its target)."""
+    if path.is_symlink() and not path.exists():
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """None when `path` is a regular file (a link to one included), else what it is: read
+    before any check, a FIFO waits for a writer and /dev/zero never ends."""
+    file = Path(path).expanduser()
+    if file.is_file():
+        return None
+    if not os.path.lexists(file):
+        return f"{file} does not exist"
+    return f"{file} is {path_kind(file)}, not a file"
 
 
 def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
@@ -29,6 +53,8 @@ def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
     bind mounts.
     """
     folder = Path(path).expanduser().absolute()
+    if os.path.lexists(folder) and not folder.is_dir():  # else mkdir says "File exists"
+        return f"{folder} is {path_kind(folder)}, not a folder"
     try:
         if create:
             folder.mkdir(parents=True, exist_ok=True)
@@ -40,6 +66,18 @@ def unwritable_reason(path: str | Path, create: bool = False) -> str | None:
             return None
     except OSError as error:
         return f"{folder}: {error.strerror}"
+
+
+def output_file_problem(path: str | Path) -> str | None:
+    """None when a command can write its output file at `path` (a --json PATH) after its
+    work, else why: checked before the work, so an hour's results are not lost to a
+    folder, a FIFO (an open() that waits for a reader) or a device in the way."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        return f"{file} is a folder"
+    if file.exists() and not file.is_file():
+        return f"{file} is not a regular file"
+    return unwritable_reason(file.parent, create=False)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -74,10 +112,22 @@ def finite_or_null(value):
 
 
 def strict_json(text: str):
-    """JSON as a file from disk must be: no NaN or Infinity, and no number that becomes
-    infinite as a float (`1e400`), each refused with ValueError naming it. Nesting is the
-    caller's to bound (json raises RecursionError past Python's limit)."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    """JSON as a file from disk must be: no NaN or Infinity, no number that becomes
+    infinite as a float (`1e400`), and no nesting past Python's recursion limit (where
+    json raises RecursionError), each refused with ValueError naming it."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("it is nested too deeply to be data") from None
+
+
+def read_json_file(path: Path):
+    """strict_json of a regular file's UTF-8 text. OSError when it cannot be read or is
+    not a regular file (a FIFO would wait for a writer forever), ValueError when it is not
+    UTF-8 or not strict JSON."""
+    if problem := regular_file_problem(path):
+        raise OSError(errno.EINVAL, problem)
+    return strict_json(path.read_bytes().decode("utf-8"))
 
 
 def _refuse_constant(word: str):
@@ -96,28 +146,34 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json_text(record) + "\n")
 
 
-def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
-    """The records of a JSON-lines file and a description of each line left out: a last
-    line without its newline (a torn write: a full disk, a node that died) and any line
-    that is not a JSON object."""
-    records, dropped = [], []
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
+def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
+    """Each line of a JSON-lines file that is not blank: (its number, its record, "") or
+    (its number, None, why it is left out): a last line without its newline (a torn
+    write: a full disk, a node that died), a line that is not UTF-8, not strict JSON
+    (strict_json) or not an object."""
+    lines = path.read_bytes().split(b"\n")
+    found = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         if number == len(lines):  # after the last newline: an unterminated line
-            dropped.append(f"line {number} has no newline at its end (a torn write)")
+            found.append((number, None, "no newline at its end (a torn write)"))
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = strict_json(line.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is one
             record = None
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            dropped.append(f"line {number} is not a JSON object")
-    return records, dropped
+        found.append((number, record, "") if isinstance(record, dict)
+                     else (number, None, "not a JSON object"))
+    return found
+
+
+def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
+    """The records of a JSON-lines file and a description of each line left out
+    (read_jsonl_lines)."""
+    found = read_jsonl_lines(path)
+    return ([record for _, record, _ in found if record is not None],
+            [f"line {number}: {why}" for number, _, why in found if why])
 
 
 def sha256_file(path: Path) -> str:

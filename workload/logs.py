@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import TextIO
@@ -32,6 +33,18 @@ def setup_logging(rank: int = 0) -> logging.Logger:
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False
     return logger
+
+
+@contextlib.contextmanager
+def logging_kept():
+    """The logger's handlers, level and propagation put back afterwards: setup_logging's
+    handler writes to the stdout of its time, which a program that called a command in
+    its own process may since have closed or replaced."""
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    try:
+        yield
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
 
 
 class Progress:

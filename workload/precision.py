@@ -27,6 +27,19 @@ def configure_tf32(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+@contextlib.contextmanager
+def switches_kept():
+    """The TF32 and cuDNN switches (configure_tf32, configure_cudnn) put back as they were
+    afterwards: a program that runs a command in its own process keeps its own."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.benchmark)
+    try:
+        yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
+
+
 def configure_cudnn(device: torch.device) -> None:
     """cuDNN benchmark mode on CUDA: the input shape is fixed for a whole run, so timing the
     convolution algorithms once on the first step pays back on every later one."""

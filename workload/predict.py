@@ -14,13 +14,13 @@ to the model's input size and normalised as its model.json says. A missing or da
 from __future__ import annotations
 
 import argparse
-import stat
 import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.config import add_flags
 from workload.errors import UsageError
+from workload.files import path_kind
 from workload.models import ModelDescription, ModelFiles, locate, read_description
 
 PROG = "predict"
@@ -65,19 +65,11 @@ def image_files(paths: list[str]) -> list[Path]:
         elif path.is_file():
             found.append(path)
         elif path.exists():  # read, a FIFO waits for a writer and /dev/zero never ends
-            raise UsageError(f"{given} is {file_kind(path)}, not a regular file; pass image "
+            raise UsageError(f"{given} is {path_kind(path)}, not a regular file; pass image "
                              "files or folders of them")
         else:
             raise UsageError(f"{given} does not exist; pass image files or folders of them")
     return found
-
-
-def file_kind(path: Path) -> str:
-    """What a path that is neither a folder nor a regular file is, in words."""
-    mode = path.stat().st_mode
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def checked(args: argparse.Namespace) -> tuple[ModelFiles, ModelDescription, list[Path]]:
@@ -87,14 +79,13 @@ def checked(args: argparse.Namespace) -> tuple[ModelFiles, ModelDescription, lis
 
 def read_batch(paths: list[Path], transform) -> tuple[list, dict[Path, str]]:
     """The uint8 tensors of the images that read, and why each other one did not."""
-    from PIL import Image
+    from workload.data import UNREADABLE, open_rgb
 
     tensors, errors = [], {}
     for path in paths:
         try:
-            with Image.open(path) as image:
-                tensors.append(transform(image.convert("RGB")))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            tensors.append(transform(open_rgb(path)))
+        except UNREADABLE as error:
             errors[path] = str(error).strip().splitlines()[0] if str(error).strip() else \
                 type(error).__name__
     return tensors, errors

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
-from workload.files import read_jsonl_records
+from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records,
+                            unwritable_reason)
 from workload.logs import warn
 
 PROG = "report"
@@ -68,13 +68,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
         raise UsageError(f"RUN_DIR {run_dir} has no metrics.jsonl; pass the --output-dir of "
                          "a train run that finished at least one epoch")
     try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path} is not JSON lines ({error.msg}, line {error.lineno}); "
-                         "pass the metrics.jsonl that train wrote") from None
-    if not records:
+        lines = read_jsonl_lines(path)
+    except OSError as error:
+        raise UsageError(f"{path} cannot be read ({error.strerror}); pass a run folder "
+                         "you can read") from None
+    if not lines:
         raise UsageError(f"{path} is empty; the run has not finished an epoch yet")
-    return usable_epochs(path, records)
+    return usable_epochs(path, lines)
 
 
 def _number(value) -> bool:
@@ -82,10 +82,7 @@ def _number(value) -> bool:
 
 
 def epoch_problem(record) -> str | None:
-    """Why a metrics.jsonl line cannot be drawn, or None (NaN and inf are drawn: a loss
-    that diverged is worth seeing)."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
+    """Why a metrics.jsonl record cannot be drawn, or None."""
     epoch = record.get("epoch")
     if not (_number(epoch) and epoch == epoch and float(epoch).is_integer()
             and 0 <= epoch <= MAX_EPOCH):
@@ -98,29 +95,29 @@ def epoch_problem(record) -> str | None:
     return None
 
 
-def usable_epochs(path: Path, records: list) -> list[dict]:
-    """The lines that can be drawn; one warning naming the others (or a UsageError when
-    none is left)."""
-    problems = [(line, why) for line, record in enumerate(records, 1)
-                if (why := epoch_problem(record)) is not None]
+def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list[dict]:
+    """The records that can be drawn; one warning naming the others (or a UsageError)."""
+    problems = [(line, unread or epoch_problem(record)) for line, record, unread in lines
+                if unread or epoch_problem(record) is not None]
     named = "; ".join(f"line {line}: {why}" for line, why in problems[:5]) + (
         f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-    if len(problems) == len(records):
+    if len(problems) == len(lines):
         raise UsageError(f"no line of {path} is an epoch record train writes ({named}); pass "
                          "the --output-dir of a train run")
     if problems:
-        warn(PROG, f"skipped {len(problems)} of {len(records)} lines of {path} that are not "
+        warn(PROG, f"skipped {len(problems)} of {len(lines)} lines of {path} that are not "
                    f"epoch records train writes ({named})")
-    return [record for record in records if epoch_problem(record) is None]
+    return [record for _, record, unread in lines
+            if not unread and epoch_problem(record) is None]
 
 
 def read_summary(run_dir: Path) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
-    path = run_dir / "summary.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        summary = read_json_file(run_dir / "summary.json")
+    except (OSError, ValueError):
         return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -154,13 +151,13 @@ def _results(node, name: str = ""):
 
 def read_bench(path: Path) -> list[BenchPoint]:
     try:
-        data = json.loads(path.read_text())
+        data = read_json_file(path)
     except OSError as error:
         raise UsageError(f"bench file {path} cannot be read ({error.strerror}); pass the "
                          "file that `bench --json PATH` wrote") from None
-    except json.JSONDecodeError as error:
-        raise UsageError(f"bench file {path} is not JSON ({error.msg}); pass the file that "
-                         "`bench --json PATH` wrote") from None
+    except ValueError as error:  # not UTF-8, not JSON, nested too deeply
+        raise UsageError(f"bench file {path} is not JSON ({str(error)[:80]}); pass the file "
+                         "that `bench --json PATH` wrote") from None
     top = data if isinstance(data, dict) else {}
     fingerprint = top.get("fingerprint") if isinstance(top.get("fingerprint"), dict) else {}
     points = []
@@ -257,13 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def output_dir(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"--out {path} cannot be created ({error.strerror}); pass a folder "
-                         "you can write to") from None
+def output_dir(run_dir: Path, out_flag: str | None) -> Path:
+    """--out (made if missing), else RUN_DIR, checked for writing before any figure is
+    drawn: a run folder may be read-only (another user's, a finished project's)."""
+    out = Path(out_flag).expanduser() if out_flag else run_dir
+    problem = unwritable_reason(out, create=bool(out_flag))
+    if problem:
+        named = f"--out {out_flag}" if out_flag else f"RUN_DIR {run_dir}"
+        raise UsageError(f"{named} cannot take the figures ({problem}); pass --out DIR, a "
+                         "folder you can write to")
     return out
 
 
@@ -275,7 +274,7 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
                          "of a train run")
     records, summary = read_metrics(run_dir), read_summary(run_dir)
     points = [point for path in bench_files for point in read_bench(path)]
-    out = output_dir(out_flag) if out_flag else run_dir
+    out = output_dir(run_dir, out_flag)
     written = [out / "training.png", out / "throughput.png"]
     plot_training(plt, records, written[0])
     plot_throughput(plt, records, summary, written[1])

@@ -106,6 +106,17 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     finally:
         if not keep_signal_handlers:
             flag.uninstall()
+            forget_dump_signal()
+
+
+def forget_dump_signal() -> None:
+    """The stack dump on SIGUSR1 that the run registered, taken back (its file closed): in
+    a program that called train, the signal would still write into this run's folder."""
+    import faulthandler
+
+    from workload.launch.diagnostics import DUMP_SIGNAL
+
+    faulthandler.unregister(DUMP_SIGNAL)
 
 
 def warn_container_paths(cfg: TrainConfig) -> None:

@@ -27,6 +27,15 @@ def looped_image_folder(tmp_path):
     return str(tmp_path / "images")
 
 
+def overlapping_stage(tmp_path, where: str) -> list[str]:
+    """--data-dir and a --stage-to inside it, holding it, or inside it through a link."""
+    data = write_image_folder(tmp_path / "pets", per_class=1)
+    stage = {"inside the data": data / "staged", "holding the data": tmp_path,
+             "inside through a link": tmp_path / "link" / "staged"}[where]
+    (tmp_path / "link").symlink_to(data)
+    return ["--data-dir", str(data), "--stage-to", str(stage)]
+
+
 CASES = {
     # name: (extra args, builder of args needing tmp_path, words the message must contain)
     "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "1 or more", "got 0"]),
@@ -52,6 +61,13 @@ CASES = {
     "batch larger than the data": (["--dataset", "synthetic", "--synthetic-size", "64",
                                     "--batch-size", "128"], None,
                                    ["--batch-size 128", "0 steps", "--batch-size 64 or less"]),
+    **{f"--stage-to {where}": (["--dataset", "imagefolder", "--image-size", "32"],
+                               lambda p, where=where: overlapping_stage(p, where),
+                               ["--stage-to", "overlap", "outside"])
+       for where in ("inside the data", "holding the data", "inside through a link")},
+    "a newline in --output-dir": (["--dataset", "digits"],
+                                  lambda p: ["--output-dir", str(p / "run\nPATH=x")],
+                                  ["--output-dir", "\\n", "control character"]),
     "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
                                lambda p: ["--data-dir", looped_image_folder(p)],
                                ["symbolic link loop", "remove the link"]),
@@ -114,14 +130,15 @@ def test_a_diverging_loss_stops_the_run_with_one_line(tmp_path, capsys):
     assert "NaN" not in summary and "Infinity" not in summary  # strict JSON: null
 
 
-def run_rank(rank: int, port: int, tmp_path) -> subprocess.CompletedProcess:
+def run_rank(rank: int, port: int, tmp_path, dist_timeout: str = "3",
+             timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**clean_env(), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
                            "synthetic", "--synthetic-size", "64", "--max-steps", "1",
-                           "--dist-start-timeout", "3", "--dist-timeout", "3",
+                           "--dist-start-timeout", "3", "--dist-timeout", dist_timeout,
                            "--output-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -133,6 +150,14 @@ def test_a_missing_peer_is_one_line_naming_the_address(tmp_path):
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
     assert f"127.0.0.1:{port}" in done.stderr and "all 2 ranks" in done.stderr
+    assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_start_timeout_below_the_dist_timeout_is_the_one_waited(tmp_path):
+    """--dist-start-timeout 3 with --dist-timeout 600 waited 600 s (a max() of the two)."""
+    done = run_rank(1, free_port(), tmp_path, dist_timeout="600", timeout=120)
+    assert done.returncode == 2, done.stderr
     assert "within 3 s" in done.stderr and "--dist-start-timeout" in done.stderr
 
 

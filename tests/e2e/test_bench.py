@@ -4,6 +4,7 @@ Speed is never asserted here: only that each figure is there, positive, and labe
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -148,3 +149,14 @@ def test_bench_train_waits_for_a_missing_rank_only_as_long_as_dist_timeout(tmp_p
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and "within 3 s" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_bench_json_that_cannot_be_a_file_is_refused_before_measuring(kind, tmp_path):
+    """Found only after the measurement before: a traceback, or a wait for a FIFO reader."""
+    target = tmp_path / "out.json"
+    target.mkdir() if kind == "folder" else os.mkfifo(target)
+    done = subprocess.run([sys.executable, "-m", "workload.bench.cli", "train", *TINY_DATA,
+                           "--json", str(target)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.startswith(f"bench: error: --json {target} cannot be written")

@@ -123,11 +123,19 @@ def test_every_gpu_passes_the_matmul_check(tmp_path):
     (["--timeout", "-5"], ["--timeout", "-5.0", "--timeout 120"]),
     (["--probe-mib", "-1"], ["--probe-mib", "got -1"]),
     (["--pair-rounds", "0"], ["--pair-rounds", "got '0'", "`all`", "--pair-max-mib 0"]),
+    # inf doubled a size until memory ran out; nan passed `< 0` and skipped the sweep
+    (["--sweep-max-mib", "inf"], ["--sweep-max-mib", "'inf' is not a finite number"]),
+    (["--pair-max-mib", "nan"], ["--pair-max-mib", "'nan' is not a finite number"]),
+    (["--timeout", "nan"], ["--timeout", "'nan' is not a finite number"]),
+    (["--sweep-max-mib", "1e300"], ["--sweep-max-mib", "to 65536", "got 1e+300"]),
+    (["--probe-mib", "1e9"], ["--probe-mib", "to 65536"]),
 ])
 def test_bad_flags_exit_2_with_one_line_before_any_check(args, words, tmp_path):
     status, out, err, data = doctor(args, tmp_path)
     assert status == 2 and out == "" and data is None
-    assert len(err.strip().splitlines()) == 1 and err.startswith("doctor: error:")
+    errors = [line for line in err.splitlines() if "error:" in line]  # argparse: usage too
+    assert len(errors) == 1 and errors[0].startswith("doctor: error:"), err
+    err = errors[0]
     for word in words:
         assert word in err
 
@@ -137,3 +145,21 @@ def test_json_into_a_folder_that_cannot_exist_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "workload.doctor", "--json",
                            str(tmp_path / "a-file" / "d.json")], capture_output=True, text=True)
     assert done.returncode == 2 and "--json" in done.stderr and "a-file" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_json_that_cannot_be_a_file_exits_2_before_any_check(kind, tmp_path):
+    target = tmp_path / "out.json"
+    target.mkdir() if kind == "folder" else os.mkfifo(target)
+    done = subprocess.run([sys.executable, "-m", "workload.doctor", "--json", str(target)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and f"--json {target}" in done.stderr
+
+
+def test_shm_path_naming_a_regular_file_is_a_warning_not_ok(tmp_path):
+    (tmp_path / "shm-file").write_text("")
+    _, out, _, data = doctor(["--device", "cpu", "--shm-path", str(tmp_path / "shm-file")],
+                             tmp_path)
+    shm, = by_check(data, "shm")
+    assert shm["status"] == "warn" and "not a folder" in shm["detail"], shm

@@ -76,6 +76,21 @@ def test_two_processes_under_torchrun(tmp_path):
     assert [place["local_rank"] for place in data["ranks"]] == [0, 1]
 
 
+def test_a_probe_beyond_memory_names_probe_mib_not_nccl(tmp_path):
+    """16 GiB per rank under a 6 GiB address-space limit: no rank can hold the buffer."""
+    report = tmp_path / "doctor.json"
+    done = subprocess.run(["prlimit", f"--as={6 * 2**30}", sys.executable, "-m",
+                           "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                           "workload.doctor", "--device", "cpu", *FAST, "--probe-mib", "16384",
+                           "--json", str(report), "--output-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=300, env=clean_env(),
+                          cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    probe, = by_check(json.loads(report.read_text()), "allreduce")
+    assert probe["status"] == "fail" and "--probe-mib 16384 does not fit" in probe["detail"]
+    assert "--probe-mib" in probe["fix"] and "NCCL" not in probe["fix"], probe
+
+
 @pytest.mark.slurm
 def test_four_ranks_on_two_slurm_nodes_per_task(slurm_cluster, tmp_path):
     report = tmp_path / "doctor.json"

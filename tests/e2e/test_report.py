@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, read_jsonl, run_train
+from tests.helpers import TINY, read_jsonl, run_train, tmpfs
 from workload.report import BenchPoint, read_bench
 from workload.report import main as report_main
 
@@ -179,3 +179,46 @@ def test_ranks_busy_times_from_steps_jsonl_are_drawn(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"wrote {run / 'ranks.png'}" in done.stdout
     assert_png(run / "ranks.png")
+
+
+@pytest.mark.parametrize("damage", [b"[" * 100_000 + b"]" * 100_000, b'{"epoch": 2, "x": "\xff"}'],
+                         ids=["nested", "not UTF-8"])
+@pytest.mark.parametrize("damaged", ["metrics.jsonl", "steps.jsonl"])
+def test_a_nested_or_non_utf8_line_is_skipped_not_a_traceback(tmp_path, damaged, damage):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    steps = [{"step": 4 * i, "step_busy_by_rank_s": [0.02, 0.05]} for i in (1, 2)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    with open(run / damaged, "ab") as f:
+        f.write(damage + b"\n")
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert_png(run / "training.png")
+    assert_png(run / "ranks.png")
+    if damaged == "metrics.jsonl":
+        assert "line 2: not a JSON object" in done.stderr
+
+
+def test_a_read_only_run_folder_names_out_before_any_figure(tmp_path):
+    with tmpfs(tmp_path / "ro", "size=1m") as run:
+        (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+        subprocess.run(["mount", "-o", "remount,ro", str(run)], check=True)
+        done = report_command(run)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"RUN_DIR {run}" in lines[0] and "--out DIR" in lines[0]
+        done = report_command(run, "--out", tmp_path / "figures")
+        assert done.returncode == 0, done.stderr
+        assert_png(tmp_path / "figures" / "training.png")
+
+
+def test_out_naming_a_file_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    (tmp_path / "a-file").write_text("")
+    done = report_command(run, "--out", tmp_path / "a-file")
+    assert done.returncode == 2 and "--out" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -169,12 +169,22 @@ def test_auto_moves_bad_content_aside_and_falls_back(finished_run, name, write, 
     assert list((out / "checkpoints").glob("step-000000008.corrupt-*"))
 
 
+DAMAGED_METRICS_LINES = {
+    "torn": (b'{"epoch": 2, "train_lo', "line 2: no newline at its end (a torn write)"),
+    # json raised RecursionError, which nothing caught: every resume stopped
+    "nested": (b"[" * 100_000 + b"]" * 100_000 + b"\n", "line 2: not a JSON object"),
+    "not UTF-8": (b'{"epoch": 2, "note": "\xff"}\n', "line 2: not a JSON object"),
+}
+
+
 @pytest.mark.slow
-def test_a_torn_metrics_line_does_not_stop_a_resume(finished_run, capsys):
+@pytest.mark.parametrize("damage", DAMAGED_METRICS_LINES)
+def test_a_damaged_metrics_line_does_not_stop_a_resume(finished_run, damage, capsys):
     out, first = finished_run
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write('{"epoch": 2, "train_lo')
+    line, warning = DAMAGED_METRICS_LINES[damage]
+    with open(out / "metrics.jsonl", "ab") as f:
+        f.write(line)
     summary = run_train([*ARGS, "--epochs", "2"], out)
-    assert "torn" in capsys.readouterr().out
+    assert warning in capsys.readouterr().out
     assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     assert summary["epochs_run"] == 2

@@ -266,3 +266,26 @@ def test_the_model_file_honours_the_umask_like_the_other_files(digits_run):
     modes = {name: (digits_run / name).stat().st_mode & 0o777
              for name in ("model.safetensors", "model.json", "config.json")}
     assert len(set(modes.values())) == 1, modes  # 0600 for the weights alone before
+
+
+def test_evaluate_json_naming_a_folder_is_refused_before_the_work(digits_run, tmp_path, capsys):
+    (tmp_path / "e.json").mkdir()
+    status, out, err = evaluate([digits_run, "--json", tmp_path / "e.json"], capsys)
+    assert status == 2 and out == "" and f"--json {tmp_path / 'e.json'}" in err, err
+    assert err.count("\n") == 1
+
+
+def test_predict_gives_an_image_that_decodes_too_large_its_own_error_line(digits_run, tmp_path):
+    """A 64 Mpixel PNG of a few hundred kB: decoded, it ended the whole command under a
+    memory limit (MemoryError); it is refused from its header, the other images answered."""
+    from PIL import Image
+
+    Image.new("1", (8000, 8000)).save(tmp_path / "bomb.png")
+    Image.new("RGB", (16, 16), "white").save(tmp_path / "small.png")
+    done = subprocess.run([sys.executable, "-m", "workload.predict", str(digits_run),
+                           str(tmp_path / "bomb.png"), str(tmp_path / "small.png")],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    bomb, small = (json.loads(line) for line in done.stdout.splitlines())
+    assert "8000 x 8000 pixels" in bomb["error"] and "top" not in bomb, bomb
+    assert small["top"] and "error" not in small

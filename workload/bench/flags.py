@@ -8,6 +8,7 @@ import argparse
 
 from workload.config import add_flags
 from workload.errors import UsageError
+from workload.files import output_file_problem
 
 DEFAULT_BATCH_SIZES = "32,64,128,256"
 # Settings that make no sense for a benchmark: no early stop, no output folder.
@@ -59,6 +60,9 @@ def check(args: dict) -> None:
             raise UsageError(f"--{flag} must be 1 or more, got {args[flag]}")
     if args["command"] == "train":
         parse_sizes(args["batch_sizes"])
+    if args["json"] and (problem := output_file_problem(args["json"])):
+        raise UsageError(f"--json {args['json']} cannot be written ({problem}); pass a file "
+                         "path in a folder you can write to")
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -116,8 +116,8 @@ UNSAFE_LOAD_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     flat = cfg.to_dict()
-    for check in (_check_choices, _check_numbers, _check_special_values, _check_checkpoint,
-                  _check_optional_packages, _check_model, _check_data_files):
+    for check in (_check_text, _check_choices, _check_numbers, _check_special_values,
+                  _check_checkpoint, _check_optional_packages, _check_model, _check_data_files):
         check(flat)
     resolve_stem(cfg)  # a forced stem the model lacks
     _check_unsafe_load_env(os.environ)
@@ -127,6 +127,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise UsageError(message)
+
+
+def _check_text(c: dict) -> None:
+    """No control character in a setting's text: a folder name with a newline splits the
+    log lines and printed commands that name it, and the variables set from it."""
+    for key in KEYS:
+        value = c[key]
+        bad = isinstance(value, str) and any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+        _require(not bad, f"{flag_of(key)} {value!r} holds a control character (a newline, "
+                          "a tab or an escape); pass a name without one")
 
 
 def _check_choices(c: dict) -> None:
@@ -201,6 +211,14 @@ def _check_data_files(c: dict) -> None:
     source = Path(data_dir).expanduser()
     _require(source.is_dir() or (is_tar and source.is_file()),
              f"--data-dir {data_dir} does not exist, so --stage-to has nothing to copy")
+    # Links resolved: a staged copy inside the dataset becomes part of it (a class more
+    # for every later run), and a dataset inside the staging folder is copied into itself.
+    read, staged = source.resolve(), Path(stage_to).expanduser().resolve()
+    _require(not source.is_dir() or not (read == staged or read in staged.parents
+                                         or staged in read.parents),
+             f"--stage-to {stage_to} and --data-dir {data_dir} overlap ({staged} and {read}: "
+             "one holds the other), so the copy would go into the dataset; pass a --stage-to "
+             "outside it, such as $SLURM_TMPDIR")
 
 
 def _check_unsafe_load_env(env) -> None:

@@ -71,6 +71,9 @@ IGNORED = {"recipe"}
 def read_config_file(path: str) -> dict:
     """`key -> value` from the file, each value checked against its field's type."""
     file = Path(path).expanduser()
+    if file.exists() and not file.is_file():  # read, a FIFO waits for a writer forever
+        raise UsageError(f"--config {path} is not a regular file; pass a JSON or TOML file "
+                         "of settings, such as a run's config.json")
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as error:

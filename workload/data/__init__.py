@@ -24,9 +24,9 @@ import torch
 from workload.config import DATA_BACKENDS, NATURAL_IMAGE_SIZE, TrainConfig, image_size_of
 from workload.data.augment import ArrayImages, Normalizer
 from workload.data.cifar import load_cifar100
-from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, ArrayDataset, SplitDataset,
-                                    eval_transform, load_digits, load_imagefolder,
-                                    load_synthetic)
+from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, UNREADABLE, ArrayDataset,
+                                    SplitDataset, eval_transform, load_digits,
+                                    load_imagefolder, load_synthetic, open_rgb)
 from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
 from workload.data.staging import stage_data
 from workload.errors import UsageError
@@ -208,5 +208,5 @@ def no_steps_message(batch_size: int, num_train: int, world_size: int) -> str:
 
 
 __all__ = ["DATA_BACKENDS", "NATURAL_IMAGE_SIZE", "ArrayDataset", "DataBundle", "DataRequest",
-           "Normalizer", "available", "build_data", "choose", "eval_transform",
-           "read_in_memory", "stage_data"]
+           "Normalizer", "UNREADABLE", "available", "build_data", "choose", "eval_transform",
+           "open_rgb", "read_in_memory", "stage_data"]

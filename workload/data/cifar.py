@@ -27,6 +27,7 @@ import torch
 
 from workload.data.datasets import ArrayDataset, SplitDataset
 from workload.errors import UsageError
+from workload.files import unwritable_reason
 
 MAX_ROWS = 50_000  # images in CIFAR-100's training file (its test file holds 10,000)
 ROW_BYTES = 3 * 32 * 32
@@ -251,6 +252,9 @@ def read_cifar100_split(path: Path) -> ArrayDataset:
 def download_cifar100(data_dir: str) -> None:
     import torchvision  # only needed for the download
 
+    if problem := unwritable_reason(Path(data_dir).expanduser(), create=True):
+        raise UsageError(f"--download: CIFAR-100 cannot be downloaded into --data-dir "
+                         f"{data_dir} ({problem}); pass a folder you can write to")
     try:
         torchvision.datasets.CIFAR100(str(Path(data_dir).expanduser()), download=True)
     except Exception as error:  # network errors come in many types

@@ -136,6 +136,25 @@ def walk_once(top: str):
         yield root, dirs, files
 
 
+# The most pixels an image file may decode to: a small PNG can hold 64 Mpixel (200 MB as
+# RGB, more while decoding), which ends a process under a memory limit. PIL's own guard
+# only warns below 89 Mpixel. The size is read from the file's header, before decoding.
+MAX_PIXELS = 40_000_000
+# What reading an image file raises when the file cannot be an image here.
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, MemoryError)
+
+
+def open_rgb(path) -> Image.Image:
+    """An image file decoded as RGB, refused (ValueError) past MAX_PIXELS before its pixels
+    are decoded."""
+    with Image.open(path) as image:
+        width, height = image.size
+        if width * height > MAX_PIXELS:
+            raise ValueError(f"{width} x {height} pixels is more than the "
+                             f"{MAX_PIXELS // 10**6} Mpixel an image may have here; resize it")
+        return image.convert("RGB")
+
+
 def bad_file_note(path: str, error: Exception) -> None:
     if path not in _warned:
         _warned.add(path)
@@ -168,7 +187,7 @@ class CheckedImageFolder(ImageFolder):
             path, target = self.samples[(index + offset) % len(self.samples)]
             try:
                 sample = self.loader(path)
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            except UNREADABLE as error:
                 bad_file_note(path, error)
                 continue
             return (self.transform(sample) if self.transform else sample), target
@@ -204,7 +223,8 @@ def _open_split(root: Path, split: str, image_size: int, train: bool) -> ImageFo
         raise UsageError(f"--data-dir {root} has no {split}/ folder; an image folder dataset "
                          f"needs {root}/train/<class>/*.jpg and {root}/val/<class>/*.jpg")
     try:
-        return CheckedImageFolder(str(folder), transform=_transforms(image_size, train))
+        return CheckedImageFolder(str(folder), transform=_transforms(image_size, train),
+                                  loader=open_rgb)
     except (FileNotFoundError, PermissionError) as error:
         raise UsageError(f"cannot read images under {folder}: {error}; one sub-folder per "
                          "class with image files in each is expected") from None

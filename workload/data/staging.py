@@ -34,7 +34,7 @@ from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_di
                                       remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import write_json
+from workload.files import unwritable_reason, write_json
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
                                         exit_for_requeue)
 from workload.launch.variables import node_name
@@ -123,7 +123,9 @@ def stage_once(source: Path, stage_dir: Path,
     """The staging of this state of `source` in `stage_dir` (made unless a complete one is
     there, and locked for this process's life); what was done."""
     key = identity(source, flag)
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    if problem := unwritable_reason(stage_dir, create=True):  # made here
+        raise UsageError(f"--stage-to cannot be written ({problem}); pass a folder you can "
+                         "write to, such as $SLURM_TMPDIR")
     target = stage_dir / f"{staged_name(source)}-{key[:16]}"
     lock = lock_path(target)
     if lock not in _held:

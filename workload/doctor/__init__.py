@@ -32,12 +32,15 @@ from pathlib import Path
 from workload.commands import command_parser, main_of
 from workload.config import add_flags
 from workload.errors import UsageError
-from workload.files import unwritable_reason
+from workload.files import output_file_problem
 
 PROG = "doctor"
 # Rounds of the pair sweep by default: every pair of up to 65 ranks; beyond, every rank
 # still meets 64 partners (a bad NIC or GPU shows in every round), at a bounded cost.
 DEFAULT_PAIR_ROUNDS = 64
+# The largest all-reduce buffer a size flag may ask for (MiB): far beyond what a bandwidth
+# needs, and a bound on the sweeps' doubling sizes.
+MAX_MIB = 65536
 EXIT_FAILED = 1
 
 
@@ -72,23 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_flags(args) -> None:
     """Bad flags: one line and exit status 2 before any process group forms."""
-    if args.probe_mib < 0:
-        raise UsageError(f"--probe-mib must be 0 (no probe) or more, got {args.probe_mib}")
-    if args.sweep_max_mib < 0:
-        raise UsageError(f"--sweep-max-mib must be 0 (no sweep) or more, got "
-                         f"{args.sweep_max_mib}")
-    if args.pair_max_mib < 0:
-        raise UsageError(f"--pair-max-mib must be 0 (no pair sweep) or more, got "
-                         f"{args.pair_max_mib}")
+    for flag, off in (("probe-mib", "no probe"), ("sweep-max-mib", "no sweep"),
+                      ("pair-max-mib", "no pair sweep")):
+        value = getattr(args, flag.replace("-", "_"))
+        if not 0 <= value <= MAX_MIB:
+            raise UsageError(f"--{flag} must be from 0 ({off}) to {MAX_MIB} (a buffer of "
+                             f"{MAX_MIB // 1024} GiB), got {value:g}")
     args.pair_rounds = pair_rounds(args.pair_rounds)
     if args.probe_iters < 1:
         raise UsageError(f"--probe-iters must be 1 or more, got {args.probe_iters}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be more than 0 seconds, got {args.timeout}; "
                          "pass e.g. --timeout 120")
-    if args.json and unwritable_reason(Path(args.json).parent):
-        raise UsageError(f"--json {args.json}: cannot write into "
-                         f"{Path(args.json).parent}; pass a path in a folder you can write to")
+    if args.json and (problem := output_file_problem(args.json)):
+        raise UsageError(f"--json {args.json} cannot be written ({problem}); pass a file "
+                         "path in a folder you can write to")
 
 
 def pair_rounds(value: str) -> int | None:

@@ -44,8 +44,13 @@ def probe(args, info) -> tuple[dict | None, Finding]:
         return None, Finding("allreduce", INFO, "one process: no all-reduce to measure")
     if args.probe_mib == 0:
         return None, Finding("allreduce", INFO, "probe skipped (--probe-mib 0)")
+    buffer = ranks.probe_buffer(info, args.probe_mib)
+    if buffer is None:  # a size beyond memory, not the network's fault
+        return None, Finding("allreduce", FAIL, f"--probe-mib {args.probe_mib:g} does not fit "
+                             f"in the free memory of every rank's {info.device.type} "
+                             "(probe not run)", "pass a smaller --probe-mib (default 64)")
     try:
-        result = ranks.allreduce_probe(info, args.probe_mib, args.probe_iters)
+        result = ranks.allreduce_probe(info, buffer, args.probe_iters)
         correct = ranks.allreduce_is_correct(info)
     except Exception as error:
         return None, Finding("allreduce", FAIL, f"all-reduce failed: {error}".splitlines()[0],

@@ -78,6 +78,9 @@ def devices_to_check(device: torch.device, every_gpu: bool) -> list[torch.device
 
 # ---------------------------------------------------------------- /dev/shm
 def shm_check(path: str = "/dev/shm") -> Finding:
+    if os.path.exists(path) and not os.path.isdir(path):  # statvfs reads a file's mount
+        return Finding("shm", WARN, f"{path} is not a folder, so not a shared-memory mount",
+                       "pass --shm-path the mount to check (default /dev/shm)")
     try:
         stats = os.statvfs(path)
     except OSError as error:

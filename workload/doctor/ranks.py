@@ -77,10 +77,42 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # GPU-only line
 
 
-def allreduce_probe(info: DistInfo, megabytes: float, iterations: int, warmup: int = 2) -> dict:
-    """Time all-reduce of a float32 buffer; the slowest rank's time counts (as in nccl-tests)."""
+def free_bytes(device: torch.device) -> int | None:
+    """The memory a buffer on `device` can take now: the GPU's free memory, or the node's
+    available memory (MemAvailable) for the CPU; None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def probe_buffer(info: DistInfo, megabytes: float) -> torch.Tensor | None:
+    """The probe's float32 buffer on every rank, or None on every rank when it does not
+    fit on one of them (more than its free memory, the CPU ranks of a node sharing it, or
+    an allocation that failed): decided together, so no rank enters an all-reduce that
+    the others skip."""
     elements = max(1, int(megabytes * 2**20) // 4)
-    buffer = torch.ones(elements, dtype=torch.float32, device=info.device)
+    free = free_bytes(info.device)
+    sharing = info.local_world_size if info.device.type == "cpu" else 1
+    buffer = None
+    if free is None or elements * 4 * sharing <= free:
+        try:
+            buffer = torch.ones(elements, dtype=torch.float32, device=info.device)
+        except (RuntimeError, MemoryError):  # torch's out-of-memory errors are RuntimeErrors
+            buffer = None
+    everyone = torch.tensor([int(buffer is not None)], device=info.device)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+    return buffer if everyone.item() else None
+
+
+def allreduce_probe(info: DistInfo, buffer: torch.Tensor, iterations: int,
+                    warmup: int = 2) -> dict:
+    """Time all-reduce of `buffer`; the slowest rank's time counts (as in nccl-tests)."""
     for _ in range(warmup):  # connection setup and NCCL channel creation happen here
         dist.all_reduce(buffer)
     _sync(info.device)
@@ -93,7 +125,7 @@ def allreduce_probe(info: DistInfo, megabytes: float, iterations: int, warmup: i
                            device=info.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     seconds, n = elapsed.item(), info.world_size
-    size = elements * 4
+    size = buffer.numel() * 4
     algbw = size / seconds / 1e9
     return dict(backend=info.backend, world_size=n, bytes=size, iterations=iterations,
                 time_s=seconds, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (n - 1) / n)

@@ -22,7 +22,8 @@ from workload.distributed import DistInfo
 from workload.files import ensure_writable_caches
 from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for
-from workload.precision import configure_cudnn, configure_tf32, grad_scaler, resolve_precision
+from workload.precision import (configure_cudnn, configure_tf32, grad_scaler, resolve_precision,
+                                switches_kept)
 from workload.training.trainer import TrainState
 
 
@@ -33,8 +34,32 @@ def start_process(cfg: TrainConfig,
     where this process sits and the precision to use. The process group is left on every
     way out (a bad launch value is a UsageError before any group forms). `timeout_s`:
     the collectives' timeout at start (train's --dist-start-timeout; else --dist-timeout)."""
-    info = distributed.init_distributed(cfg.hardware.device,
-                                        timeout_s or cfg.distributed.dist_timeout_s)
+    with process_settings_kept():
+        info = distributed.init_distributed(cfg.hardware.device,
+                                            timeout_s or cfg.distributed.dist_timeout_s)
+        with joined(cfg, info) as precision:
+            yield info, precision
+
+
+@contextmanager
+def process_settings_kept() -> Iterator[None]:
+    """What a start changes for the whole process put back when the command returns or
+    raises, for a program that runs train (or evaluate, bench) in its own process: torch's
+    thread count, the TF32 and cuDNN switches and the CPU random state (the logger is
+    commands.run_command's; the cache variables moved by ensure_writable_caches stay
+    moved: their folders are still unwritable)."""
+    threads = torch.get_num_threads()
+    try:
+        with switches_kept(), torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def joined(cfg: TrainConfig, info: DistInfo) -> Iterator[str]:
+    """Logging, caches, numerics and the seed of a process that has joined; the process
+    group left on every way out."""
     try:
         setup_logging(info.rank)
         for variable, folder in ensure_writable_caches().items():
@@ -44,7 +69,7 @@ def start_process(cfg: TrainConfig,
         configure_tf32(precision)
         configure_cudnn(info.device)
         torch.manual_seed(cfg.training.seed)
-        yield info, precision
+        yield precision
     finally:
         distributed.teardown()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from workload import checkpoint, distributed
@@ -29,9 +30,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
     # Before the process group forms: torch reads the flight recorder's variables then.
-    start_timeout = max(cfg.distributed.dist_start_timeout_s, cfg.distributed.dist_timeout_s)
     with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
-            start_process(cfg, start_timeout) as (info, precision):
+            start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
         return run_in_process(cfg, info, precision, flag, started)
 
 
@@ -70,7 +70,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
         enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
-    with watchdog, open_board(cfg.logging.tensorboard and info.is_main, out, wandb) as board:
+    board_wanted = cfg.logging.tensorboard and info.is_main
+    with watching(watchdog), open_board(board_wanted, out, wandb) as board:
         hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
@@ -80,6 +81,24 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
+
+
+@contextmanager
+def watching(watchdog: StallWatchdog):
+    """The stall watchdog while the training runs, or, when its folder cannot be written
+    (a file, a dangling link or a read-only folder named diagnostics), one warning and the
+    training without it: diagnostics are never a reason not to train."""
+    try:
+        watchdog.__enter__()
+    except OSError as error:
+        logger.warning(f"no heartbeats or stall dumps for this run: {watchdog.folder} cannot "
+                       f"be written ({error.strerror or error}); training on")
+        yield None
+        return
+    try:
+        yield watchdog
+    finally:
+        watchdog.__exit__(None, None, None)
 
 
 def shorten_timeout(cfg: TrainConfig, info: DistInfo):

@@ -1,0 +1,187 @@
+"""`train` on damaged run folders and path flags, run as users run it: a damaged
+diagnostics folder is one warning and the training goes on."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import TINY, clean_env, tmpfs, write_image_folder
+
+pytestmark = pytest.mark.slow
+
+QUICK = [*TINY, "--dataset", "synthetic", "--synthetic-size", "64", "--num-classes", "2",
+         "--image-size", "16", "--batch-size", "32", "--epochs", "1"]
+
+
+def train(*args, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workload.train", *QUICK, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=clean_env())
+
+
+@contextlib.contextmanager
+def damaged_diagnostics(out, kind):
+    """The run folder `out` with its diagnostics/ damaged in one way."""
+    out.mkdir()
+    folder = out / "diagnostics"
+    if kind == "a file":
+        folder.write_text("not a folder")
+    elif kind == "a dangling link":
+        folder.symlink_to(out / "nowhere")
+    elif kind == "a folder named like a heartbeat":
+        (folder / "heartbeat-0.json").mkdir(parents=True)
+    if kind != "read-only":
+        yield
+        return
+    with tmpfs(folder, "size=1m"):
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        yield
+
+
+@pytest.mark.parametrize("kind", ["a file", "a dangling link", "a folder named like a heartbeat",
+                                  "read-only"])
+def test_a_damaged_diagnostics_folder_is_a_warning_and_the_run_trains(kind, tmp_path):
+    out = tmp_path / "run"
+    with damaged_diagnostics(out, kind):
+        done = train("--output-dir", out)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout.count("no heartbeats or stall dumps for this run") == 1, done.stdout
+    assert json.loads((out / "summary.json").read_text())["epochs_run"] == 1
+
+
+def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):
+    """The training reads image files through the same bound as predict: a 64 Mpixel PNG
+    in the data is a skipped file with a warning, not a worker ended by memory."""
+    from PIL import Image
+
+    data = write_image_folder(tmp_path / "pets", per_class=2)
+    Image.new("1", (8000, 8000)).save(data / "train" / "cat" / "bomb.png")
+    done = subprocess.run([sys.executable, "-m", "workload.train", *TINY, "--dataset",
+                           "imagefolder", "--data-dir", str(data), "--image-size", "16",
+                           "--batch-size", "5", "--epochs", "1", "--workers", "0",
+                           "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "bomb.png: it cannot be read as an image (8000 x 8000 pixels" in done.stdout
+
+
+# A program that calls train in its own process: what it had set before, and afterwards
+# the same read again (printed as JSON), then SIGUSR1 sent to itself.
+IN_PROCESS = """
+import json, logging, os, signal, sys
+import torch
+from workload.train import main
+
+torch.set_num_threads(2)
+torch.backends.cudnn.allow_tf32 = True
+torch.manual_seed(7)
+def settings():
+    log = logging.getLogger("workload")
+    return dict(threads=torch.get_num_threads(), tf32=torch.backends.cudnn.allow_tf32,
+                benchmark=torch.backends.cudnn.benchmark, rng=torch.rand(1).item(),
+                handlers=len(log.handlers), propagate=log.propagate, level=log.level,
+                files=len(os.listdir("/proc/self/fd")))
+state = torch.random.get_rng_state()
+before = settings()
+torch.random.set_rng_state(state)
+try:
+    main(sys.argv[1:])
+except SystemExit as stop:
+    print("exit", stop.code)
+print(json.dumps(dict(before=before, after=settings())))
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGUSR1)  # the default: the process ends
+"""
+
+
+@pytest.mark.parametrize("outcome", ["trained", "refused"])
+def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, tmp_path):
+    out = tmp_path / "run"
+    if outcome == "refused":  # another run's checkpoints: exit 2 after the process started
+        assert train("--output-dir", out).returncode == 0
+    args = [*QUICK, "--output-dir", str(out), *(["--width", "16"] if outcome == "refused" else [])]
+    done = subprocess.run([sys.executable, "-c", IN_PROCESS, *args], capture_output=True,
+                          text=True, timeout=300, env={**clean_env(), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == -signal.SIGUSR1, done.stdout[-2000:] + done.stderr[-2000:]
+    settings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert settings["after"] == settings["before"], settings
+    assert "Current thread" not in (out / "diagnostics" / "rank-0.txt").read_text()
+
+
+def fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+def dangling(path):
+    path.symlink_to(path.parent / "nowhere")
+    return path
+
+
+def a_file(path):
+    path.write_text("x")
+    return path
+
+
+def finished_run(tmp_path):
+    run = tmp_path / "finished"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"epoch": 1, "train_loss": 1.5, "test_loss": 1.4, "accuracy": 0.4,
+         "images_per_second": 900.0}) + "\n")
+    return run
+
+
+# name: (the command line, built in tmp_path; words of its one error line). Each hung (a
+# FIFO read), said "File exists" of a file or a dangling link, or blamed the network.
+PATH_FLAGS = {
+    "train --config a FIFO": (lambda p: ["train", *QUICK, "--config", fifo(p / "c.json")],
+                              ["--config", "is not a regular file"]),
+    "report, a bench file that is a FIFO": (
+        lambda p: ["report", finished_run(p), fifo(p / "b.json"), "--out", p / "figures"],
+        ["bench file", "is a FIFO, not a file"]),
+    "train --download into a file": (
+        lambda p: ["train", *TINY, "--dataset", "cifar100", "--download", "--data-dir",
+                   a_file(p / "data"), "--output-dir", p / "run"],
+        ["cannot be downloaded into --data-dir", "is a file, not a folder"]),
+    "train --stage-to a file": (
+        lambda p: ["train", *QUICK, "--dataset", "imagefolder",
+                   "--data-dir", write_image_folder(p / "pets", per_class=1),
+                   "--stage-to", a_file(p / "stage"), "--output-dir", p / "run"],
+        ["--stage-to", "is a file, not a folder", "$SLURM_TMPDIR"]),
+    "train --output-dir a dangling link": (
+        lambda p: ["train", *QUICK, "--output-dir", dangling(p / "run")],
+        ["--output-dir", "a symbolic link to", "which does not exist"]),
+    "report --out a dangling link": (
+        lambda p: ["report", finished_run(p), "--out", dangling(p / "figures")],
+        ["--out", "a symbolic link to", "which does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", PATH_FLAGS)
+def test_a_path_flag_naming_the_wrong_kind_of_thing_is_one_line(case, tmp_path):
+    build, words = PATH_FLAGS[case]
+    command, *args = build(tmp_path)
+    done = subprocess.run([sys.executable, "-m", f"workload.{command}", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+def test_report_on_a_run_whose_summary_is_a_fifo_draws_without_it(tmp_path):
+    run = finished_run(tmp_path)
+    fifo(run / "summary.json")
+    done = subprocess.run([sys.executable, "-m", "workload.report", str(run)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (run / "training.png").is_file()
