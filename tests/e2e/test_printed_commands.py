@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import REPO, wait_until_ended
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_the_submit_line_printed_by_launch_jobs_works_for_any_dest(slurm_cluster, tmp_path):

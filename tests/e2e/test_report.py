@@ -201,6 +201,7 @@ def test_a_nested_or_non_utf8_line_is_skipped_not_a_traceback(tmp_path, damaged,
         assert "line 2: not a JSON object" in done.stderr
 
 
+@pytest.mark.root  # a read-only tmpfs
 def test_a_read_only_run_folder_names_out_before_any_figure(tmp_path):
     with tmpfs(tmp_path / "ro", "size=1m") as run:
         (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")

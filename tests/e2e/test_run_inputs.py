@@ -44,6 +44,7 @@ def damaged_diagnostics(out, kind):
         yield
 
 
+@pytest.mark.root  # the read-only case mounts a tmpfs
 @pytest.mark.parametrize("kind", ["a file", "a dangling link", "a folder named like a heartbeat",
                                   "read-only"])
 def test_a_damaged_diagnostics_folder_is_a_warning_and_the_run_trains(kind, tmp_path):
