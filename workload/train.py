@@ -105,8 +105,10 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
                          "last complete checkpoint") from None
     finally:
         if not keep_signal_handlers:
-            flag.uninstall()
+            # In this order: unregistering the dump puts back what SIGUSR1 had when it was
+            # registered (ignored since start-up), and uninstall then what it had before.
             forget_dump_signal()
+            flag.uninstall()
 
 
 def forget_dump_signal() -> None:

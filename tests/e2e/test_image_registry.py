@@ -48,7 +48,7 @@ import pytest
 from tests.helpers import DOCTOR_FAST, REPO, TINY
 from tests.helpers.images import run
 
-pytestmark = [pytest.mark.image, pytest.mark.slow]
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.root]  # bind mounts
 
 VERSION = "0.1.0"
 USER_ID = 1000

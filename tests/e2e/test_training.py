@@ -74,12 +74,25 @@ def test_precisions_train_on_the_cpu(precision, tmp_path):
     assert summary["precision"] == precision and summary["steps_run"] == 2
 
 
-def test_tf32_switches_are_set_both_ways(tmp_path):
+def tf32_switches() -> tuple[bool, bool]:
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def test_tf32_switches_are_set_both_ways_for_the_run_and_put_back(tmp_path, monkeypatch):
+    from workload.training.trainer import Trainer
+
+    seen, fit = [], Trainer.fit
+
+    def recording_fit(self):  # the switches as the training loop runs with them
+        seen.append(tf32_switches())
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", recording_fit)
+    before = tf32_switches()
     run_train([*TINY, *SYNTHETIC, "--max-steps", "1", "--precision", "tf32"], tmp_path / "a")
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     run_train([*TINY, *SYNTHETIC, "--max-steps", "1", "--precision", "fp32"], tmp_path / "b")
-    assert not torch.backends.cuda.matmul.allow_tf32
-    assert not torch.backends.cudnn.allow_tf32
+    assert seen == [(True, True), (False, False)]
+    assert tf32_switches() == before  # a program that called train keeps its own
 
 
 def test_label_smoothing_and_resnet18_train(tmp_path):
