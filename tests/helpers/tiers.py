@@ -99,11 +99,8 @@ def guarded_env(env: dict | None, report: Path) -> dict:
 
 # Under pytest-xdist (make test): tests that share a built image run on one worker, which
 # builds it once; the SLURM tests are spread over SLURM_WORKERS workers by module, each
-# starting its own private cluster (tests/slurm: ports picked free). One for now: with two
-# session clusters, the test that starts a third beside them failed twice in two full runs
-# ("Task launch ... failed on node nid002: Unspecified error"), and passed alone; the
-# cause is not found yet.
-SLURM_WORKERS = 1
+# starting its own private cluster (tests/slurm: ports picked free), so their waits overlap.
+SLURM_WORKERS = 2
 
 
 def xdist_group(item: pytest.Item, slurm_modules: list[str]) -> str | None:

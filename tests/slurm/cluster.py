@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ SlurmctldPidFile={root}/ctld.pid
 SlurmctldLogFile={root}/ctld.log
 SlurmdPidFile={root}/d-%n.pid
 SlurmdLogFile={root}/d-%n.log
-SlurmdSpoolDir={root}/spool-%n
+SlurmdSpoolDir={spool}/spool-%n
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
@@ -115,6 +116,10 @@ class SlurmCluster:
     root: Path
     conf: Path
     munge_socket: Path
+    # slurmstepd makes a Unix socket per step in the spool folder, and a socket's path has
+    # at most 107 bytes: under a test's folder (xdist adds popen-gwN/) a step of a second
+    # cluster failed at launch ("Unspecified error"). The spool lives in a short /tmp path.
+    spool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slurm-")))
     nodes: tuple[str, ...] = NODES
     _pid_files: list[Path] = field(default_factory=list)
 
@@ -173,7 +178,8 @@ class SlurmCluster:
         self.conf.write_text(CONF_TEMPLATE.format(
             cluster=f"hpctrain{ctld_port}", first_job_id=random.randrange(1000, 900_000),
             host=host, ctld_port=ctld_port,
-            munge_socket=self.munge_socket, root=self.root, node_lines=node_lines,
+            munge_socket=self.munge_socket, root=self.root, spool=self.spool,
+            node_lines=node_lines,
             partition_lines="\n".join(PARTITIONS).format(
                 nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S)))
         (self.root / "state").mkdir(exist_ok=True)
@@ -208,6 +214,7 @@ class SlurmCluster:
         """Stop exactly the daemons this cluster started, by their pid files."""
         for pid_file in reversed(self._pid_files):
             _terminate(pid_file)
+        shutil.rmtree(self.spool, ignore_errors=True)
 
     def __enter__(self) -> SlurmCluster:
         return self
