@@ -158,7 +158,8 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
     base = run([SCRIPTS / base_script[0], *base_script[1:]]).stdout.split()[-1]
     base_ready = time.monotonic()
     remove_leftovers()
-    key = inputs_key(inspect(base)["Digest"], kind, arch, *build_args)
+    base_config = inspect(base)
+    key = inputs_key(base_config["Digest"], kind, arch, *build_args)
     tag, log_file = f"{REPOSITORY}:{kind}-{key}", CACHE / "image-logs" / f"{kind}-{key}.log"
     if not (run(["podman", "image", "exists", tag], check=False).returncode == 0
             and log_file.exists()):
@@ -174,7 +175,7 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
                      f"hpc-train-test-{kind}-{os.getpid()}", tag]).stdout.strip()
     try:
         rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
-        yield Built(tag, base, container, rootfs, inspect(tag), inspect(base),
+        yield Built(tag, base, container, rootfs, inspect(tag), base_config,
                     {"base": base_ready - started, "build": built - base_ready,
                      "container": time.monotonic() - built}, log_file.read_text())
     finally:
