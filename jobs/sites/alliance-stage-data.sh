@@ -22,13 +22,16 @@ stage_dataset() {
   fi
   DATA_DIR=${SLURM_TMPDIR}/data
   export DATA_DIR
-  # shellcheck disable=SC2016  # $1 and $2 belong to the inner bash
-  if [[ -d ${archive} ]]; then
-    srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 \
-      bash -c 'mkdir -p "$2" && cp -r "$1"/. "$2"/' stage "${archive}" "${DATA_DIR}"
-  else
-    srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 \
-      bash -c 'mkdir -p "$2" && tar -xf "$1" -C "$2"' stage "${archive}" "${DATA_DIR}"
-  fi
+  # Each task unpacks into a private folder beside DATA_DIR and renames it into place, so
+  # DATA_DIR never holds a half copy, and tasks that share a disk (nodes of one host, a
+  # shared SLURM_TMPDIR) cannot interleave their copies: the first rename wins, the
+  # others find DATA_DIR there and drop theirs.
+  local unpack='tar -xf "$1" -C "${tmp}"'
+  [[ ! -d ${archive} ]] || unpack='cp -r "$1"/. "${tmp}"/'
+  # shellcheck disable=SC2016  # $1, $2 and ${tmp} belong to the inner bash
+  srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 bash -c \
+    'mkdir -p "${2%/*}" && tmp=$(mktemp -d "$2.partial.XXXXXX") && '"${unpack}"' &&
+     { mv -T "${tmp}" "$2" 2>/dev/null || { rm -rf "${tmp}"; [[ -d $2 ]]; }; }' \
+    stage "${archive}" "${DATA_DIR}"
   printf 'stage: %s on every node at DATA_DIR=%s\n' "${archive}" "${DATA_DIR}" >&2
 }

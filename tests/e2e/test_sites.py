@@ -190,6 +190,23 @@ def test_alliance_stages_the_dataset_once_per_node_to_slurm_tmpdir(stubs, tmp_pa
     assert argv[:4] == ["srun", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1"]
 
 
+
+def test_alliance_staging_on_a_shared_disk_never_mixes_two_copies(stubs, tmp_path):
+    """Two nodes' tasks copying to one disk at once (what a test cluster on one host does)
+    both succeed, and DATA_DIR holds one whole copy with no partial folder beside it."""
+    source = tmp_path / "data"
+    for i in range(200):
+        (source / f"class-{i % 10}").mkdir(parents=True, exist_ok=True)
+        (source / f"class-{i % 10}" / f"{i}.txt").write_text(str(i))
+    local = tmp_path / "localscratch"
+    stage = f'source "{SITES / "alliance-stage-data.sh"}"; stage_dataset "{source}"'
+    done = bash(f"({stage}) & ({stage}) & wait -n && wait -n", stubs,
+                SLURM_TMPDIR=str(local), SLURM_NNODES="1", STUB_RUN="1")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in local.iterdir()) == ["data"]
+    copied = sorted(str(p.relative_to(local / "data")) for p in (local / "data").rglob("*.txt"))
+    assert copied == sorted(str(p.relative_to(source)) for p in source.rglob("*.txt"))
+
 # ------------------------------------------------------------------ train under pyxis
 def test_train_warns_when_relative_folders_would_land_in_the_container(tmp_path, capsys,
                                                                         monkeypatch):

@@ -3,6 +3,7 @@ commands inside a built image, and reading what changed in its filesystem."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -161,15 +162,19 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
     base_config = inspect(base)
     key = inputs_key(base_config["Digest"], kind, arch, *build_args)
     tag, log_file = f"{REPOSITORY}:{kind}-{key}", CACHE / "image-logs" / f"{kind}-{key}.log"
-    if not (run(["podman", "image", "exists", tag], check=False).returncode == 0
-            and log_file.exists()):
-        proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", f"INPUTS_KEY={key}",
-                    SCRIPTS / "build_image.sh", base, tag, *build_args])
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        log_file.write_text(proc.stdout + proc.stderr)
-        for stale in test_images():
-            if stale.startswith(f"{REPOSITORY}:{kind}-") and stale != tag:
-                run(["podman", "rmi", "--force", stale], check=False)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    # Two xdist workers may need one image (the registry tests push the amd64 one the
+    # build tests use): the second waits for the first's build and reuses it.
+    with open(log_file.with_name(f"{kind}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run(["podman", "image", "exists", tag], check=False).returncode == 0
+                and log_file.exists()):
+            proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", f"INPUTS_KEY={key}",
+                        SCRIPTS / "build_image.sh", base, tag, *build_args])
+            log_file.write_text(proc.stdout + proc.stderr)
+            for stale in test_images():
+                if stale.startswith(f"{REPOSITORY}:{kind}-") and stale != tag:
+                    run(["podman", "rmi", "--force", stale], check=False)
     built = time.monotonic()
     container = run(["buildah", "from", "--pull-never", "--arch", arch, "--name",
                      f"hpc-train-test-{kind}-{os.getpid()}", tag]).stdout.strip()

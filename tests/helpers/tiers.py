@@ -97,16 +97,20 @@ def guarded_env(env: dict | None, report: Path) -> dict:
     return env
 
 
-# Under pytest-xdist (make test): tests that share a built image run on one worker, which
-# builds it once; the SLURM tests are spread over SLURM_WORKERS workers by module, each
+# Under pytest-xdist (make test): the image tests run on two workers, one for the amd64
+# images and one for the arm64 image and the registry that pushes both (a lock in
+# tests/helpers/images.py builds each image once), so the emulated arm64 build overlaps
+# the amd64 ones; the SLURM tests are spread over SLURM_WORKERS workers by module, each
 # starting its own private cluster (tests/slurm: ports picked free), so their waits overlap.
 SLURM_WORKERS = 2
+ARM64_FIXTURES = ("arm64_image", "registry")
 
 
 def xdist_group(item: pytest.Item, slurm_modules: list[str]) -> str | None:
     markers = markers_of(item)
     if "image" in markers:
-        return "image"
+        needs = getattr(item, "fixturenames", ())
+        return "image-arm64" if any(name in needs for name in ARM64_FIXTURES) else "image"
     if "slurm" in markers:
         return f"slurm-{slurm_modules.index(item.module.__name__) % SLURM_WORKERS}"
     return None

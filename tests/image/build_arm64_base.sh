@@ -107,7 +107,7 @@ main() {
     echo "build_arm64_base: building ${image} (${STORAGE_DRIVER} storage)" >&2
     import_rootfs "${image}"
     for ref in $(podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=${REPO}"); do
-      [[ "${ref}" == "${image}" ]] || podman rmi --force "${ref}" >/dev/null
+      [[ "${ref}" == "${image}" ]] || remove_image "${ref}"
     done
   fi
   echo "${image}"

@@ -58,7 +58,7 @@ remove_stale() {
   local hash="$1" repo ref
   for repo in "${NGC_REPO}" "${BARE_REPO}"; do
     for ref in $(podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=${repo}"); do
-      [[ "${ref}" == "${repo}:${hash}" ]] || podman rmi --force "${ref}" >/dev/null
+      [[ "${ref}" == "${repo}:${hash}" ]] || remove_image "${ref}"
     done
   done
 }
@@ -80,7 +80,7 @@ main() {
     echo "build_base: building ${bare} (${STORAGE_DRIVER} storage)" >&2
     image_exists "${rootfs}" || import_rootfs "${rootfs}"
     build_standin "${bare}" bare-base "ROOTFS=${rootfs}"
-    podman rmi "${rootfs}" >/dev/null
+    remove_image "${rootfs}"
   fi
   if ! image_exists "${ngc}"; then
     build_standin "${ngc}" standin-base "TORCH_BASE=${bare}"

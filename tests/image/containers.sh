@@ -18,6 +18,15 @@ CONTAINERS_DIR="${HPC_TRAIN_CACHE}/containers"
 
 err() { echo "$(basename "$0"): $*" >&2; }
 
+# remove_image REF: an image and the build containers still using it. A build killed
+# half-way leaves its working container (IMAGE-working-container) behind, and podman
+# refuses to remove an image that a buildah container uses, even with --force.
+remove_image() {
+  local ref="$1"
+  buildah containers --quiet --filter "ancestor=${ref}" | xargs -r buildah rm >/dev/null
+  podman rmi --force "${ref}" >/dev/null
+}
+
 storage_conf() {
   local driver="$1" dir="$2"
   printf '[storage]\ndriver = "%s"\ngraphroot = "%s/storage"\nrunroot = "%s/run"\n' \

@@ -63,9 +63,13 @@ GROUPED_TESTS = '''
 import os
 import pytest
 
+@pytest.fixture
+def registry():
+    pass
+
 @pytest.mark.{marker}
 @pytest.mark.parametrize("i", range(4))
-def test_{name}(i):
+def test_{name}(i, {fixture}):
     with open("workers.txt", "a") as f:
         f.write("{name} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
 '''
@@ -80,9 +84,11 @@ def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
         "@pytest.hookimpl(tryfirst=True)\n"
         "def pytest_collection_modifyitems(items):\n    tiers.group_for_workers(items)\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    image\n    slurm\n")
-    for module, marker in (("one", "image"), ("two", "image"), ("three", "slurm")):
+    for module, marker, fixture in (("one", "image", "tmp_path"), ("two", "image", "tmp_path"),
+                                    ("three", "slurm", "tmp_path"), ("four", "image", "registry"),
+                                    ("five", "image", "registry")):
         (tmp_path / f"test_{module}.py").write_text(
-            GROUPED_TESTS.format(marker=marker, name=module))
+            GROUPED_TESTS.format(marker=marker, name=module, fixture=fixture))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist",
                            "loadgroup", "-p", "no:cacheprovider"], cwd=tmp_path, text=True,
                           capture_output=True, timeout=300,
@@ -90,7 +96,39 @@ def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
                               filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})
     assert done.returncode == 0, done.stdout + done.stderr
     ran = [line.split() for line in (tmp_path / "workers.txt").read_text().splitlines()]
-    assert len(ran) == 12
-    image_workers = {worker for name, worker in ran if name in ("one", "two")}
-    slurm_workers = {worker for name, worker in ran if name == "three"}
-    assert len(image_workers) == 1 and len(slurm_workers) == 1, ran
+    assert len(ran) == 20
+    for names in (("one", "two"), ("three",), ("four", "five")):  # amd64, SLURM, arm64
+        assert len({worker for name, worker in ran if name in names}) == 1, ran
+
+
+SESSION_FIXTURE_TESTS = '''
+import subprocess
+import pytest
+
+@pytest.fixture(scope="session")
+def mounted():
+    yield
+    subprocess.run(["mount", "--version"], check=True, capture_output=True)
+
+@pytest.mark.root
+def test_heavy(mounted):
+    pass
+
+def test_light_and_last():
+    pass
+'''
+
+
+@pytest.mark.slow  # a pytest process, a few seconds
+def test_a_session_fixture_ends_in_the_last_tests_teardown_unrefused(tmp_path):
+    """A worker's last test, unmarked, also tears down the session's fixtures that heavy
+    tests set up (an image's container): that cleanup is not the light test's work."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_runtest_setup, pytest_runtest_teardown  # noqa\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    root\n")
+    (tmp_path / "test_order.py").write_text(SESSION_FIXTURE_TESTS)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, text=True, capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
