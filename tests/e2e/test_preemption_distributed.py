@@ -24,10 +24,11 @@ pytestmark = pytest.mark.slow
 DIE_ONCE = TESTS / "helpers" / "die_once.py"
 DIE_ONCE_PLAIN = TESTS / "helpers" / "die_once_plain.py"
 ENTRYPOINT = REPO / "entrypoint.sh"
-# 2 epochs of 4 steps per rank (128 images, 16 per rank and step).
+# 2 epochs of 4 steps per rank (128 images, 16 per rank and step). A rank left alone
+# fails within 2 minutes instead of train's 30 (the start) and 10.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "2", "--seed", "9",
-        "--precision", "fp32"]
+        "--precision", "fp32", "--dist-start-timeout", "120", "--dist-timeout", "120"]
 
 
 def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
@@ -45,8 +46,16 @@ def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
 
 
 def finish(procs: list[subprocess.Popen]) -> list[str]:
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    return logs
+    """Both ranks' output; a rank still running after the timeouts the runs are given
+    (ARGS) is killed, and the failure shows what each rank printed."""
+    try:
+        return [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = [p.communicate()[0] for p in procs]
+        raise AssertionError("a rank did not end:\n" + "\n".join(
+            f"--- rank {rank}\n{log[-3000:]}" for rank, log in enumerate(logs))) from None
 
 
 def run_two_ranks(out: Path, *extra: str) -> dict:

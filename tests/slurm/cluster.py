@@ -38,8 +38,9 @@ LAUNCH_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RA
 
 CONF_TEMPLATE = """\
 ClusterName={cluster}
-# Job ids start at a random point: MASTER_PORT is derived from the job id, and another
-# private cluster on this machine would otherwise hand out the same ids (and ports).
+# Job ids start in a block of this worker's own (first_job_id): MASTER_PORT is derived
+# from the job id, and another private cluster on this machine would otherwise hand out
+# the same ids (and ports).
 FirstJobId={first_job_id}
 SlurmctldHost={host}
 SlurmctldPort={ctld_port}
@@ -86,12 +87,37 @@ PARTITIONS = (
 )
 
 
+# Where free_ports draws: below the range SLURM jobs derive MASTER_PORT from (20000-29999,
+# workload/launch/variables.py) and below the kernel's ephemeral range (32768 and up).
+PORTS = range(10000, 20000)
+# The OS's randomness: a training in a test process seeds Python's `random` alike in
+# every xdist worker, which would draw the same ports and job ids.
+DRAW = random.SystemRandom()
+
+
+def first_job_id() -> int:
+    """Job ids in a block of 200 residues mod 1000 of this xdist worker's own (MASTER_PORT
+    is derived from the job id mod 1000): clusters of concurrent workers never hand out
+    ports that collide, if each submits fewer than 200 jobs."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    return DRAW.randrange(1, 900) * 1000 + 200 * (worker % 5)
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports the kernel reports free right now (held open together so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """Ports free right now (held open together so they differ), from PORTS: a port from
+    the ephemeral range can be taken, between this check and the server's bind, as the
+    local end of any outgoing connection (a gloo mesh, a store client, an RPC of another
+    worker's cluster); a port from PORTS only by a bind that asks for it."""
+    sockets: list[socket.socket] = []
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+        while len(sockets) < count:
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", DRAW.choice(PORTS)))
+            except OSError:  # in use: draw another
+                sock.close()
+                continue
+            sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
@@ -176,7 +202,7 @@ class SlurmCluster:
             f"CPUs=2 RealMemory=10000 State=UNKNOWN"
             for name, port in zip(self.nodes, node_ports))
         self.conf.write_text(CONF_TEMPLATE.format(
-            cluster=f"hpctrain{ctld_port}", first_job_id=random.randrange(1000, 900_000),
+            cluster=f"hpctrain{ctld_port}", first_job_id=first_job_id(),
             host=host, ctld_port=ctld_port,
             munge_socket=self.munge_socket, root=self.root, spool=self.spool,
             node_lines=node_lines,
