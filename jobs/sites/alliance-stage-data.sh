@@ -26,9 +26,11 @@ stage_dataset() {
   # DATA_DIR never holds a half copy, and tasks that share a disk (nodes of one host, a
   # shared SLURM_TMPDIR) cannot interleave their copies: the first rename wins, the
   # others find DATA_DIR there and drop theirs.
+  # shellcheck disable=SC2016  # $1, $2 and ${tmp} belong to the inner bash (3 lines)
   local unpack='tar -xf "$1" -C "${tmp}"'
+  # shellcheck disable=SC2016
   [[ ! -d ${archive} ]] || unpack='cp -r "$1"/. "${tmp}"/'
-  # shellcheck disable=SC2016  # $1, $2 and ${tmp} belong to the inner bash
+  # shellcheck disable=SC2016
   srun --ntasks="${nodes}" --ntasks-per-node=1 --cpus-per-task=1 bash -c \
     'mkdir -p "${2%/*}" && tmp=$(mktemp -d "$2.partial.XXXXXX") && '"${unpack}"' &&
      { mv -T "${tmp}" "$2" 2>/dev/null || { rm -rf "${tmp}"; [[ -d $2 ]]; }; }' \
