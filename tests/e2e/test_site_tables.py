@@ -19,7 +19,7 @@ from tests.helpers import REPO
 
 JOBS = REPO / "jobs"
 READ = "2026-11-24"  # the date the pages below were read
-OLIVIA_READ = "2026-11-25"  # Olivia's pages, read again for its recipe's fixes
+READ_AGAIN = "2026-11-25"  # pages read again for the recipes' fixes (Olivia, CSCS build)
 
 CSCS_NCCL = "https://docs.cscs.ch/software/communication/nccl/"
 CSCS_PYTORCH = "https://docs.cscs.ch/software/ml/pytorch/"
@@ -160,7 +160,7 @@ def test_each_preset_sets_the_published_values_and_cites_them(name):
     if any(url.startswith("https://docs.cscs.ch") for _, url in table.values()):
         assert READ in text, f"{name}.sh does not say when its pages were read"
     if any("sigma2" in url for _, url in table.values()):
-        assert OLIVIA_READ in text, f"{name}.sh does not say when its pages were read"
+        assert READ_AGAIN in text, f"{name}.sh does not say when its pages were read"
 
 
 def test_every_preset_file_has_a_table():
@@ -228,7 +228,7 @@ def test_each_olivia_fact_is_cited_where_it_is_used(value, url, files):
     for name in files:
         text = (REPO / name).read_text()
         assert value in text, (name, value)
-        assert url in text and OLIVIA_READ in text, (name, url)
+        assert url in text and READ_AGAIN in text, (name, url)
 
 
 def test_olivia_loads_nris_gpu_before_its_nccl_module():
@@ -244,3 +244,20 @@ def test_olivia_loads_nris_gpu_before_its_nccl_module():
     for stale in ("R565", "-cuda12", "does not see", "cannot see"):
         assert stale not in page, stale
     assert "our choice" in page and "this project's choice" in job
+
+
+# Facts of other pages, read 2026-11-25, each next to its page.
+CSCS_BUILD = "https://docs.cscs.ch/build-install/containers/"
+PAGE_FACTS = [
+    ("docs/sites/cscs-alps.md", "enroot import -x mount -o", CSCS_BUILD),
+    ("docs/sites/cscs-alps.md", "podman build -t", CSCS_BUILD),
+    ("docs/sites/cscs-alps.md", "/dev/shm", CSCS_BUILD),
+    ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
+    ("docs/hangs.md", "FI_CXI_RDZV_EAGER_SIZE=0", CSCS_NCCL),
+]
+
+
+@pytest.mark.parametrize("name,value,url", PAGE_FACTS, ids=lambda v: str(v)[:40])
+def test_each_page_fact_is_cited_with_its_date(name, value, url):
+    text = (REPO / name).read_text()
+    assert value in text and url in text and READ_AGAIN in text, (name, value, url)
