@@ -2,10 +2,12 @@
 # NCCL over libfabric on HPE Slingshot for Sigma2 Olivia (GH200), as Olivia's NCCL page
 # asks for them: https://documentation.sigma2.no/hpc_machines/olivia/nccl.html ("NCCL
 # runtime configuration"; the values are HPE's, shs-ccl-docs ccl_env.sh). The site's NCCL
-# modules set them on the host; a container does not see the modules, so this preset sets
-# them for it. Select it with PRESET=sigma2-olivia; bind the site's NCCL stack with
-# jobs/sites/sigma2-olivia-binds.sh (docs/sites/sigma2-olivia.md). Values read 2026-11-24
-# (the page says "At this moment (May 2026)").
+# modules set them on the host, and Apptainer passes them into the container
+# (https://documentation.sigma2.no/hpc_machines/olivia/nccl_apptainer.html); this preset
+# sets them too, so that the job log shows them and a job without the modules (another
+# NCCL, another runtime) still gets them. Select it with PRESET=sigma2-olivia; bind the
+# site's NCCL stack with jobs/sites/sigma2-olivia-binds.sh (docs/sites/sigma2-olivia.md).
+# Values read 2026-11-25 (the page says "At this moment (May 2026)").
 #
 # Against the LL128 data corruption (GPUDirect in NCCL's LL128 protocol,
 # https://github.com/NVIDIA/nccl/issues/2001): the page requires these on Slingshot GH200
@@ -28,5 +30,5 @@ export HSA_FORCE_FINE_GRAIN_PCIE=1     # in HPE's list (an AMD ROCm setting; ine
 # LL128 off: the same page ("Performance considerations": disabling it also avoids the
 # corruption), and Olivia's multi-node PyTorch guide runs its container with it
 # (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiNode.html,
-# read 2026-11-24: --env NCCL_PROTO="${NCCL_PROTO:-^LL128}").
+# read 2026-11-25: --env NCCL_PROTO="${NCCL_PROTO:-^LL128}").
 export NCCL_PROTO=^LL128

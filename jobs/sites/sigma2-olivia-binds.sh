@@ -1,18 +1,29 @@
 # shellcheck shell=bash
-# Sigma2 Olivia: make the site's NCCL, aws-ofi-nccl and libfabric (Slingshot) visible
-# inside the Apptainer container, as Olivia's NCCL page advises for containers
-# (https://documentation.sigma2.no/hpc_machines/olivia/nccl.html). Sourced by a job
-# script after `module load NCCL/...` (the module loads the matching plugin):
+# Sigma2 Olivia: make the site's NCCL, aws-ofi-nccl, libfabric and libcxi (Slingshot)
+# visible inside the Apptainer container, as Olivia's multi-node PyTorch guide does on its
+# direct-container route, read 2026-11-25
+# (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiNode.html):
+# it binds the modules' library folders and the host's /usr/lib64 (where libcxi lives),
+# puts them first on the container's library path and sets FI_PROVIDER=cxi. Sourced by a
+# job script after the modules are loaded (NCCL/... is found only after NRIS/GPU:
+# https://documentation.sigma2.no/hpc_machines/olivia/nccl.html):
 #
-#   module load NCCL/2.27.7-GCCcore-14.3.0-CUDA-12.9.1
+#   module reset; module load NRIS/GPU; module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0
 #   source jobs/sites/sigma2-olivia-binds.sh
-#   olivia_bind_nccl        # exports APPTAINER_BIND and APPTAINERENV_LD_LIBRARY_PATH
+#   olivia_bind_nccl        # exports APPTAINER_BIND, APPTAINERENV_LD_LIBRARY_PATH, FI_PROVIDER
 #   olivia_check_nccl       # stops (exit 2) when the bound libnccl is older than torch's
 #
-# It takes the library folders from the loaded modules (the LD_LIBRARY_PATH entries
-# whose path names NCCL, OFI, libfabric or CXI), binds each read-only at the same path,
-# and puts them first on the container's library path. It prints what it set. Check the
-# result once in a job with NCCL_DEBUG=INFO: NCCL's log names the plugin it loaded.
+# The module folders are the LD_LIBRARY_PATH entries whose path names NCCL, OFI,
+# libfabric or CXI; each is bound read-only at the same path. Apptainer passes most host
+# variables into the container (the modules' NCCL and FI_* settings reach it), but not
+# LD_LIBRARY_PATH, which is why the library path is set here; the image's own library
+# path is kept after ours ("\$LD_LIBRARY_PATH" is evaluated in the container). Both:
+# https://apptainer.org/docs/user/latest/environment_and_metadata.html, read 2026-11-25.
+# It prints what it set. Check the result once in a job with NCCL_DEBUG=INFO: NCCL's log
+# names the plugin it loaded.
+
+# The host folder of libcxi, bound and put on the library path as Olivia's guide does.
+OLIVIA_CXI_DIR=${OLIVIA_CXI_DIR:-/usr/lib64}
 
 # Prints the host library folders of the NCCL stack, one per line.
 olivia_nccl_dirs() {
@@ -33,13 +44,18 @@ olivia_bind_nccl() {
     libs+="${libs:+:}${dir}"
   done < <(olivia_nccl_dirs)
   if [[ -z ${libs} ]]; then
-    printf 'olivia: no NCCL, OFI or libfabric folder on LD_LIBRARY_PATH: load an NCCL module first (ml avail nccl)\n' >&2
+    printf 'olivia: no NCCL, OFI or libfabric folder on LD_LIBRARY_PATH: load the modules first (module load NRIS/GPU, then NCCL/...; module avail NCCL lists them)\n' >&2
     return 2
   fi
+  if [[ -d ${OLIVIA_CXI_DIR} ]]; then
+    binds+=",${OLIVIA_CXI_DIR}:${OLIVIA_CXI_DIR}:ro"
+    libs+=":${OLIVIA_CXI_DIR}"
+  fi
   export APPTAINER_BIND="${APPTAINER_BIND:+${APPTAINER_BIND},}${binds}"
-  export APPTAINERENV_LD_LIBRARY_PATH="${libs}${APPTAINERENV_LD_LIBRARY_PATH:+:${APPTAINERENV_LD_LIBRARY_PATH}}"
-  printf 'olivia: APPTAINER_BIND=%s\nolivia: APPTAINERENV_LD_LIBRARY_PATH=%s\n' \
-    "${APPTAINER_BIND}" "${APPTAINERENV_LD_LIBRARY_PATH}" >&2
+  export APPTAINERENV_LD_LIBRARY_PATH="${libs}${APPTAINERENV_LD_LIBRARY_PATH:+:${APPTAINERENV_LD_LIBRARY_PATH}}:\$LD_LIBRARY_PATH"
+  export FI_PROVIDER=${FI_PROVIDER:-cxi}
+  printf 'olivia: APPTAINER_BIND=%s\nolivia: APPTAINERENV_LD_LIBRARY_PATH=%s\nolivia: FI_PROVIDER=%s\n' \
+    "${APPTAINER_BIND}" "${APPTAINERENV_LD_LIBRARY_PATH}" "${FI_PROVIDER}" >&2
 }
 
 # Runs `python -m workload.launch nccl` where training will run (the image, with the
@@ -48,10 +64,10 @@ olivia_bind_nccl() {
 # the bound libnccl is older than the one torch was built with.
 olivia_check_nccl() {
   local -a modules runner
-  # Lmod's `module -t avail` lists one module a line, on stderr.
+  # Lmod's `module -t avail` lists one module a line, on stderr (NRIS/GPU loaded first).
   mapfile -t modules < <(module -t avail NCCL 2>&1 | grep '^NCCL/' || true)
   if [[ ${RUNTIME:-apptainer} == none ]]; then
-    runner=(env "LD_LIBRARY_PATH=${APPTAINERENV_LD_LIBRARY_PATH:-}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" python3)
+    runner=(env "LD_LIBRARY_PATH=${APPTAINERENV_LD_LIBRARY_PATH%:\$LD_LIBRARY_PATH}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" python3)
   else
     runner=(apptainer exec --nv "${IMAGE:-hpc-train.sif}" python3)
   fi

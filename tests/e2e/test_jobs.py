@@ -144,6 +144,21 @@ def sbatch_settings(script: Path) -> dict[str, str]:
             "SLURM_CPUS_PER_TASK": header["cpus-per-task"]}
 
 
+# The generic scripts run on any site: a 4-GPU node of 48 cores (JUWELS Booster's A100
+# nodes, docs/sites/jsc-juwels-booster.md) must be able to start them, so they ask at most
+# 12 CPUs per GPU, and never a whole node of one site.
+CPUS_PER_GPU_ANY_NODE_HAS = 12
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_each_generic_job_script_asks_cpus_any_gpu_node_has(script):
+    settings = sbatch_settings(script)
+    cpus, gpus = int(settings["SLURM_CPUS_PER_TASK"]), int(settings["SLURM_GPUS_PER_NODE"])
+    tasks = int(settings["SLURM_NTASKS_PER_NODE"])
+    assert cpus * tasks <= CPUS_PER_GPU_ANY_NODE_HAS * gpus, (script.name, cpus, gpus)
+    assert "holds the node" not in script.read_text()
+
+
 # Per script: the layout it uses, and the train arguments it adds before the user's.
 EXPECTED = {"1gpu.sbatch": ("per-task", []), "1node-4gpu-per-task.sbatch": ("per-task", []),
             "1node-4gpu-torchrun.sbatch": ("torchrun", []), "multinode.sbatch": ("per-task", []),

@@ -222,10 +222,10 @@ def test_job_script_chain_continues_a_preempted_run_in_the_next_job(slurm_cluste
     --dependency=afterany and ends; the successor (a new job id, the same run folder)
     resumes from the checkpoint and completes."""
     text = (REPO / "jobs" / "requeue.sbatch").read_text()
-    header = {"#SBATCH --cpus-per-task=72": "#SBATCH --cpus-per-task=2",
-              "#SBATCH --time=04:00:00": "#SBATCH --time=10"}
-    body = "\n".join(header.get(line, line) for line in text.splitlines()
-                     if not line.startswith("#SBATCH --gpus"))
+    header = {"#SBATCH --time=04:00:00": "#SBATCH --time=10"}
+    body = "\n".join(header.get(line, re.sub(r"^#SBATCH --cpus-per-task=\d+$",
+                                              "#SBATCH --cpus-per-task=2", line))
+                     for line in text.splitlines() if not line.startswith("#SBATCH --gpus"))
     script = tmp_path / "requeue.sbatch"
     script.write_text(body + "\n")
     # SBATCH_PARTITION travels with the environment to the next job, as sbatch options do

@@ -3,7 +3,8 @@
 Only what this cluster cannot have is replaced: the GPU request (no GPUs here) and the
 sizes (2 CPUs a node), given on the sbatch line; the site's container runtime by the
 local one (RUNTIME=none: the host's Python), and the site's `module` command by a shell
-function exported the way Lmod exports its own, loading a stand-in NCCL folder. The
+function exported the way Lmod exports its own, loading a stand-in NCCL folder only after
+NRIS/GPU, as Olivia's does (tests/helpers/sites.py). The
 rest -- the site file sourced, the NCCL binds and match check, the data staging, the
 preset, jobs/lib/launch.sh and its two-node step -- runs as on the site. The step runs
 in LAUNCH_CHECK mode (`python -m workload.launch check` in every task, the layout the
@@ -20,24 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, sbatch, wait_until_ended
+from tests.helpers.sites import MODULE, olivia_settings
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SITES = REPO / "jobs" / "sites"
-# Lmod's `module` is a shell function every batch script inherits; this one "loads" a
-# module by putting STAND_IN_NCCL on LD_LIBRARY_PATH, and lists STAND_IN_MODULES.
-MODULE = ("() { case $1 in load) [[ $2 == NCCL/* ]] && "
-          "export LD_LIBRARY_PATH=$STAND_IN_NCCL${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; true;; "
-          "-t) printf '%s\\n' $STAND_IN_MODULES >&2;; esac; }")
-
-
-def stand_in_nccl(folder: Path, version: str) -> Path:
-    """An NCCL module's lib folder: libnccl.so.2 -> libnccl.so.X.Y.Z (a stand-in file:
-    the check reads versions, and the CPU training step loads no NCCL)."""
-    folder.mkdir(parents=True)
-    (folder / f"libnccl.so.{version}").write_bytes(b"stand-in")
-    (folder / "libnccl.so.2").symlink_to(f"libnccl.so.{version}")
-    return folder
 
 
 def alliance_settings(tmp_path: Path) -> dict[str, str]:
@@ -45,12 +33,6 @@ def alliance_settings(tmp_path: Path) -> dict[str, str]:
     data.mkdir(parents=True)
     (data / "README").write_text("the dataset folder, staged to each node")
     return {"DATASET_ARCHIVE": str(data), "SLURM_TMPDIR": str(tmp_path / "localscratch")}
-
-
-def olivia_settings(tmp_path: Path, version: str = "99.0.0") -> dict[str, str]:
-    return {"STAND_IN_NCCL": str(stand_in_nccl(tmp_path / f"NCCL-{version}" / "lib", version)),
-            "STAND_IN_MODULES": "NCCL/2.26.6-GCCcore-14.2.0-CUDA-12.8.0 "
-                                "NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0"}
 
 
 # Shifter on this machine: the host itself, with each -V SOURCE:TARGET applied to the

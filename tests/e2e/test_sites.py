@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.sites import LMOD_UNKNOWN, olivia_settings
 from workload.launch.jobstep import IGNORE_USR1
 
 SITES, PRESETS, DOCS = REPO / "jobs" / "sites", REPO / "jobs" / "presets", REPO / "docs" / "sites"
@@ -161,16 +162,59 @@ def test_olivia_binds_the_module_libraries_only(stubs, tmp_path):
     for folder in dirs.values():
         folder.mkdir(parents=True)
     ld = ":".join(str(folder) for folder in dirs.values())
+    (tmp_path / "usr-lib64").mkdir()
     done = bash(f'source "{SITES / "sigma2-olivia-binds.sh"}"; olivia_bind_nccl; '
                 'echo "$APPTAINER_BIND"; echo "$APPTAINERENV_LD_LIBRARY_PATH"', stubs,
-                LD_LIBRARY_PATH=ld)
+                LD_LIBRARY_PATH=ld, OLIVIA_CXI_DIR=str(tmp_path / "usr-lib64"))
     assert done.returncode == 0, done.stderr
     bind, libs = done.stdout.splitlines()
     wanted = [str(dirs[n]) for n in ("NCCL-2.26/lib", "aws-ofi-nccl/lib", "libfabric/lib64")]
-    assert bind == ",".join(f"{d}:{d}:ro" for d in wanted) and libs == ":".join(wanted)
+    # The modules' folders, then the host's libcxi folder, as Olivia's guide binds them;
+    # the image's own library path after them, evaluated in the container.
+    cxi = tmp_path / "usr-lib64"
+    assert bind == ",".join(f"{d}:{d}:ro" for d in [*wanted, str(cxi)])
+    assert libs == ":".join([*wanted, str(cxi)]) + ":$LD_LIBRARY_PATH"
     assert "olivia: APPTAINER_BIND=" in done.stderr
+    assert "olivia: FI_PROVIDER=cxi" in done.stderr
     done = bash(f'source "{SITES / "sigma2-olivia-binds.sh"}"; olivia_bind_nccl', stubs)
-    assert done.returncode == 2 and "load an NCCL module first" in done.stderr
+    assert done.returncode == 2 and "module load NRIS/GPU, then NCCL/..." in done.stderr
+
+
+def run_olivia_job(stubs: Path, tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    """The Olivia job script as its batch shell runs it: Olivia's module system (NCCL only
+    after NRIS/GPU), the host's Python in place of the image (RUNTIME=none), a stub srun."""
+    (stubs / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (stubs / "python3").chmod(0o755)
+    job = tmp_path / "sigma2-olivia.sbatch"
+    job.write_text(text)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(stubs.parent / "calls.jsonl"),
+           "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "JOBS_DIR": str(REPO / "jobs"),
+           "RUNTIME": "none", "OLIVIA_CXI_DIR": str(tmp_path / "usr-lib64"),
+           "SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_GPUS_PER_NODE": "4",
+           "SLURM_CPUS_PER_TASK": "288", **olivia_settings(tmp_path)}
+    (tmp_path / "usr-lib64").mkdir()
+    return subprocess.run(["bash", str(job)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_olivia_job_loads_its_modules_binds_and_checks_before_the_step(stubs, tmp_path):
+    done = run_olivia_job(stubs, tmp_path, (SITES / "sigma2-olivia.sbatch").read_text())
+    assert done.returncode == 0, done.stderr
+    cxi = str(tmp_path / "usr-lib64")
+    assert f"{cxi}:{cxi}:ro" in done.stderr and "olivia: FI_PROVIDER=cxi" in done.stderr
+    assert "nccl: bound libnccl 99.0.0" in done.stdout
+    assert [argv[0] for argv in calls(stubs)] == ["srun"]
+
+
+def test_the_olivia_job_without_nris_gpu_stops_at_the_nccl_module(stubs, tmp_path):
+    """The mistake the page once had: `module load NCCL/...` with no stack loaded. Lmod
+    does not find the module, set -e ends the job, and no step starts."""
+    text = (SITES / "sigma2-olivia.sbatch").read_text()
+    assert "module load NRIS/GPU\n" in text
+    done = run_olivia_job(stubs, tmp_path, text.replace("module load NRIS/GPU\n", ""))
+    assert done.returncode == 1
+    assert f'{LMOD_UNKNOWN} "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"' in done.stderr
+    assert calls(stubs) == []
 
 
 def test_alliance_stages_the_dataset_once_per_node_to_slurm_tmpdir(stubs, tmp_path):

@@ -117,7 +117,8 @@ def verdict(bound: Version | None, needed: Version | None, where: Path,
                       f"{shown(needed)} torch was built with: ok")
     module = module_for(needed, modules)
     fix = (f"load {module} instead (NCCL_MODULE={module})" if module else
-           f"load an NCCL module >= {shown(needed)} (ml avail nccl), or bind none and "
+           f"load an NCCL module >= {shown(needed)} (module avail NCCL, after the stack that "
+           "holds them: module load NRIS/GPU on Olivia), or bind none and "
            "use the image's own")
     return False, (f"nccl: the bound libnccl {shown(bound)} ({where.parent}) is older than "
                    f"{shown(needed)}, the NCCL torch was built with: {fix}")
