@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TINY
-from tests.slurm.cluster import free_ports
+from tests.helpers import free_ports
 from tests.helpers import clean_env, pickles_and_zips
 from tests.helpers import REPO, TESTS
 from workload.checkpoint import REQUEUE_EXIT_STATUS

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import re
+import random
 import socket
 import subprocess
 import time
@@ -80,11 +81,38 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+# Where free_ports draws: below the range SLURM jobs derive MASTER_PORT from (20000-29999,
+# workload/launch/variables.py) and below the kernel's ephemeral range (32768 and up).
+PORTS = range(10000, 20000)
+# The OS's randomness: a training in a test process seeds Python's `random` alike in
+# every xdist worker, which would draw the same ports and job ids.
+DRAW = random.SystemRandom()
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free right now (held open together so they differ), from PORTS: a port from
+    the ephemeral range can be taken, between this check and the server's bind, as the
+    local end of any outgoing connection (a gloo mesh, a store client, an RPC of another
+    worker's cluster); a port from PORTS only by a bind that asks for it."""
+    sockets: list[socket.socket] = []
+    try:
+        while len(sockets) < count:
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", DRAW.choice(PORTS)))
+            except OSError:  # in use: draw another
+                sock.close()
+                continue
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    """A port the kernel reports free right now (for a rendezvous of this test's own)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free right now (for a rendezvous of this test's own): see free_ports."""
+    return free_ports(1)[0]
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:

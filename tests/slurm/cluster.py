@@ -16,7 +16,6 @@ and a GraceTime, as sites configure it).
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -25,6 +24,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers import DRAW, free_ports
 
 NODES = ("nid001", "nid002")
 HOSTS_FILE = Path("/etc/hosts")
@@ -87,41 +88,12 @@ PARTITIONS = (
 )
 
 
-# Where free_ports draws: below the range SLURM jobs derive MASTER_PORT from (20000-29999,
-# workload/launch/variables.py) and below the kernel's ephemeral range (32768 and up).
-PORTS = range(10000, 20000)
-# The OS's randomness: a training in a test process seeds Python's `random` alike in
-# every xdist worker, which would draw the same ports and job ids.
-DRAW = random.SystemRandom()
-
-
 def first_job_id() -> int:
     """Job ids in a block of 200 residues mod 1000 of this xdist worker's own (MASTER_PORT
     is derived from the job id mod 1000): clusters of concurrent workers never hand out
     ports that collide, if each submits fewer than 200 jobs."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     return DRAW.randrange(1, 900) * 1000 + 200 * (worker % 5)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free right now (held open together so they differ), from PORTS: a port from
-    the ephemeral range can be taken, between this check and the server's bind, as the
-    local end of any outgoing connection (a gloo mesh, a store client, an RPC of another
-    worker's cluster); a port from PORTS only by a bind that asks for it."""
-    sockets: list[socket.socket] = []
-    try:
-        while len(sockets) < count:
-            sock = socket.socket()
-            try:
-                sock.bind(("127.0.0.1", DRAW.choice(PORTS)))
-            except OSError:  # in use: draw another
-                sock.close()
-                continue
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def ensure_hosts_entries(names: tuple[str, ...], hosts_file: Path = HOSTS_FILE) -> None:
