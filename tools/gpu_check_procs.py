@@ -51,7 +51,8 @@ def run_logged(command: list[str], log: Path, env: dict, limit: float, cwd: Path
     started, before = time.monotonic(), descendants(os.getpid())
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=interruptible)
         try:
             status, stopped = process.wait(timeout=limit), False
         except subprocess.TimeoutExpired:
@@ -61,6 +62,13 @@ def run_logged(command: list[str], log: Path, env: dict, limit: float, cwd: Path
         if stopped:
             out.write(f"\ngpu-check: stopped after {limit:.0f} s\n")
     return Finished(status, time.monotonic() - started, limit, stopped)
+
+
+def interruptible() -> None:
+    """In the part's process before it starts: SIGINT back to its default. A check started
+    in the background (`make gpu-check &`, a batch script's `&`) passes SIGINT on ignored,
+    and a part that ignores it would never write its results when `stop` interrupts it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(process: subprocess.Popen) -> int:

@@ -26,6 +26,12 @@ TRAIN = [sys.executable, "-m", "workload.train", *TINY, "--dataset", "synthetic"
          "--dist-timeout", "30"]
 
 
+def as_at_a_terminal() -> None:
+    """SIGINT at its default, as a command typed at a terminal has it: a suite started in
+    the background (`make test &`) passes it on ignored, and Ctrl-C would then mean nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_rank_0_alone(tmp_path, command=TRAIN, **env: str) -> tuple[subprocess.Popen, int]:
     """Rank 0 of 2, whose peer never comes: it waits in the rendezvous (its store's port
     is open once it does)."""
@@ -36,7 +42,7 @@ def start_rank_0_alone(tmp_path, command=TRAIN, **env: str) -> tuple[subprocess.
     if command is TRAIN:
         command = [*TRAIN, "--output-dir", str(tmp_path / "run")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=as_at_a_terminal)
     deadline = time.monotonic() + 120
     while not listening(port):
         assert proc.poll() is None, proc.communicate()
