@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from workload.launch.variables import PORT_BASE
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
@@ -81,9 +83,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-# Where free_ports draws: below the range SLURM jobs derive MASTER_PORT from (20000-29999,
-# workload/launch/variables.py) and below the kernel's ephemeral range (32768 and up).
-PORTS = range(10000, 20000)
+# Where free_ports draws: below the range SLURM jobs derive MASTER_PORT from (PORT_BASE to
+# PORT_LAST) and below the kernel's ephemeral range (32768 and up).
+PORTS = range(10000, PORT_BASE)
 # The OS's randomness: a training in a test process seeds Python's `random` alike in
 # every xdist worker, which would draw the same ports and job ids.
 DRAW = random.SystemRandom()
