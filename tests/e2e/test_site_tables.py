@@ -89,11 +89,12 @@ PRESETS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
-# The EDF as a whole, after TOML parsing; <username> is the user's, replaced by sed.
+# The EDF as a whole, after TOML parsing; <scratch> is the user's $SCRATCH, written in by
+# sed: /capstor/... on Daint and Santis, /iopsstor/... on Clariden (CSCS_FILESYSTEMS below).
 CSCS_EDF_TABLE = {
-    "image": ("/capstor/scratch/cscs/<username>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
+    "image": ("<scratch>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
     "mounts": (["/capstor:/capstor", "/iopsstor:/iopsstor"], CSCS_EDF),
-    "workdir": ("/capstor/scratch/cscs/<username>", CSCS_EDF),
+    "workdir": ("<scratch>", CSCS_EDF),
     "entrypoint": (False, CSCS_EDF),
     "annotations": ({"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true",
                                                         "variant": "cuda-dl"}}}}, CSCS_HOOK),
@@ -248,10 +249,22 @@ def test_olivia_loads_nris_gpu_before_its_nccl_module():
 
 # Facts of other pages, read 2026-11-25, each next to its page.
 CSCS_BUILD = "https://docs.cscs.ch/build-install/containers/"
+CSCS_FILESYSTEMS = "https://docs.cscs.ch/storage/filesystems/"
+CSCS_RUN = "https://docs.cscs.ch/software/container-engine/run/"
+CSCS_PAGE = "docs/sites/cscs-alps.md"
+CSCS_TOML = "jobs/sites/cscs-alps.toml"
 PAGE_FACTS = [
-    ("docs/sites/cscs-alps.md", "enroot import -x mount -o", CSCS_BUILD),
-    ("docs/sites/cscs-alps.md", "podman build -t", CSCS_BUILD),
-    ("docs/sites/cscs-alps.md", "/dev/shm", CSCS_BUILD),
+    (CSCS_PAGE, "enroot import -x mount -o", CSCS_BUILD),
+    (CSCS_PAGE, "podman build --network=host -t", CSCS_BUILD),
+    (CSCS_PAGE, "since 30.07.2026", CSCS_BUILD),
+    (CSCS_PAGE, '[storage]\n   driver = "overlay"\n   runroot = "/dev/shm/$USER/runroot"\n'
+                '   graphroot = "/dev/shm/$USER/root"', CSCS_BUILD),
+    (CSCS_PAGE, "lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c -1 -S 4M $SCRATCH/ce-images",
+     CSCS_PYTORCH),
+    (CSCS_PAGE, "`/capstor/scratch/cscs/$USER` on Daint\nand Santis", CSCS_FILESYSTEMS),
+    (CSCS_PAGE, "`/iopsstor/scratch/cscs/$USER` on Clariden and Bristen", CSCS_FILESYSTEMS),
+    (CSCS_TOML, "/iopsstor/scratch/cscs/$USER on Clariden and Bristen", CSCS_FILESYSTEMS),
+    (CSCS_PAGE, "`${HOME}/.edf` is the default EDF search path", CSCS_RUN),
     ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
     ("docs/hangs.md", "FI_CXI_RDZV_EAGER_SIZE=0", CSCS_NCCL),
 ]
@@ -261,3 +274,16 @@ PAGE_FACTS = [
 def test_each_page_fact_is_cited_with_its_date(name, value, url):
     text = (REPO / name).read_text()
     assert value in text and url in text and READ_AGAIN in text, (name, value, url)
+
+
+def test_the_cscs_edf_names_the_image_where_step_1_writes_it():
+    """$SCRATCH is /capstor/... on Daint but /iopsstor/... on Clariden: the EDF holds the
+    <scratch> placeholder that step 2's sed fills with $SCRATCH, and with it filled in, its
+    image is the file step 1's `enroot import -o` writes."""
+    edf = tomllib.loads((REPO / CSCS_TOML).read_text())
+    page = (REPO / CSCS_PAGE).read_text()
+    assert 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml > ~/.edf/hpc-train.toml' in page
+    for key in ("image", "workdir"):
+        assert edf[key].startswith("<scratch>"), (key, edf[key])
+    written = re.findall(r"enroot import -x mount -o (\S+) podman://", page)
+    assert written == [edf["image"].replace("<scratch>", "$SCRATCH")], written
