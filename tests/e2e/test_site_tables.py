@@ -287,3 +287,19 @@ def test_the_cscs_edf_names_the_image_where_step_1_writes_it():
         assert edf[key].startswith("<scratch>"), (key, edf[key])
     written = re.findall(r"enroot import -x mount -o (\S+) podman://", page)
     assert written == [edf["image"].replace("<scratch>", "$SCRATCH")], written
+
+
+def test_the_alliance_venv_route_builds_the_wheel_with_the_python_module():
+    """The package needs Python >= 3.10 (pyproject): `pip wheel` before `module load python`
+    runs the login node's system pip; and the page names every dependency that the
+    Alliance wheelhouse may lack (all but torch, torchvision and numpy)."""
+    page = (REPO / "docs/sites/alliance.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "pip wheel" in b)
+    assert "module load python" in block
+    assert block.index("module load python") < block.index("pip wheel"), block
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~ ;\[]", dep)[0] for dep in project["dependencies"]]
+    fetched = re.search(r"pip download --no-deps -d ~/wheels ([^`]*)`", page)
+    assert fetched, "the page does not say how to fetch the missing wheels"
+    own = [name for name in names if name not in ("torch", "torchvision", "numpy")]
+    assert fetched.group(1).split() == own, (fetched.group(1), own)
