@@ -265,6 +265,8 @@ PAGE_FACTS = [
     (CSCS_PAGE, "`/iopsstor/scratch/cscs/$USER` on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_TOML, "/iopsstor/scratch/cscs/$USER on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_PAGE, "`${HOME}/.edf` is the default EDF search path", CSCS_RUN),
+    ("docs/sites/pyxis.md", "`execute_entrypoint=1`", "https://github.com/NVIDIA/pyxis"),
+    ("docs/sites/pyxis.md", "`--no-container-entrypoint`", "https://github.com/NVIDIA/pyxis"),
     ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
     ("docs/hangs.md", "FI_CXI_RDZV_EAGER_SIZE=0", CSCS_NCCL),
 ]
