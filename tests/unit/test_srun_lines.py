@@ -1,4 +1,4 @@
-"""Every srun line a user copies (README, docs/, jobs/) gives its tasks CPUs.
+"""Every srun line a user copies (README, docs/, jobs/, the image's run-help) gives its tasks CPUs.
 
 Whether a step inherits the job's --cpus-per-task differs between Slurm versions, and on
 a whole-node allocation a task left with one CPU trains with one thread and no data
@@ -29,9 +29,11 @@ def doc_srun_lines() -> list[tuple[str, str]]:
 
 
 def job_srun_lines() -> list[tuple[str, str]]:
+    """The job scripts' srun lines, and those `apptainer run-help` prints from the image."""
     found = []
-    for path in sorted((REPO / "jobs").rglob("*")):
-        if path.is_file() and path.suffix in (".sh", ".sbatch"):
+    files = [*sorted((REPO / "jobs").rglob("*")), *sorted((REPO / "apptainer").glob("*.def"))]
+    for path in files:
+        if path.is_file() and path.suffix in (".sh", ".sbatch", ".def"):
             for line in joined(path.read_text()):
                 code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
                 if SRUN.search(code):
