@@ -305,3 +305,14 @@ def test_the_alliance_venv_route_builds_the_wheel_with_the_python_module():
     assert fetched, "the page does not say how to fetch the missing wheels"
     own = [name for name in names if name not in ("torch", "torchvision", "numpy")]
     assert fetched.group(1).split() == own, (fetched.group(1), own)
+
+
+@pytest.mark.parametrize("page", ["jsc-juwels-booster.md", "nersc-perlmutter.md"])
+def test_a_page_that_picks_the_cuda12_flavour_says_the_driver_is_not_confirmed(page):
+    """Neither centre's driver version was read from its pages: the flavour is this
+    project's choice (R525 and newer run it), not something the job script or the centre
+    fixes."""
+    text = " ".join((REPO / "docs" / "sites" / page).read_text().split())
+    assert "-cuda12" in text and "R525" in text
+    assert re.search(r"driver version is (NOT CONFIRMED|not confirmed)", text), page
+    assert "as the job script assumes" not in text
