@@ -257,8 +257,10 @@ PAGE_FACTS = [
     (CSCS_PAGE, "enroot import -x mount -o", CSCS_BUILD),
     (CSCS_PAGE, "podman build --network=host -t", CSCS_BUILD),
     (CSCS_PAGE, "since 30.07.2026", CSCS_BUILD),
-    (CSCS_PAGE, '[storage]\n   driver = "overlay"\n   runroot = "/dev/shm/$USER/runroot"\n'
-                '   graphroot = "/dev/shm/$USER/root"', CSCS_BUILD),
+    (CSCS_PAGE, "'[storage]' 'driver = \"overlay\"' 'runroot = \"/dev/shm/$USER/runroot\"'",
+     CSCS_BUILD),
+    (CSCS_PAGE, """'graphroot = "/dev/shm/$USER/root"' > ~/.config/containers/storage.conf""",
+     CSCS_BUILD),
     (CSCS_PAGE, "lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c -1 -S 4M $SCRATCH/ce-images",
      CSCS_PYTORCH),
     (CSCS_PAGE, "`/capstor/scratch/cscs/$USER` on Daint\nand Santis", CSCS_FILESYSTEMS),
