@@ -251,6 +251,7 @@ def test_olivia_loads_nris_gpu_before_its_nccl_module():
 CSCS_BUILD = "https://docs.cscs.ch/build-install/containers/"
 CSCS_FILESYSTEMS = "https://docs.cscs.ch/storage/filesystems/"
 CSCS_RUN = "https://docs.cscs.ch/software/container-engine/run/"
+CSCS_PYTHON = "https://docs.cscs.ch/build-install/python/"
 CSCS_PAGE = "docs/sites/cscs-alps.md"
 CSCS_TOML = "jobs/sites/cscs-alps.toml"
 PAGE_FACTS = [
@@ -267,6 +268,9 @@ PAGE_FACTS = [
     (CSCS_PAGE, "`/iopsstor/scratch/cscs/$USER` on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_TOML, "/iopsstor/scratch/cscs/$USER on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_PAGE, "`${HOME}/.edf` is the default EDF search path", CSCS_RUN),
+    (CSCS_PAGE, "unset PYTHONPATH\nexport PYTHONUSERBASE="
+                "\"$(dirname \"$(dirname \"$(which python)\")\")\"\n"
+                "python -m venv --system-site-packages", CSCS_PYTHON),
     ("docs/sites/pyxis.md", "`execute_entrypoint=1`", "https://github.com/NVIDIA/pyxis"),
     ("docs/sites/pyxis.md", "`--no-container-entrypoint`", "https://github.com/NVIDIA/pyxis"),
     ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
@@ -318,3 +322,15 @@ def test_a_page_that_picks_the_cuda12_flavour_says_the_driver_is_not_confirmed(p
     assert "-cuda12" in text and "R525" in text
     assert re.search(r"driver version is (NOT CONFIRMED|not confirmed)", text), page
     assert "as the job script assumes" not in text
+
+
+def test_the_uenv_route_sets_up_python_as_cscs_guide_says_before_each_use():
+    """CSCS's guide for a venv on a uenv view: PYTHONPATH unset and PYTHONUSERBASE at the
+    view's root before the venv is made, and so in the job step that uses it."""
+    page = (REPO / CSCS_PAGE).read_text()
+    route_b = page[page.index("## B. "):page.index("## The first lines")]
+    for block in re.findall(r"```bash\n(.*?)```", route_b, re.S):
+        for use in ("python -m venv", "venv/bin/activate"):
+            if use in block:
+                assert block.index("unset PYTHONPATH") < block.index("export PYTHONUSERBASE") \
+                    < block.index(use), (use, block)
