@@ -273,6 +273,8 @@ PAGE_FACTS = [
                 "python -m venv --system-site-packages", CSCS_PYTHON),
     ("docs/sites/pyxis.md", "`execute_entrypoint=1`", "https://github.com/NVIDIA/pyxis"),
     ("docs/sites/pyxis.md", "`--no-container-entrypoint`", "https://github.com/NVIDIA/pyxis"),
+    ("docs/sites/pyxis.md", "`--container-writable` / `--container-readonly`",
+     "https://github.com/NVIDIA/pyxis"),
     ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
     ("docs/hangs.md", "FI_CXI_RDZV_EAGER_SIZE=0", CSCS_NCCL),
 ]
