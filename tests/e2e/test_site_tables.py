@@ -336,3 +336,14 @@ def test_the_uenv_route_sets_up_python_as_cscs_guide_says_before_each_use():
             if use in block:
                 assert block.index("unset PYTHONPATH") < block.index("export PYTHONUSERBASE") \
                     < block.index(use), (use, block)
+
+
+def test_every_alliance_block_that_reads_data_dir_stages_it_first():
+    """DATA_DIR is set by stage_dataset (jobs/sites/alliance-stage-data.sh) inside the job:
+    a block that uses it without staging first passes an empty --data-dir."""
+    page = (REPO / "docs/sites/alliance.md").read_text()
+    users = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "$DATA_DIR" in b]
+    assert len(users) >= 2, users
+    for block in users:
+        assert "source jobs/sites/alliance-stage-data.sh" in block, block
+        assert block.index("stage_dataset ") < block.index("$DATA_DIR"), block
