@@ -89,11 +89,12 @@ PRESETS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
-# The EDF as a whole, after TOML parsing; <username> is the user's, replaced by sed.
+# The EDF as a whole, after TOML parsing; <scratch> is the user's $SCRATCH, written in by
+# sed: /capstor/... on Daint and Santis, /iopsstor/... on Clariden (CSCS_FILESYSTEMS below).
 CSCS_EDF_TABLE = {
-    "image": ("/capstor/scratch/cscs/<username>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
+    "image": ("<scratch>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
     "mounts": (["/capstor:/capstor", "/iopsstor:/iopsstor"], CSCS_EDF),
-    "workdir": ("/capstor/scratch/cscs/<username>", CSCS_EDF),
+    "workdir": ("<scratch>", CSCS_EDF),
     "entrypoint": (False, CSCS_EDF),
     "annotations": ({"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true",
                                                         "variant": "cuda-dl"}}}}, CSCS_HOOK),
@@ -248,10 +249,32 @@ def test_olivia_loads_nris_gpu_before_its_nccl_module():
 
 # Facts of other pages, read 2026-11-25, each next to its page.
 CSCS_BUILD = "https://docs.cscs.ch/build-install/containers/"
+CSCS_FILESYSTEMS = "https://docs.cscs.ch/storage/filesystems/"
+CSCS_RUN = "https://docs.cscs.ch/software/container-engine/run/"
+CSCS_PYTHON = "https://docs.cscs.ch/build-install/python/"
+CSCS_PAGE = "docs/sites/cscs-alps.md"
+CSCS_TOML = "jobs/sites/cscs-alps.toml"
 PAGE_FACTS = [
-    ("docs/sites/cscs-alps.md", "enroot import -x mount -o", CSCS_BUILD),
-    ("docs/sites/cscs-alps.md", "podman build -t", CSCS_BUILD),
-    ("docs/sites/cscs-alps.md", "/dev/shm", CSCS_BUILD),
+    (CSCS_PAGE, "enroot import -x mount -o", CSCS_BUILD),
+    (CSCS_PAGE, "podman build --network=host -t", CSCS_BUILD),
+    (CSCS_PAGE, "since 30.07.2026", CSCS_BUILD),
+    (CSCS_PAGE, "'[storage]' 'driver = \"overlay\"' 'runroot = \"/dev/shm/$USER/runroot\"'",
+     CSCS_BUILD),
+    (CSCS_PAGE, """'graphroot = "/dev/shm/$USER/root"' > ~/.config/containers/storage.conf""",
+     CSCS_BUILD),
+    (CSCS_PAGE, "lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c -1 -S 4M $SCRATCH/ce-images",
+     CSCS_PYTORCH),
+    (CSCS_PAGE, "`/capstor/scratch/cscs/$USER` on Daint\nand Santis", CSCS_FILESYSTEMS),
+    (CSCS_PAGE, "`/iopsstor/scratch/cscs/$USER` on Clariden and Bristen", CSCS_FILESYSTEMS),
+    (CSCS_TOML, "/iopsstor/scratch/cscs/$USER on Clariden and Bristen", CSCS_FILESYSTEMS),
+    (CSCS_PAGE, "`${HOME}/.edf` is the default EDF search path", CSCS_RUN),
+    (CSCS_PAGE, "unset PYTHONPATH\nexport PYTHONUSERBASE="
+                "\"$(dirname \"$(dirname \"$(which python)\")\")\"\n"
+                "python -m venv --system-site-packages", CSCS_PYTHON),
+    ("docs/sites/pyxis.md", "`execute_entrypoint=1`", "https://github.com/NVIDIA/pyxis"),
+    ("docs/sites/pyxis.md", "`--no-container-entrypoint`", "https://github.com/NVIDIA/pyxis"),
+    ("docs/sites/pyxis.md", "`--container-writable` / `--container-readonly`",
+     "https://github.com/NVIDIA/pyxis"),
     ("docs/hangs.md", "FI_CXI_RDZV_GET_MIN=0 FI_CXI_RDZV_THRESHOLD=0", CSCS_NCCL),
     ("docs/hangs.md", "FI_CXI_RDZV_EAGER_SIZE=0", CSCS_NCCL),
 ]
@@ -261,3 +284,66 @@ PAGE_FACTS = [
 def test_each_page_fact_is_cited_with_its_date(name, value, url):
     text = (REPO / name).read_text()
     assert value in text and url in text and READ_AGAIN in text, (name, value, url)
+
+
+def test_the_cscs_edf_names_the_image_where_step_1_writes_it():
+    """$SCRATCH is /capstor/... on Daint but /iopsstor/... on Clariden: the EDF holds the
+    <scratch> placeholder that step 2's sed fills with $SCRATCH, and with it filled in, its
+    image is the file step 1's `enroot import -o` writes."""
+    edf = tomllib.loads((REPO / CSCS_TOML).read_text())
+    page = (REPO / CSCS_PAGE).read_text()
+    assert 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml > ~/.edf/hpc-train.toml' in page
+    for key in ("image", "workdir"):
+        assert edf[key].startswith("<scratch>"), (key, edf[key])
+    written = re.findall(r"enroot import -x mount -o (\S+) podman://", page)
+    assert written == [edf["image"].replace("<scratch>", "$SCRATCH")], written
+
+
+def test_the_alliance_venv_route_builds_the_wheel_with_the_python_module():
+    """The package needs Python >= 3.10 (pyproject): `pip wheel` before `module load python`
+    runs the login node's system pip; and the page names every dependency that the
+    Alliance wheelhouse may lack (all but torch, torchvision and numpy)."""
+    page = (REPO / "docs/sites/alliance.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "pip wheel" in b)
+    assert "module load python" in block
+    assert block.index("module load python") < block.index("pip wheel"), block
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~ ;\[]", dep)[0] for dep in project["dependencies"]]
+    fetched = re.search(r"pip download --no-deps -d ~/wheels ([^`]*)`", page)
+    assert fetched, "the page does not say how to fetch the missing wheels"
+    own = [name for name in names if name not in ("torch", "torchvision", "numpy")]
+    assert fetched.group(1).split() == own, (fetched.group(1), own)
+
+
+@pytest.mark.parametrize("page", ["jsc-juwels-booster.md", "nersc-perlmutter.md"])
+def test_a_page_that_picks_the_cuda12_flavour_says_the_driver_is_not_confirmed(page):
+    """Neither centre's driver version was read from its pages: the flavour is this
+    project's choice (R525 and newer run it), not something the job script or the centre
+    fixes."""
+    text = " ".join((REPO / "docs" / "sites" / page).read_text().split())
+    assert "-cuda12" in text and "R525" in text
+    assert re.search(r"driver version is (NOT CONFIRMED|not confirmed)", text), page
+    assert "as the job script assumes" not in text
+
+
+def test_the_uenv_route_sets_up_python_as_cscs_guide_says_before_each_use():
+    """CSCS's guide for a venv on a uenv view: PYTHONPATH unset and PYTHONUSERBASE at the
+    view's root before the venv is made, and so in the job step that uses it."""
+    page = (REPO / CSCS_PAGE).read_text()
+    route_b = page[page.index("## B. "):page.index("## The first lines")]
+    for block in re.findall(r"```bash\n(.*?)```", route_b, re.S):
+        for use in ("python -m venv", "venv/bin/activate"):
+            if use in block:
+                assert block.index("unset PYTHONPATH") < block.index("export PYTHONUSERBASE") \
+                    < block.index(use), (use, block)
+
+
+def test_every_alliance_block_that_reads_data_dir_stages_it_first():
+    """DATA_DIR is set by stage_dataset (jobs/sites/alliance-stage-data.sh) inside the job:
+    a block that uses it without staging first passes an empty --data-dir."""
+    page = (REPO / "docs/sites/alliance.md").read_text()
+    users = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "$DATA_DIR" in b]
+    assert len(users) >= 2, users
+    for block in users:
+        assert "source jobs/sites/alliance-stage-data.sh" in block, block
+        assert block.index("stage_dataset ") < block.index("$DATA_DIR"), block

@@ -119,7 +119,7 @@ class DocsTest(unittest.TestCase):
 
     def test_checker_catches_broken_links(self):
         text = ("[gone](no-such-page.md) [bad anchor](cluster.md#no-such-heading)\n"
-                "[fine](cluster.md#two-layouts) [web](https://example.org/x.md)\n"
+                "[fine](cluster.md#the-srun-forms) [web](https://example.org/x.md)\n"
                 "`[in code](ignored.md)`\n```\n[in a block](ignored.md)\n```\n")
         problems = broken_links(ROOT / "docs" / "sample.md", text)
         self.assertEqual(len(problems), 2, problems)
