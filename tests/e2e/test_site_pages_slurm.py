@@ -50,6 +50,16 @@ def test_olivia_running_the_arm64_image_on_the_login_node_fails(slurm_cluster, t
             in result.login), result.login[-3000:]
 
 
+def test_olivia_loading_nccl_before_nris_gpu_fails(slurm_cluster, tmp_path):
+    page = mutated("sigma2-olivia", "module load NRIS/GPU\nmodule load NCCL/2.30.4",
+                   "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
+                   "module load NCCL/2.30.4")
+    result = run_page(slurm_cluster, tmp_path, "sigma2-olivia", page)
+    [failed] = [log for state, log in result.jobs.values() if state == "FAILED"]
+    assert ('The following module(s) are unknown: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"'
+            in failed), failed[-3000:]
+
+
 def test_cscs_an_edf_that_does_not_exist_fails(slurm_cluster, tmp_path):
     page = mutated("cscs-alps", "--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
                    "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train")

@@ -13,7 +13,9 @@ substitutions): the page's project placeholder becomes the twin's project; a pat
 a site file system (/cluster/..., /capstor/...) lives under the twin's root folder; the
 dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
 of TINY_TRAIN, whose data step makes the data folder the real download would leave
-(the tiny dataset needs no files). The commands the suite's machine lacks are the stand-ins of
+(the tiny dataset needs no files); the user's own `my_train.py` is OWN_SCRIPT; a GPU is
+one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node, the job's tasks). The
+commands the suite's machine lacks are the stand-ins of
 tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
 still checked); `module` is Lmod's interface over the twin's module table.
 """
@@ -43,6 +45,10 @@ TINY_TRAIN = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--wid
               "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
               "--epochs", "1", "--max-steps", "2", "--log-every", "1", "--dist-timeout", "120"]
 FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
+# The page's `my_train.py` (the user's own script): the project's example, 2 steps.
+OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
+# The suite's cluster: 2 CPUs a node (tests/slurm/cluster.py), each standing for a GPU.
+CLUSTER_CPUS = 2
 STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git")
 
 
@@ -61,8 +67,8 @@ def module_function(modules: dict, folders: dict[str, Path]) -> str:
         if spec.get("requires"):
             guard = (f"if [[ \" ${{TWIN_LOADED:-}} \" != *\" {spec['requires']} \"* ]]; then "
                      f"printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1; fi; ")
-        library = (f"export LD_LIBRARY_PATH={folders[name]}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}; "
-                   if name in folders else "")
+        library = (f"export LD_LIBRARY_PATH={folders[name]}"
+                   "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; " if name in folders else "")
         arms.append(f"{shlex.quote(name)}) {guard}{library}"
                     "export TWIN_LOADED=\"${TWIN_LOADED:-} $m\";;")
     listing = " ".join(f"{shlex.quote(name)}:{spec.get('requires', '')}"
@@ -74,7 +80,8 @@ def module_function(modules: dict, folders: dict[str, Path]) -> str:
         + " ".join(arms) +
         f" *) printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1;; esac; done;; "
         "-t|avail) for e in " + listing + "; do "
-        "[[ -z ${e#*:} || \" ${TWIN_LOADED:-} \" == *\" ${e#*:} \"* ]] && printf '%s\\n' ${e%%:*} >&2; "
+        "[[ -z ${e#*:} || \" ${TWIN_LOADED:-} \" == *\" ${e#*:} \"* ]] "
+        "&& printf '%s\\n' ${e%%:*} >&2; "
         "done; true;; "
         "*) printf 'twin: module %s: not in the twin\\n' \"$1\" >&2; return 1;; esac; }")
 
@@ -111,6 +118,9 @@ class Twin:
         # The tiny dataset needs no files: the folder the real download leaves is made.
         text = re.sub(r"--data-dir (\S+) --download --prepare-data",
                       r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
+        # The user's own script, and a process per GPU: one per CPU of the cluster's nodes.
+        text = text.replace("my_train.py", OWN_SCRIPT)
+        text = re.sub(r"--nproc-per-node=\d+", f"--nproc-per-node={CLUSTER_CPUS}", text)
         return text.replace("--dataset cifar100", shlex.join(TINY_TRAIN))
 
     def config(self) -> Path:
@@ -119,7 +129,7 @@ class Twin:
                   "roots": files["roots"], "root_dir": str(self.root),
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
-                  "cluster_cpus": 2, "cluster_partition": "debug",
+                  "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
                   "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
