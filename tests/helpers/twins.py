@@ -184,7 +184,8 @@ class Twin:
 
     def run(self, page: str, timeout: float = 400) -> Result:
         done = subprocess.run(["bash", "-c", self.login_script(page)], env=self.environment(),
-                              cwd=self.home, capture_output=True, text=True, timeout=timeout)
+                              cwd=self.home, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
         jobs = {}
         listed = self.state / "jobs.txt"
         for job in (listed.read_text().split() if listed.exists() else []):
@@ -192,4 +193,4 @@ class Twin:
             shown = self.cluster.run(["scontrol", "show", "job", job]).stdout
             log = Path(re.search(r"StdOut=(\S+)", shown).group(1))
             jobs[int(job)] = (state, log.read_text() if log.exists() else "")
-        return Result(done.returncode, done.stdout + done.stderr, jobs)
+        return Result(done.returncode, done.stdout, jobs)
