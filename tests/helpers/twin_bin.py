@@ -1,7 +1,7 @@
 """The commands of a centre's twin (tests/helpers/twins.py): thin stand-ins for what the
 suite's machine lacks, each failing where the real one fails.
 
-    twin_bin.py NAME ARGS...    NAME: srun sbatch apptainer podman enroot git ce-task
+    twin_bin.py NAME ARGS...    NAME: srun sbatch apptainer podman enroot git lfs ce-task
 
 TWIN_CONFIG names the twin's JSON (written by twins.py): the centre's node shape,
 partitions, account, architectures, file-system roots, the real srun/sbatch and the
@@ -294,6 +294,18 @@ def enroot(args: list[str]) -> None:
     write_image(out, arch, uri)
 
 
+def lfs(args: list[str]) -> None:
+    """Lustre's `lfs setstripe ... DIR`: the folder must exist on a site file system."""
+    if args[:1] != ["setstripe"]:
+        fail(f"twin: lfs {' '.join(args)}: the twin has `lfs setstripe ... DIR` only")
+    folder = Path(args[-1])
+    if not folder.is_dir():
+        fail(f"lfs setstripe: cannot create composite file '{folder}': No such file or "
+             "directory", 2)
+    if not any(str(folder).startswith(CONFIG["root_dir"] + root) for root in CONFIG["roots"]):
+        fail(f"lfs setstripe: '{folder}' is not on a Lustre file system", 22)
+
+
 def git(args: list[str]) -> None:
     """`git clone` of this project: its files, as links to this checkout."""
     if args[:1] != ["clone"] or args[1] != CONFIG["project_url"]:
@@ -332,7 +344,7 @@ def ce_task(args: list[str]) -> None:
 
 
 COMMANDS = {"srun": srun, "sbatch": sbatch, "apptainer": apptainer, "podman": podman,
-            "enroot": enroot, "git": git, "ce-task": ce_task}
+            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](sys.argv[2:])
