@@ -169,8 +169,9 @@ def sbatch(args: list[str]) -> None:
     check_request("sbatch", options)
     # The script without the header lines the cluster cannot have (the command line
     # gives the scaled request).
-    copy = Path(CONFIG["state"]) / "jobs" / f"{len(os.listdir(CONFIG['state']))}-{script.name}"
-    copy.parent.mkdir(exist_ok=True)
+    jobs = Path(CONFIG["state"]) / "jobs"
+    jobs.mkdir(exist_ok=True)
+    copy = jobs / f"{len(os.listdir(jobs))}-{script.name}"
     lines = script.read_text().splitlines(keepends=True)
     copy.write_text("".join(
         line for line in lines
@@ -320,7 +321,9 @@ def git(args: list[str]) -> None:
 
 # ------------------------------------------------------------------ CSCS's Container Engine
 def find_edf(name: str) -> Path:
-    """--environment: a path (with a '/'), or NAME.toml in $HOME/.edf (CSCS's run page)."""
+    """--environment: a path (with a '/'), or NAME.toml in $HOME/.edf (CSCS's run page).
+    A missing one is an error before any task starts; the CE's own wording is NOT
+    CONFIRMED here, so the message names the file and the option."""
     path = Path(name) if "/" in name else Path.home() / CONFIG["edf_folder"] / f"{name}.toml"
     if not path.is_file():
         fail(f"srun: error: container-engine: the environment definition file {path} "
