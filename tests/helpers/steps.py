@@ -1,0 +1,56 @@
+"""The steps of a site page: the fenced shell blocks a user runs, in order.
+
+A step is a fenced block right after a marker comment (docs/development.md, "Site pages
+are tests"):
+
+    <!-- step: login -->                       typed at the login node's shell
+    <!-- step: batch jobs/sites/X.sbatch -->   the body of a batch script whose #SBATCH
+                                               header is that file's
+
+The block may be indented (a fence inside a numbered list); its lines lose the fence's
+indentation. A marker not followed by a fence is an error, so a step cannot silently drop
+out of the test.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+
+MARKER = re.compile(r"^\s*<!-- step: (?P<kind>login|batch)(?: (?P<header>\S+))? -->\s*$")
+FENCE = re.compile(r"^(?P<indent>\s*)```")
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str           # login | batch
+    header: str | None  # batch: the job script whose #SBATCH lines head the block
+    text: str
+    line: int           # the fence's line in the page (1-based), for messages
+
+
+def page_steps(page: str) -> list[Step]:
+    """The page's marked blocks, in the order they appear."""
+    lines, steps = page.splitlines(), []
+    for number, line in enumerate(lines):
+        marker = MARKER.match(line)
+        if not marker:
+            continue
+        fence = FENCE.match(lines[number + 1]) if number + 1 < len(lines) else None
+        if not fence:
+            raise ValueError(f"line {number + 1}: a step marker must be followed by a ``` "
+                             f"fence on the next line, found {lines[number + 1:number + 2]!r}")
+        if (marker["kind"] == "batch") != bool(marker["header"]):
+            raise ValueError(f"line {number + 1}: `batch` names its header file "
+                             "(<!-- step: batch jobs/sites/X.sbatch -->), `login` names none")
+        body = []
+        for row in lines[number + 2:]:
+            if row.strip().startswith("```"):
+                break
+            body.append(row)
+        else:
+            raise ValueError(f"line {number + 2}: the step's fence is never closed")
+        steps.append(Step(marker["kind"], marker["header"],
+                          textwrap.dedent("\n".join(body)) + "\n", number + 2))
+    return steps

@@ -1,0 +1,353 @@
+"""The commands of a centre's twin (tests/helpers/twins.py): thin stand-ins for what the
+suite's machine lacks, each failing where the real one fails.
+
+    twin_bin.py NAME ARGS...    NAME: srun sbatch apptainer podman enroot git lfs ce-task
+
+TWIN_CONFIG names the twin's JSON (written by twins.py): the centre's node shape,
+partitions, account, architectures, file-system roots, the real srun/sbatch and the
+SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job or a
+step); the login node everywhere else.
+
+- srun/sbatch check a request against the centre's nodes, partitions and account, with
+  SLURM's own messages, then ask the cluster for what it has (its partition, its CPUs,
+  no GPUs or memory size); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS)
+  to the job's. `srun --environment=EDF` is CSCS's Container Engine.
+- An image is a small JSON file naming its architecture: built (apptainer build, podman
+  build) on the node's, pulled for --arch or the node's. Running one on a node of
+  another architecture is refused with Apptainer's message; running it runs the host's
+  Python environment as the image's, with the container's environment rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+GO_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
+VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account",
+                 "partition", "time", "output", "error", "job-name", "gpus", "gpus-per-node",
+                 "gpus-per-task", "mem", "mem-per-cpu", "constraint", "environment", "uenv",
+                 "view", "image", "module", "gres", "cpu-bind", "export", "chdir"}
+SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
+         "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
+         "-G": "gpus", "-C": "constraint"}
+# What the cluster cannot have: asked of the twin's nodes, then left out for the cluster.
+SITE_ONLY = {"account", "partition", "gpus", "gpus-per-node", "gpus-per-task", "mem",
+             "mem-per-cpu", "constraint", "gres", "uenv", "view", "image", "module", "environment"}
+NOT_AVAILABLE = "Requested node configuration is not available"
+
+
+def fail(message: str, status: int = 1):
+    sys.stderr.write(message + "\n")
+    sys.exit(status)
+
+
+CONFIG = json.loads(Path(os.environ["TWIN_CONFIG"]).read_text())
+
+
+def on_compute() -> bool:
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def node_arch() -> str:
+    return CONFIG["compute"]["arch"] if on_compute() else CONFIG["login"]["arch"]
+
+
+def site_path(path: str) -> Path:
+    """A path as the page writes it, on the twin: under a site root, it is below the
+    twin's root folder."""
+    for root in CONFIG["roots"]:
+        if path == root or path.startswith(root + "/"):
+            return Path(CONFIG["root_dir"] + path)
+    return Path(path)
+
+
+# ------------------------------------------------------------------ SLURM requests
+def parse_options(args: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """(options in order, the command after them)."""
+    options, i = [], 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            if not eq and name in VALUE_OPTIONS:
+                i, value = i + 1, args[i + 1]
+            options.append((name, value if (eq or name in VALUE_OPTIONS) else None))
+        else:
+            name = SHORT.get(arg[:2])
+            if name is None:
+                fail(f"twin: {arg}: an option the twin does not know; add it to "
+                     "tests/helpers/twin_bin.py")
+            value = arg[2:] or args[i + 1]
+            i += 0 if arg[2:] else 1
+            options.append((name, value))
+        i += 1
+    return options, args[i:]
+
+
+def memory_gib(value: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)([KMGT]?)B?", value.upper()).groups()
+    return int(number) / {"K": 1024 ** 2, "M": 1024, "G": 1, "T": 1 / 1024, "": 1024}[unit]
+
+
+def check_request(program: str, options: dict[str, str | None]) -> None:
+    """Refuse what the centre would refuse, with SLURM's messages."""
+    slurm, node = CONFIG["slurm"], CONFIG["compute"]
+    refused = ("sbatch: error: Batch job submission failed: " if program == "sbatch"
+               else "srun: error: Unable to allocate resources: ")
+    partition = options.get("partition") or slurm["default_partition"]
+    if partition not in slurm["partitions"]:
+        fail(f"{program}: error: invalid partition specified: {partition}\n"
+             f"{refused}Invalid partition name specified")
+    account = options.get("account")
+    if (account or slurm["account_required"]) and account != slurm.get("account"):
+        fail(f"{refused}Invalid account or account/partition combination specified")
+    per_node = int(options.get("ntasks-per-node") or 1)
+    gpus = int(options.get("gpus-per-node") or 0) or int(
+        options.get("gpus") or 0) // int(options.get("nodes") or 1)
+    too_big = (per_node * int(options.get("cpus-per-task") or 1) > node["cpus"]
+               or gpus > node["gpus"]
+               or ("memory_gib" in node and options.get("mem")
+                   and memory_gib(options["mem"]) > node["memory_gib"]))
+    if too_big:
+        fail(refused + NOT_AVAILABLE)
+
+
+def for_the_cluster(options: dict[str, str | None]) -> list[str]:
+    """The request, scaled to the cluster's nodes (CLUSTER_CPUS each, no GPUs)."""
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or CONFIG["cluster_cpus"])
+    kept = {name: value for name, value in options.items() if name not in SITE_ONLY}
+    if "ntasks-per-node" in kept:
+        kept["ntasks-per-node"] = str(min(int(kept["ntasks-per-node"]), cpus))
+        if "ntasks" in kept:
+            kept["ntasks"] = str(int(kept.get("nodes") or os.environ.get("SLURM_NNODES", 1))
+                                 * int(kept["ntasks-per-node"]))
+    if "cpus-per-task" in kept:
+        kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
+                                               cpus // int(kept.get("ntasks-per-node") or 1))))
+    if not on_compute():
+        kept["partition"] = CONFIG["cluster_partition"]
+    return [f"--{name}" if value is None else f"--{name}={value}" for name, value in kept.items()]
+
+
+def gpus_per_node(options: dict[str, str | None]) -> int:
+    return int(options.get("gpus-per-node") or 0) or int(options.get("gpus") or 0)
+
+
+def srun(args: list[str]) -> None:
+    listed, command = parse_options(args)
+    options = dict(listed)
+    if not on_compute():
+        check_request("srun", options)
+    elif int(options.get("cpus-per-task") or 1) > CONFIG["compute"]["cpus"]:
+        fail("srun: error: Unable to create step for job "
+             f"{os.environ['SLURM_JOB_ID']}: More processors requested than permitted")
+    if options.get("environment"):
+        command = [sys.executable, __file__, "ce-task", str(find_edf(options["environment"])),
+                   "--", *command]
+    os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
+
+
+def script_header(script: Path) -> list[tuple[str, str | None]]:
+    options = []
+    for line in script.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH "):
+            options += parse_options(line.split(None, 1)[1].split())[0]
+    return options
+
+
+def sbatch(args: list[str]) -> None:
+    listed, rest = parse_options(args)
+    script = Path(rest[0])
+    options = dict(script_header(script) + listed)  # the command line wins, as in sbatch
+    check_request("sbatch", options)
+    # The script without the header lines the cluster cannot have (the command line
+    # gives the scaled request).
+    jobs = Path(CONFIG["state"]) / "jobs"
+    jobs.mkdir(exist_ok=True)
+    copy = jobs / f"{len(os.listdir(jobs))}-{script.name}"
+    lines = script.read_text().splitlines(keepends=True)
+    copy.write_text("".join(
+        line for line in lines
+        if not (line.startswith("#SBATCH ") and
+                parse_options(line.split(None, 1)[1].split())[0][0][0] in SITE_ONLY | {
+                    "cpus-per-task", "ntasks-per-node"})))
+    if gpus_per_node(options):
+        os.environ["GPUS_PER_NODE"] = str(min(gpus_per_node(options), CONFIG["cluster_cpus"]))
+    import subprocess
+    done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
+                           *json.loads(os.environ.get("TWIN_TRAIN_ARGS", "[]"))],
+                          capture_output=True, text=True)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    found = re.search(r"Submitted batch job (\d+)", done.stdout)
+    if found:
+        with open(Path(CONFIG["state"]) / "jobs.txt", "a") as jobs:
+            jobs.write(found.group(1) + "\n")
+    sys.exit(done.returncode)
+
+
+# ------------------------------------------------------------------ images
+def write_image(path: Path, arch: str, origin: str) -> None:
+    if not path.parent.is_dir():
+        fail(f"FATAL:   While performing build: {path.parent}: no such file or directory")
+    path.write_text(json.dumps({"arch": arch, "from": origin}))
+
+
+def image_arch(path: Path) -> str:
+    if not path.is_file():
+        fail(f"FATAL:   could not open image {path}: failed to retrieve path for {path}: "
+             f"lstat {path}: no such file or directory", 255)
+    return json.loads(path.read_text())["arch"]
+
+
+def check_network(what: str) -> None:
+    """Compute nodes reach the internet only through the centre's proxy, where it has one."""
+    proxy = CONFIG["compute"].get("proxy")
+    if on_compute() and proxy and os.environ.get("https_proxy") != proxy:
+        fail(f"{what}: pip: Failed to establish a new connection: [Errno 101] Network is "
+             "unreachable (no https_proxy: the compute nodes reach the internet only "
+             f"through {proxy})", 255)
+
+
+def check_arch(image: Path) -> None:
+    """Apptainer's check (apptainer/apptainer#2847 quotes it): an image of another
+    architecture than the node's is refused."""
+    arch, host = image_arch(image), GO_ARCH[node_arch()]
+    if arch != host:
+        fail(f"FATAL:   While checking container encryption: could not open image {image}: "
+             f"the image's architecture ({arch}) could not run on the host's ({host})", 255)
+
+
+def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> None:
+    """The host's Python environment as the image's: its PATH, the given library path."""
+    env["PATH"] = CONFIG["image_path"]
+    env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
+    os.execvpe(command[0], command, env)
+
+
+def apptainer(args: list[str]) -> None:
+    action, args = args[0], args[1:]
+    flags, i = {}, 0
+    while i < len(args) and args[i].startswith("-"):
+        name = args[i].lstrip("-")
+        if name in ("bind", "B", "arch", "env"):
+            flags.setdefault(name, []).append(args[i + 1])
+            i += 1
+        i += 1
+    args = args[i:]
+    if action == "build":
+        check_network("apptainer build")
+        if not Path(args[1]).is_file():
+            fail(f"FATAL:   Unable to build from {args[1]}: no such file or directory", 255)
+        write_image(Path(args[0]), GO_ARCH[node_arch()], args[1])
+    elif action == "pull":
+        check_network("apptainer pull")
+        write_image(Path(args[0]), (flags.get("arch") or [GO_ARCH[node_arch()]])[-1], args[1])
+    elif action in ("exec", "run"):
+        image = Path(args[0])
+        check_arch(image)
+        binds = [b for spec in flags.get("bind", []) + flags.get("B", []) +
+                 [os.environ.get("APPTAINER_BIND", "")] for b in spec.split(",") if b]
+        for bind in binds:
+            source = bind.split(":")[0]
+            if not Path(source).exists():
+                fail(f"FATAL:   container creation failed: mount hook function failure: "
+                     f"mount {source}->{source} error: while mounting {source}: mount "
+                     f"source {source} doesn't exist", 255)
+        # Apptainer passes the host's variables in but PATH and LD_LIBRARY_PATH; the
+        # APPTAINERENV_ ones are set in the container ($LD_LIBRARY_PATH: the image's).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("APPTAINERENV_")}
+        env |= {k.removeprefix("APPTAINERENV_"): v for k, v in os.environ.items()
+                if k.startswith("APPTAINERENV_") and k != "APPTAINERENV_LD_LIBRARY_PATH"}
+        library = os.environ.get("APPTAINERENV_LD_LIBRARY_PATH", "")
+        run_in_image(args[1:], library.replace("$LD_LIBRARY_PATH", ""), env)
+    else:
+        fail(f"twin: apptainer {action}: not in the twin; add it to tests/helpers/twin_bin.py")
+
+
+def podman(args: list[str]) -> None:
+    if args[0] != "build" or "-t" not in args:
+        fail(f"twin: podman {' '.join(args)}: the twin has `podman build -t TAG DIR` only")
+    tag = args[args.index("-t") + 1]
+    store = Path(CONFIG["state"]) / "podman"
+    store.mkdir(exist_ok=True)
+    write_image(store / tag.replace("/", "_"), GO_ARCH[node_arch()], args[-1])
+
+
+def enroot(args: list[str]) -> None:
+    if args[0] != "import" or "-o" not in args:
+        fail(f"twin: enroot {' '.join(args)}: the twin has `enroot import -o FILE URI` only")
+    out, uri = Path(args[args.index("-o") + 1]), args[-1]
+    if uri.startswith("podman://"):
+        local = Path(CONFIG["state"]) / "podman" / uri.removeprefix("podman://").replace("/", "_")
+        if not local.is_file():
+            fail(f"[ERROR] No such image: {uri.removeprefix('podman://')}")
+        arch = json.loads(local.read_text())["arch"]
+    else:
+        arch = GO_ARCH[node_arch()]
+    write_image(out, arch, uri)
+
+
+def lfs(args: list[str]) -> None:
+    """Lustre's `lfs setstripe ... DIR`: the folder must exist on a site file system."""
+    if args[:1] != ["setstripe"]:
+        fail(f"twin: lfs {' '.join(args)}: the twin has `lfs setstripe ... DIR` only")
+    folder = Path(args[-1])
+    if not folder.is_dir():
+        fail(f"lfs setstripe: cannot create composite file '{folder}': No such file or "
+             "directory", 2)
+    if not any(str(folder).startswith(CONFIG["root_dir"] + root) for root in CONFIG["roots"]):
+        fail(f"lfs setstripe: '{folder}' is not on a Lustre file system", 22)
+
+
+def git(args: list[str]) -> None:
+    """`git clone` of this project: its files, as links to this checkout."""
+    if args[:1] != ["clone"] or args[1] != CONFIG["project_url"]:
+        fail(f"twin: git {' '.join(args)}: the twin clones {CONFIG['project_url']} only")
+    target = Path(args[2] if len(args) > 2 else Path(args[1]).name)
+    target.mkdir()
+    for entry in Path(CONFIG["repo"]).iterdir():
+        if entry.name not in (".git", "runs", "data"):
+            (target / entry.name).symlink_to(entry)
+    print(f"Cloning into '{target}'...")
+
+
+# ------------------------------------------------------------------ CSCS's Container Engine
+def find_edf(name: str) -> Path:
+    """--environment: a path (with a '/'), or NAME.toml in $HOME/.edf (CSCS's run page).
+    A missing one is an error before any task starts; the CE's own wording is NOT
+    CONFIRMED here, so the message names the file and the option."""
+    path = Path(name) if "/" in name else Path.home() / CONFIG["edf_folder"] / f"{name}.toml"
+    if not path.is_file():
+        fail(f"srun: error: container-engine: the environment definition file {path} "
+             f"(--environment={name}) does not exist")
+    return path.resolve()
+
+
+def ce_task(args: list[str]) -> None:
+    """In the step, on the node: the EDF's image, mounts, workdir and env."""
+    edf = tomllib.loads(Path(args[0]).read_text())
+    image = site_path(edf["image"])
+    check_arch(image)
+    for mount in edf.get("mounts", []):
+        source = mount.split(":")[0]
+        if not site_path(source).exists():
+            fail(f"error: container-engine: mount source {source} does not exist")
+    env = dict(os.environ) | {k: str(v) for k, v in edf.get("env", {}).items()}
+    if "workdir" in edf:
+        os.chdir(site_path(edf["workdir"]))
+    run_in_image(args[2:], "", env)
+
+
+COMMANDS = {"srun": srun, "sbatch": sbatch, "apptainer": apptainer, "podman": podman,
+            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](sys.argv[2:])

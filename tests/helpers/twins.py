@@ -1,0 +1,196 @@
+"""A centre's twin on the suite's SLURM cluster, and the runner that types a site page's
+steps into it (docs/development.md, "Site pages are tests").
+
+A twin is described by tests/twins/<site>.toml (every value cited): the centre's
+partitions and account, its compute nodes' shape and architecture against the login
+node's, its module names and their prerequisites, its file-system roots and the user's
+variables, its container runtime. `Twin.run(page_text)` runs the page's marked steps in
+order in one login shell (bash -e: a step that fails stops the rest, as the user would
+stop), waits for the jobs they submitted and returns what the user would see.
+
+What the twin changes on the page's text, and nothing else (the documented
+substitutions): the page's project placeholder becomes the twin's project; a path under
+a site file system (/cluster/..., /capstor/...) lives under the twin's root folder; the
+dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
+of TINY_TRAIN, whose data step makes the data folder the real download would leave
+(the tiny dataset needs no files); the user's own `my_train.py` is OWN_SCRIPT; a GPU is
+one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node, the job's tasks). The
+commands the suite's machine lacks are the stand-ins of
+tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
+still checked); `module` is Lmod's interface over the twin's module table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.helpers import REPO, TESTS, wait_until_ended
+from tests.helpers.sites import LMOD_UNKNOWN, stand_in_nccl
+from tests.helpers.steps import page_steps
+
+TWINS = TESTS / "twins"
+PROJECT_URL = "https://github.com/hpc-train/hpc-train"
+# The tiny training that stands in for the page's dataset: digits at 16 px, 2 steps, a
+# step line in the log ("train: step 2/2 (epoch 1): loss ...": the first step logged).
+TINY_TRAIN = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
+              "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
+              "--epochs", "1", "--max-steps", "2", "--log-every", "1", "--dist-timeout", "120"]
+FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
+# The page's `my_train.py` (the user's own script): the project's example, 2 steps.
+OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
+# The suite's cluster: 2 CPUs a node (tests/slurm/cluster.py), each standing for a GPU.
+CLUSTER_CPUS = 2
+STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs")
+
+
+def twin_data(site: str) -> dict:
+    return tomllib.loads((TWINS / f"{site}.toml").read_text())
+
+
+def module_function(modules: dict, folders: dict[str, Path]) -> str:
+    """Lmod's `module` as a bash function body (exported as BASH_FUNC_module%%, as Lmod
+    exports its own): load, reset, avail/-t avail. (The stand-ins start with bash:
+    dash drops a variable whose name has %, this one.) A module whose prerequisite is not
+    loaded is unknown, with Lmod's message and status 1."""
+    arms = []
+    for name, spec in modules.items():
+        guard = ""
+        if spec.get("requires"):
+            guard = (f"if [[ \" ${{TWIN_LOADED:-}} \" != *\" {spec['requires']} \"* ]]; then "
+                     f"printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1; fi; ")
+        library = (f"export LD_LIBRARY_PATH={folders[name]}"
+                   "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; " if name in folders else "")
+        arms.append(f"{shlex.quote(name)}) {guard}{library}"
+                    "export TWIN_LOADED=\"${TWIN_LOADED:-} $m\";;")
+    listing = " ".join(f"{shlex.quote(name)}:{spec.get('requires', '')}"
+                       for name, spec in modules.items())
+    return (
+        "() { local m e; case $1 in "
+        "reset|purge) unset TWIN_LOADED; export LD_LIBRARY_PATH=${TWIN_BASE_LIBRARY_PATH:-};; "
+        "load|add) shift; for m in \"$@\"; do case $m in "
+        + " ".join(arms) +
+        f" *) printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1;; esac; done;; "
+        "-t|avail) for e in " + listing + "; do "
+        "[[ -z ${e#*:} || \" ${TWIN_LOADED:-} \" == *\" ${e#*:} \"* ]] "
+        "&& printf '%s\\n' ${e%%:*} >&2; "
+        "done; true;; "
+        "*) printf 'twin: module %s: not in the twin\\n' \"$1\" >&2; return 1;; esac; }")
+
+
+@dataclass
+class Result:
+    status: int
+    login: str                  # what the login shell printed
+    jobs: dict[int, tuple[str, str]]  # job id: (final state, log)
+
+    def text(self) -> str:
+        return self.login + "".join(log for _, log in self.jobs.values())
+
+
+class Twin:
+    def __init__(self, site: str, cluster, folder: Path):
+        self.site, self.data, self.cluster, self.folder = site, twin_data(site), cluster, folder
+        self.root, self.state, self.home = folder / "site", folder / "twin", folder / "home"
+        for path in (self.root, self.state, self.home, self.state / "bin",
+                     self.state / "image-bin"):
+            path.mkdir(parents=True, exist_ok=True)
+        for root in self.data["files"]["roots"]:  # the site's file systems, empty
+            (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        self.user = os.environ.get("USER") or "user"
+
+    def substitute(self, text: str) -> str:
+        """The documented substitutions (module docstring)."""
+        slurm = self.data["slurm"]
+        if slurm.get("account_placeholder"):
+            text = text.replace(slurm["account_placeholder"], slurm["account"])
+        text = text.replace("<project>", slurm.get("account", "<project>"))
+        for root in self.data["files"]["roots"]:
+            text = re.sub(rf"(?<![\w./-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
+        # The tiny dataset needs no files: the folder the real download leaves is made.
+        text = re.sub(r"--data-dir (\S+) --download --prepare-data",
+                      r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
+        # The user's own script, and a process per GPU: one per CPU of the cluster's nodes.
+        text = text.replace("my_train.py", OWN_SCRIPT)
+        text = re.sub(r"--nproc-per-node=\d+", f"--nproc-per-node={CLUSTER_CPUS}", text)
+        return text.replace("--dataset cifar100", shlex.join(TINY_TRAIN))
+
+    def config(self) -> Path:
+        files = self.data["files"]
+        config = {**{k: self.data[k] for k in ("slurm", "compute", "login")},
+                  "roots": files["roots"], "root_dir": str(self.root),
+                  "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
+                  "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
+                  "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
+                  "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
+                  "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
+                                "/usr/local/bin:/usr/bin:/bin"}
+        path = self.state / "config.json"
+        path.write_text(json.dumps(config))
+        return path
+
+    def environment(self) -> dict[str, str]:
+        """The login shell's environment: the stand-ins first on PATH, the module
+        command, the user's variables, the cluster's SLURM_CONF."""
+        for name in STAND_INS:
+            program = self.state / "bin" / name
+            program.write_text(f"#!/bin/bash\nexec {sys.executable} "
+                               f"{TESTS / 'helpers' / 'twin_bin.py'} {name} \"$@\"\n")
+            program.chmod(0o755)
+        entrypoint = self.state / "image-bin" / "entrypoint.sh"
+        if not entrypoint.exists():
+            entrypoint.symlink_to(REPO / "entrypoint.sh")
+        modules = self.data["modules"]
+        # A module's library reports major 99: the twin's image is the test environment,
+        # whose torch's NCCL is not the real image's, so the cited version would be
+        # compared with the wrong one; the binds and the check still run as on the site.
+        folders = {name: stand_in_nccl(self.root / "software" / name.replace("/", "-") / "lib",
+                                       "99." + spec["nccl"].split(".", 1)[1])
+                   for name, spec in modules["available"].items() if "nccl" in spec}
+        variables = {}
+        for name, value in self.data["files"].get("variables", {}).items():
+            variables[name] = self.substitute(value.format(user=self.user))
+            Path(variables[name]).mkdir(parents=True, exist_ok=True)
+        return self.cluster.env | variables | {
+            "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
+            "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
+            "BASH_FUNC_module%%": module_function(modules["available"], folders),
+            "BASH_FUNC_ml%%": "() { case $1 in load|reset|purge|avail|-t) module \"$@\";; "
+                              "*) module load \"$@\";; esac; }"}
+
+    def login_script(self, page: str) -> str:
+        lines = ["set -e"]
+        for number, step in enumerate(page_steps(page), 1):
+            lines.append(f"echo '== step {number} (page line {step.line}, {step.kind})' >&2")
+            if step.kind == "batch":
+                script = self.state / f"batch-step-{number}.sbatch"
+                header = [row for row in (REPO / step.header).read_text().splitlines()
+                          if row.startswith("#SBATCH ")]
+                script.write_text(self.substitute("\n".join(
+                    ["#!/usr/bin/env bash", *header, "set -Eeuo pipefail", step.text])))
+                lines.append(f"sbatch {script}")
+            else:
+                lines.append(self.substitute(step.text))
+        return "\n".join(lines) + "\n"
+
+    def run(self, page: str, timeout: float = 400) -> Result:
+        done = subprocess.run(["bash", "-c", self.login_script(page)], env=self.environment(),
+                              cwd=self.home, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        jobs = {}
+        listed = self.state / "jobs.txt"
+        for job in (listed.read_text().split() if listed.exists() else []):
+            state = wait_until_ended(self.cluster, int(job), self.state / "none", timeout)
+            shown = self.cluster.run(["scontrol", "show", "job", job]).stdout
+            log = Path(re.search(r"StdOut=(\S+)", shown).group(1))
+            jobs[int(job)] = (state, log.read_text() if log.exists() else "")
+        return Result(done.returncode, done.stdout, jobs)

@@ -1,0 +1,62 @@
+"""The step markers of the site pages (tests/helpers/steps.py) and the twins' data files
+(tests/twins/*.toml): read right, and every value cited."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import REPO
+from tests.helpers.steps import page_steps
+from tests.helpers.twins import TWINS, twin_data
+
+PAGE = """Intro.
+
+<!-- step: login -->
+```bash
+echo one
+```
+
+Not a step:
+
+```bash
+echo never
+```
+
+1. In a list:
+
+   <!-- step: batch jobs/sites/x.sbatch -->
+   ```bash
+   module load A
+     indented
+   ```
+"""
+
+
+def test_the_marked_blocks_are_the_steps_in_order_and_dedented():
+    steps = page_steps(PAGE)
+    assert [(s.kind, s.header, s.text, s.line) for s in steps] == [
+        ("login", None, "echo one\n", 4),
+        ("batch", "jobs/sites/x.sbatch", "module load A\n  indented\n", 17)]
+
+
+@pytest.mark.parametrize("page, message", [
+    ("<!-- step: login -->\ntext\n", "must be followed by a ``` fence"),
+    ("<!-- step: login -->\n```bash\necho\n", "never closed"),
+    ("<!-- step: batch -->\n```bash\necho\n```\n", "`batch` names its header file"),
+])
+def test_a_marker_that_cannot_be_a_step_is_an_error(page, message):
+    with pytest.raises(ValueError, match=message):
+        page_steps(page)
+
+
+@pytest.mark.parametrize("site", sorted(path.stem for path in TWINS.glob("*.toml")))
+def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
+    data = twin_data(site)
+    assert page_steps((REPO / data["page"]).read_text())
+    for name, table in data.items():
+        if isinstance(table, dict):
+            sources = table.get("source", [])
+            assert any(s.startswith("https://") for s in sources), (site, name)
+            assert any(s.startswith("read 2026-") for s in sources), (site, name)
+    for name, spec in data["modules"]["available"].items():
+        assert spec.get("requires", "") in ("", *data["modules"]["available"]), name
