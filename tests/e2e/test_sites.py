@@ -268,6 +268,7 @@ def test_train_warns_when_relative_folders_would_land_in_the_container(tmp_path,
     err = capsys.readouterr().err
     assert "--output-dir runs/" in err and "--data-dir data is relative" in err
     assert f"--data-dir {submit / 'data'}" in err and "--container-workdir" in err
+    assert f"it lands under {image_workdir}" in err and "the EDF's workdir" in err
     # Started in the submit folder (Apptainer, or pyxis with --container-workdir): quiet.
     monkeypatch.chdir(submit)
     warn_container_paths(parse_config(["--dataset", "cifar100", "--device", "cpu"]))

@@ -163,11 +163,12 @@ def outside_submit_dir(paths: Mapping[str, str], env: Mapping[str, str],
     if not (in_slurm(env) and submit) or _same(cwd, submit):
         return []
     return [f"{flag} {value} is relative to the current folder {cwd}, not to the folder "
-            f"the job was submitted from ({submit}): inside a container started by pyxis "
-            f"(which starts in the image's WORKDIR) it is written into the container and "
-            f"lost when the job ends; pass an absolute path on a mounted file system "
+            f"the job was submitted from ({submit}): it lands under {cwd}, and where that "
+            f"is inside the container (pyxis starts in the image's WORKDIR) it is lost "
+            f"when the job ends; pass an absolute path on a mounted file system "
             f"(e.g. {flag} {Path(submit) / value}) or start the task in the submit folder "
-            f"(srun --container-workdir=\"$PWD\" --container-mounts=\"$PWD\")"
+            f"(pyxis: srun --container-workdir=\"$PWD\" --container-mounts=\"$PWD\"; "
+            f"CSCS's Container Engine: the EDF's workdir)"
             for flag, value in paths.items() if value and not os.path.isabs(value)]
 
 
