@@ -10,7 +10,8 @@ stop), waits for the jobs they submitted and returns what the user would see.
 
 What the twin changes on the page's text, and nothing else (the documented
 substitutions): the page's project placeholder becomes the twin's project; a path under
-a site file system (/cluster/..., /capstor/...) lives under the twin's root folder; the
+a site file system (/cluster/..., /capstor/..., /scratch/...) lives under the twin's root
+folder, and a home folder link to one (Alliance's ~/scratch) points there; the
 dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
 of TINY_TRAIN, whose data step makes the data folder the real download would leave
 (the tiny dataset needs no files); the user's own `my_train.py` is OWN_SCRIPT; a GPU is
@@ -114,7 +115,7 @@ class Twin:
             text = text.replace(slurm["account_placeholder"], slurm["account"])
         text = text.replace("<project>", slurm.get("account", "<project>"))
         for root in self.data["files"]["roots"]:
-            text = re.sub(rf"(?<![\w./-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
+            text = re.sub(rf"(?<![\w./~-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
         # The tiny dataset needs no files: the folder the real download leaves is made.
         text = re.sub(r"--data-dir (\S+) --download --prepare-data",
                       r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
@@ -130,6 +131,7 @@ class Twin:
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
+                  "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
                   "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
@@ -159,6 +161,12 @@ class Twin:
         for name, value in self.data["files"].get("variables", {}).items():
             variables[name] = self.substitute(value.format(user=self.user))
             Path(variables[name]).mkdir(parents=True, exist_ok=True)
+        # Links in the home folder (Alliance's ~/scratch) to folders on a site file system.
+        for name, target in self.data["files"].get("home_links", {}).items():
+            real = Path(self.substitute(target.format(user=self.user)))
+            real.mkdir(parents=True, exist_ok=True)
+            if not (self.home / name).is_symlink():
+                (self.home / name).symlink_to(real)
         return self.cluster.env | variables | {
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
