@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
 # Each site's page, and the world size its job reaches: the cluster's 2 CPUs a node stand
 # for the page's GPUs (2 nodes x 2 tasks where the page promises multi-node).
-SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "alliance": 2, "pyxis": 4}
+SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "alliance": 2, "pyxis": 4, "nersc-perlmutter": 4}
 
 
 def page_of(site: str) -> str:
@@ -114,3 +114,22 @@ def test_pyxis_without_the_data_step_the_mount_is_missing(slurm_cluster, tmp_pat
     assert result.status != 0 and not result.jobs
     assert re.search(r"pyxis: \[ERROR\] No such file or directory: \S+/scratch/\w+/data",
                      result.login), result.login[-3000:]
+
+
+def test_nersc_running_the_image_before_shifterimg_pull_fails(slurm_cluster, tmp_path):
+    page = mutated("nersc-perlmutter", "   <!-- step: login -->\n   ```bash\n   shifterimg pull",
+                   "   ```bash\n   shifterimg pull")
+    result = run_page(slurm_cluster, tmp_path, "nersc-perlmutter", page)
+    assert result.status != 0 and not result.jobs
+    assert ("image ghcr.io/hpc-train/hpc-train:0.1.0-cuda12 not found: pull it first"
+            in result.login), result.login[-3000:]
+
+
+def test_nersc_the_by_hand_step_without_its_runs_folder_fails(slurm_cluster, tmp_path):
+    # The by-hand step alone (not after the job script, which makes runs/ itself).
+    page = mutated("nersc-perlmutter", "   <!-- step: login -->\n   ```bash\n   sbatch",
+                   "   ```bash\n   sbatch")
+    page = page.replace("   mkdir -p runs\n   srun", "   srun", 1)
+    result = run_page(slurm_cluster, tmp_path, "nersc-perlmutter", page)
+    [(state, log)] = result.jobs.values()
+    assert state == "FAILED" and re.search(r"volume source \S+/runs \(-V", log), log[-3000:]

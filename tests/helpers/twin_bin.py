@@ -2,7 +2,7 @@
 suite's machine lacks, each failing where the real one fails.
 
     twin_bin.py NAME ARGS...    NAME: srun sbatch apptainer podman enroot git lfs ce-task
-                                      pyxis-task
+                                      pyxis-task shifter shifterimg
 
 TWIN_CONFIG names the twin's JSON (written by twins.py): the centre's node shape,
 partitions, account, architectures, file-system roots, the real srun/sbatch and the
@@ -123,6 +123,10 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     if partition not in slurm["partitions"]:
         fail(f"{program}: error: invalid partition specified: {partition}\n"
              f"{refused}Invalid partition name specified")
+    features = slurm.get("constraints")
+    if features and options.get("constraint") not in features:
+        fail(f"{refused}Invalid feature specification (this centre's nodes: "
+             f"-C {' or -C '.join(features)})")
     account = options.get("account")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
@@ -147,8 +151,11 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
             kept["ntasks"] = str(int(kept.get("nodes") or os.environ.get("SLURM_NNODES", 1))
                                  * int(kept["ntasks-per-node"]))
     if "cpus-per-task" in kept:
+        # Tasks a node: the request's, else (a step in a job) the job's, "4" or "4(x2)".
+        per_node = kept.get("ntasks-per-node") or re.match(
+            r"\d*", os.environ.get("SLURM_NTASKS_PER_NODE", "")).group() or 1
         kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
-                                               cpus // int(kept.get("ntasks-per-node") or 1))))
+                                               cpus // int(per_node))))
     if not on_compute():
         kept["partition"] = CONFIG["cluster_partition"]
     return [f"--{name}" if value is None else f"--{name}={value}" for name, value in kept.items()]
@@ -215,6 +222,8 @@ def sbatch(args: list[str]) -> None:
                      parse_options(line.split(None, 1)[1].split())[0][0][0] in SITE_ONLY | {
                          "cpus-per-task", "ntasks-per-node"})]
     copy.write_text("".join(with_job_variables(lines)))
+    if options.get("image"):  # Shifter's image for the job's `shifter` commands
+        os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     if gpus_per_node(options):
         os.environ["GPUS_PER_NODE"] = str(min(gpus_per_node(options), CONFIG["cluster_cpus"]))
     import subprocess
@@ -449,8 +458,57 @@ def pyxis_task(args: list[str]) -> None:
     run_in_image(args[2:], "", dict(os.environ))
 
 
+# ------------------------------------------------------------------ NERSC's Shifter
+def shifter_image(name: str) -> Path:
+    store = Path(CONFIG["state"]) / "shifter"
+    store.mkdir(exist_ok=True)
+    return store / name.replace("/", "_")
+
+
+def shifterimg(args: list[str]) -> None:
+    """`shifterimg pull NAME`: from the twin's registry (the image the page names, as the
+    user pushed it), into Shifter's image store. The wording of Shifter's errors is NOT
+    CONFIRMED here: the messages name the image."""
+    if args[:1] != ["pull"] or len(args) != 2:
+        fail(f"twin: shifterimg {' '.join(args)}: the twin has `shifterimg pull NAME` only")
+    registry = CONFIG["runtime"].get("registry", {})
+    if args[1] not in registry:
+        fail(f"shifterimg: ERROR: failed to pull {args[1]}: not in the registry", 1)
+    write_image(shifter_image(args[1]), registry[args[1]], args[1])
+
+
+def shifter(args: list[str]) -> None:
+    """`shifter [--image=NAME] [-V SRC:DST]... COMMAND`: the image (else the job's sbatch
+    --image) must have been pulled and be of the node's architecture; a volume's source
+    must exist, and the command's paths under DST are SRC on the host."""
+    name, volumes, i = os.environ.get("TWIN_SHIFTER_IMAGE"), [], 0
+    while args[i].startswith("-"):
+        if args[i].startswith("--image="):
+            name = args[i].split("=", 1)[1]
+        elif args[i] in ("-V", "--volume"):
+            volumes.append(args[i + 1])
+            i += 1
+        i += 1
+    if not name or not shifter_image(name).is_file():
+        fail(f"shifter: ERROR: image {name or '(none: no --image)'} not found: pull it first "
+             "(shifterimg pull)")
+    if image_arch(shifter_image(name)) != GO_ARCH[node_arch()]:
+        fail(f"shifter: {args[i]}: exec format error (an {image_arch(shifter_image(name))} "
+             f"image on an {GO_ARCH[node_arch()]} node)")
+    command = args[i:]
+    for volume in volumes:
+        source, target = volume.split(":")[:2]
+        if not Path(source).is_dir():
+            fail(f"shifter: ERROR: volume source {source} (-V {volume}): No such file or "
+                 "directory")
+        command = [source + arg[len(target):] if arg == target or arg.startswith(target + "/")
+                   else arg for arg in command]
+    run_in_image(command, "", dict(os.environ))
+
+
 COMMANDS = {"srun": srun, "sbatch": sbatch, "apptainer": apptainer, "podman": podman,
-            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task, "pyxis-task": pyxis_task}
+            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task, "pyxis-task": pyxis_task,
+            "shifter": shifter, "shifterimg": shifterimg}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](sys.argv[2:])

@@ -50,7 +50,8 @@ FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
 # The suite's cluster: 2 CPUs a node (tests/slurm/cluster.py), each standing for a GPU.
 CLUSTER_CPUS = 2
-STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs")
+STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "shifter",
+             "shifterimg")
 
 
 def twin_data(site: str) -> dict:
