@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
 # Each site's page, and the world size its job reaches: the cluster's 2 CPUs a node stand
 # for the page's GPUs (2 nodes x 2 tasks where the page promises multi-node).
-SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "alliance": 2, "pyxis": 4, "nersc-perlmutter": 4}
+SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "alliance": 2, "pyxis": 4, "nersc-perlmutter": 4,
+         "jsc-juwels-booster": 4}
 
 
 def page_of(site: str) -> str:

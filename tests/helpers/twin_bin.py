@@ -275,6 +275,11 @@ def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> 
     """The host's Python environment as the image's: its PATH, the given library path."""
     env["PATH"] = CONFIG["image_path"]
     env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
+    # The centre's network interfaces (JUWELS's ib0) are the cluster's loopback; any other
+    # name is left for gloo to refuse, as on the centre.
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if env.get(name) in CONFIG["compute"].get("interfaces", []):
+            env[name] = "lo"
     os.execvpe(command[0], command, env)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from tests.helpers import REPO, TESTS, wait_until_ended
 from tests.helpers.sites import LMOD_UNKNOWN, stand_in_nccl
 from tests.helpers.steps import page_steps
+from tests.slurm.cluster import NODES, ensure_hosts_entries
 
 TWINS = TESTS / "twins"
 PROJECT_URL = "https://github.com/hpc-train/hpc-train"
@@ -108,6 +109,10 @@ class Twin:
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self.user = os.environ.get("USER") or "user"
+        # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
+        suffix = self.data["compute"].get("host_suffix")
+        if suffix:
+            ensure_hosts_entries(tuple(node + suffix for node in NODES))
 
     def substitute(self, text: str) -> str:
         """The documented substitutions (module docstring)."""
@@ -173,8 +178,23 @@ class Twin:
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
             "BASH_FUNC_module%%": module_function(modules["available"], folders),
+            **self.login_functions(),
             "BASH_FUNC_ml%%": "() { case $1 in load|reset|purge|avail|-t) module \"$@\";; "
                               "*) module load \"$@\";; esac; }"}
+
+    def login_functions(self) -> dict[str, str]:
+        """The centre's login shell functions: JSC's `jutil env activate -p PROJECT`
+        exports the project's variables (the twin's table: PROJECT, SCRATCH)."""
+        variables = self.data["login"].get("jutil")
+        if not variables:
+            return {}
+        exports = " ".join(f"{name}={shlex.quote(self.substitute(value))}"
+                           for name, value in variables.items())
+        return {"BASH_FUNC_jutil%%": (
+            "() { if [[ \"$1 $2\" == 'env activate' && $3 == -p && "
+            f"$4 == {shlex.quote(self.data['slurm']['account'])} ]]; then "
+            f"export {exports}; mkdir -p \"$SCRATCH\" \"$PROJECT\"; else "
+            "printf 'jutil: %s: not a project of yours\\n' \"$4\" >&2; return 1; fi; }")}
 
     def login_script(self, page: str) -> str:
         lines = ["set -e"]
