@@ -2,6 +2,7 @@
 suite's machine lacks, each failing where the real one fails.
 
     twin_bin.py NAME ARGS...    NAME: srun sbatch apptainer podman enroot git lfs ce-task
+                                      pyxis-task shifter shifterimg
 
 TWIN_CONFIG names the twin's JSON (written by twins.py): the centre's node shape,
 partitions, account, architectures, file-system roots, the real srun/sbatch and the
@@ -9,13 +10,19 @@ SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job 
 step); the login node everywhere else.
 
 - srun/sbatch check a request against the centre's nodes, partitions and account, with
-  SLURM's own messages, then ask the cluster for what it has (its partition, its CPUs,
-  no GPUs or memory size); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS)
-  to the job's. `srun --environment=EDF` is CSCS's Container Engine.
+  SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a
+  job, included), then ask the cluster for what it has (its partition, its CPUs, no GPUs
+  or memory size); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the
+  job's and sets the centre's job variables ($SLURM_TMPDIR). `srun --environment=EDF` is
+  CSCS's Container Engine; `srun --container-image=FILE` is pyxis.
+- A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
+  not found" until that module is loaded.
 - An image is a small JSON file naming its architecture: built (apptainer build, podman
   build) on the node's, pulled for --arch or the node's. Running one on a node of
   another architecture is refused with Apptainer's message; running it runs the host's
-  Python environment as the image's, with the container's environment rules.
+  Python environment as the image's, with the container's environment rules. Under
+  pyxis a site path the command names must be under --container-mounts; `podman run`
+  runs a locally built image through its entrypoint.
 """
 
 from __future__ import annotations
@@ -31,13 +38,17 @@ GO_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
 VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account",
                  "partition", "time", "output", "error", "job-name", "gpus", "gpus-per-node",
                  "gpus-per-task", "mem", "mem-per-cpu", "constraint", "environment", "uenv",
-                 "view", "image", "module", "gres", "cpu-bind", "export", "chdir"}
+                 "view", "image", "module", "gres", "cpu-bind", "export", "chdir",
+                 "container-image", "container-mounts", "container-workdir"}
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
          "-G": "gpus", "-C": "constraint"}
 # What the cluster cannot have: asked of the twin's nodes, then left out for the cluster.
+PYXIS = {"container-image", "container-mounts", "container-workdir", "container-entrypoint",
+         "no-container-entrypoint", "container-writable", "container-readonly"}
 SITE_ONLY = {"account", "partition", "gpus", "gpus-per-node", "gpus-per-task", "mem",
-             "mem-per-cpu", "constraint", "gres", "uenv", "view", "image", "module", "environment"}
+             "mem-per-cpu", "constraint", "gres", "uenv", "view", "image", "module",
+             "environment"} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
 
 
@@ -94,6 +105,15 @@ def memory_gib(value: str) -> float:
     return int(number) / {"K": 1024 ** 2, "M": 1024, "G": 1, "T": 1 / 1024, "": 1024}[unit]
 
 
+def check_numbers(program: str, options: dict[str, str | None]) -> None:
+    """SLURM parses a count before anything else: `--cpus-per-task=$((X / 4))` typed
+    where X is unset (outside a job) is 0, and srun stops (its message, Slurm 24.11)."""
+    for name in ("nodes", "ntasks", "ntasks-per-node", "cpus-per-task"):
+        value = options.get(name)
+        if value is not None and not (value.isdigit() and int(value) > 0):
+            fail(f'{program}: error: Invalid numeric value "{value}" for --{name}.')
+
+
 def check_request(program: str, options: dict[str, str | None]) -> None:
     """Refuse what the centre would refuse, with SLURM's messages."""
     slurm, node = CONFIG["slurm"], CONFIG["compute"]
@@ -103,6 +123,10 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     if partition not in slurm["partitions"]:
         fail(f"{program}: error: invalid partition specified: {partition}\n"
              f"{refused}Invalid partition name specified")
+    features = slurm.get("constraints")
+    if features and options.get("constraint") not in features:
+        fail(f"{refused}Invalid feature specification (this centre's nodes: "
+             f"-C {' or -C '.join(features)})")
     account = options.get("account")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
@@ -127,8 +151,11 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
             kept["ntasks"] = str(int(kept.get("nodes") or os.environ.get("SLURM_NNODES", 1))
                                  * int(kept["ntasks-per-node"]))
     if "cpus-per-task" in kept:
+        # Tasks a node: the request's, else (a step in a job) the job's, "4" or "4(x2)".
+        per_node = kept.get("ntasks-per-node") or re.match(
+            r"\d*", os.environ.get("SLURM_NTASKS_PER_NODE", "")).group() or 1
         kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
-                                               cpus // int(kept.get("ntasks-per-node") or 1))))
+                                               cpus // int(per_node))))
     if not on_compute():
         kept["partition"] = CONFIG["cluster_partition"]
     return [f"--{name}" if value is None else f"--{name}={value}" for name, value in kept.items()]
@@ -141,6 +168,7 @@ def gpus_per_node(options: dict[str, str | None]) -> int:
 def srun(args: list[str]) -> None:
     listed, command = parse_options(args)
     options = dict(listed)
+    check_numbers("srun", options)
     if not on_compute():
         check_request("srun", options)
     elif int(options.get("cpus-per-task") or 1) > CONFIG["compute"]["cpus"]:
@@ -149,6 +177,8 @@ def srun(args: list[str]) -> None:
     if options.get("environment"):
         command = [sys.executable, __file__, "ce-task", str(find_edf(options["environment"])),
                    "--", *command]
+    if options.get("container-image"):
+        command = [sys.executable, __file__, "pyxis-task", json.dumps(options), "--", *command]
     os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
 
 
@@ -162,22 +192,38 @@ def script_header(script: Path) -> list[tuple[str, str | None]]:
     return options
 
 
+def with_job_variables(lines: list[str]) -> list[str]:
+    """The variables the centre's job starts with (Alliance's $SLURM_TMPDIR, a node-local
+    folder made for the job), set after the script's header as the centre's prolog would
+    before it."""
+    variables = CONFIG["compute"].get("job_variables", {})
+    body = next((i for i, line in enumerate(lines) if i and not line.startswith("#")),
+                len(lines))
+    made = []
+    for name, value in variables.items():
+        path = CONFIG["root_dir"] + value.format(user=os.environ["USER"], job="${SLURM_JOB_ID}")
+        made.append(f'export {name}="{path}"; mkdir -p "${{{name}}}"\n')
+    return lines[:body] + made + lines[body:]
+
+
 def sbatch(args: list[str]) -> None:
     listed, rest = parse_options(args)
     script = Path(rest[0])
     options = dict(script_header(script) + listed)  # the command line wins, as in sbatch
+    check_numbers("sbatch", options)
     check_request("sbatch", options)
     # The script without the header lines the cluster cannot have (the command line
     # gives the scaled request).
     jobs = Path(CONFIG["state"]) / "jobs"
     jobs.mkdir(exist_ok=True)
     copy = jobs / f"{len(os.listdir(jobs))}-{script.name}"
-    lines = script.read_text().splitlines(keepends=True)
-    copy.write_text("".join(
-        line for line in lines
-        if not (line.startswith("#SBATCH ") and
-                parse_options(line.split(None, 1)[1].split())[0][0][0] in SITE_ONLY | {
-                    "cpus-per-task", "ntasks-per-node"})))
+    lines = [line for line in script.read_text().splitlines(keepends=True)
+             if not (line.startswith("#SBATCH ") and
+                     parse_options(line.split(None, 1)[1].split())[0][0][0] in SITE_ONLY | {
+                         "cpus-per-task", "ntasks-per-node"})]
+    copy.write_text("".join(with_job_variables(lines)))
+    if options.get("image"):  # Shifter's image for the job's `shifter` commands
+        os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     if gpus_per_node(options):
         os.environ["GPUS_PER_NODE"] = str(min(gpus_per_node(options), CONFIG["cluster_cpus"]))
     import subprocess
@@ -229,10 +275,24 @@ def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> 
     """The host's Python environment as the image's: its PATH, the given library path."""
     env["PATH"] = CONFIG["image_path"]
     env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
+    # The centre's network interfaces (JUWELS's ib0) are the cluster's loopback; any other
+    # name is left for gloo to refuse, as on the centre.
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if env.get(name) in CONFIG["compute"].get("interfaces", []):
+            env[name] = "lo"
     os.execvpe(command[0], command, env)
 
 
+def check_module(command: str) -> None:
+    """Where the centre puts the runtime in a module (Alliance: `module load apptainer`),
+    the command is not there until it is loaded: bash's message and status."""
+    module = CONFIG["runtime"].get("module")
+    if module and module not in os.environ.get("TWIN_LOADED", "").split():
+        fail(f"bash: {command}: command not found", 127)
+
+
 def apptainer(args: list[str]) -> None:
+    check_module("apptainer")
     action, args = args[0], args[1:]
     flags, i = {}, 0
     while i < len(args) and args[i].startswith("-"):
@@ -272,21 +332,46 @@ def apptainer(args: list[str]) -> None:
         fail(f"twin: apptainer {action}: not in the twin; add it to tests/helpers/twin_bin.py")
 
 
-def podman(args: list[str]) -> None:
-    if args[0] != "build" or "-t" not in args:
-        fail(f"twin: podman {' '.join(args)}: the twin has `podman build -t TAG DIR` only")
-    tag = args[args.index("-t") + 1]
+def podman_image(tag: str) -> Path:
     store = Path(CONFIG["state"]) / "podman"
     store.mkdir(exist_ok=True)
-    write_image(store / tag.replace("/", "_"), GO_ARCH[node_arch()], args[-1])
+    return store / tag.replace("/", "_")
+
+
+def podman(args: list[str]) -> None:
+    if args[:1] == ["run"]:
+        podman_run(args[1:])
+    if args[:1] != ["build"] or "-t" not in args:
+        fail(f"twin: podman {' '.join(args)}: the twin has `podman build -t TAG DIR` and "
+             "`podman run [--rm] [-v SRC:DST]... TAG COMMAND...` only")
+    write_image(podman_image(args[args.index("-t") + 1]), GO_ARCH[node_arch()], args[-1])
+
+
+def podman_run(args: list[str]) -> None:
+    """The local image's ENTRYPOINT (entrypoint.sh) runs the command; a volume's source
+    must exist (podman's message)."""
+    i = 0
+    while args[i].startswith("-"):
+        if args[i] in ("-v", "--volume"):
+            source = args[i + 1].split(":")[0]
+            if not Path(source).exists():
+                fail(f"Error: statfs {source}: no such file or directory", 125)
+            i += 1
+        i += 1
+    image = podman_image(args[i])
+    if not image.is_file():
+        fail(f"Error: {args[i]}: image not known", 125)
+    check_arch(image)
+    run_in_image(["entrypoint.sh", *args[i + 1:]], "", dict(os.environ))
 
 
 def enroot(args: list[str]) -> None:
-    if args[0] != "import" or "-o" not in args:
+    flag = next((f for f in ("-o", "--output") if f in args), None)
+    if args[0] != "import" or not flag:
         fail(f"twin: enroot {' '.join(args)}: the twin has `enroot import -o FILE URI` only")
-    out, uri = Path(args[args.index("-o") + 1]), args[-1]
+    out, uri = Path(args[args.index(flag) + 1]), args[-1]
     if uri.startswith("podman://"):
-        local = Path(CONFIG["state"]) / "podman" / uri.removeprefix("podman://").replace("/", "_")
+        local = podman_image(uri.removeprefix("podman://"))
         if not local.is_file():
             fail(f"[ERROR] No such image: {uri.removeprefix('podman://')}")
         arch = json.loads(local.read_text())["arch"]
@@ -346,8 +431,89 @@ def ce_task(args: list[str]) -> None:
     run_in_image(args[2:], "", env)
 
 
+# ------------------------------------------------------------------ pyxis (srun --container-*)
+def pyxis_task(args: list[str]) -> None:
+    """In the step, on the node: the squashfs image (its architecture checked), the
+    mounts (each source must exist), the workdir; the command runs without the image's
+    ENTRYPOINT (pyxis's default). A host path the command names that no mount brings in
+    does not exist in the container: refused, as the task would fail to find it. The
+    exact pyxis/enroot wording is NOT CONFIRMED here: the messages name the path."""
+    options = json.loads(args[0])
+    image = Path(options["container-image"])
+    if not image.is_file():
+        fail(f"slurmstepd: error: pyxis: [ERROR] No such file or directory: {image}")
+    if image_arch(image) != GO_ARCH[node_arch()]:
+        fail(f"slurmstepd: error: pyxis: {args[2]}: exec format error (an "
+             f"{image_arch(image)} image on an {GO_ARCH[node_arch()]} node)")
+    mounts = [m.split(":")[0] for m in (options.get("container-mounts") or "").split(",") if m]
+    for source in mounts:
+        if not Path(source).exists():
+            fail(f"slurmstepd: error: pyxis: [ERROR] No such file or directory: {source}")
+    # The site's file systems are not in the container but where mounted; the image's
+    # WORKDIR (/workspace) is a folder of the twin's, thrown away with the container.
+    workdir = options.get("container-workdir")
+    named = [arg for arg in args[2:] if arg.startswith(CONFIG["root_dir"])]
+    for path in ([workdir] if workdir else []) + named:
+        if not any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts):
+            fail(f"pyxis twin: {path}: No such file or directory in the container (not "
+                 "under --container-mounts)")
+    inside = Path(CONFIG["state"]) / "workspace"
+    inside.mkdir(exist_ok=True)
+    os.chdir(workdir or inside)
+    run_in_image(args[2:], "", dict(os.environ))
+
+
+# ------------------------------------------------------------------ NERSC's Shifter
+def shifter_image(name: str) -> Path:
+    store = Path(CONFIG["state"]) / "shifter"
+    store.mkdir(exist_ok=True)
+    return store / name.replace("/", "_")
+
+
+def shifterimg(args: list[str]) -> None:
+    """`shifterimg pull NAME`: from the twin's registry (the image the page names, as the
+    user pushed it), into Shifter's image store. The wording of Shifter's errors is NOT
+    CONFIRMED here: the messages name the image."""
+    if args[:1] != ["pull"] or len(args) != 2:
+        fail(f"twin: shifterimg {' '.join(args)}: the twin has `shifterimg pull NAME` only")
+    registry = CONFIG["runtime"].get("registry", {})
+    if args[1] not in registry:
+        fail(f"shifterimg: ERROR: failed to pull {args[1]}: not in the registry", 1)
+    write_image(shifter_image(args[1]), registry[args[1]], args[1])
+
+
+def shifter(args: list[str]) -> None:
+    """`shifter [--image=NAME] [-V SRC:DST]... COMMAND`: the image (else the job's sbatch
+    --image) must have been pulled and be of the node's architecture; a volume's source
+    must exist, and the command's paths under DST are SRC on the host."""
+    name, volumes, i = os.environ.get("TWIN_SHIFTER_IMAGE"), [], 0
+    while args[i].startswith("-"):
+        if args[i].startswith("--image="):
+            name = args[i].split("=", 1)[1]
+        elif args[i] in ("-V", "--volume"):
+            volumes.append(args[i + 1])
+            i += 1
+        i += 1
+    if not name or not shifter_image(name).is_file():
+        fail(f"shifter: ERROR: image {name or '(none: no --image)'} not found: pull it first "
+             "(shifterimg pull)")
+    if image_arch(shifter_image(name)) != GO_ARCH[node_arch()]:
+        fail(f"shifter: {args[i]}: exec format error (an {image_arch(shifter_image(name))} "
+             f"image on an {GO_ARCH[node_arch()]} node)")
+    command = args[i:]
+    for volume in volumes:
+        source, target = volume.split(":")[:2]
+        if not Path(source).is_dir():
+            fail(f"shifter: ERROR: volume source {source} (-V {volume}): No such file or "
+                 "directory")
+        command = [source + arg[len(target):] if arg == target or arg.startswith(target + "/")
+                   else arg for arg in command]
+    run_in_image(command, "", dict(os.environ))
+
+
 COMMANDS = {"srun": srun, "sbatch": sbatch, "apptainer": apptainer, "podman": podman,
-            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task}
+            "enroot": enroot, "git": git, "lfs": lfs, "ce-task": ce_task, "pyxis-task": pyxis_task,
+            "shifter": shifter, "shifterimg": shifterimg}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](sys.argv[2:])

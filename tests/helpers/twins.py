@@ -10,7 +10,8 @@ stop), waits for the jobs they submitted and returns what the user would see.
 
 What the twin changes on the page's text, and nothing else (the documented
 substitutions): the page's project placeholder becomes the twin's project; a path under
-a site file system (/cluster/..., /capstor/...) lives under the twin's root folder; the
+a site file system (/cluster/..., /capstor/..., /scratch/...) lives under the twin's root
+folder, and a home folder link to one (Alliance's ~/scratch) points there; the
 dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
 of TINY_TRAIN, whose data step makes the data folder the real download would leave
 (the tiny dataset needs no files); the user's own `my_train.py` is OWN_SCRIPT; a GPU is
@@ -36,6 +37,7 @@ from pathlib import Path
 from tests.helpers import REPO, TESTS, wait_until_ended
 from tests.helpers.sites import LMOD_UNKNOWN, stand_in_nccl
 from tests.helpers.steps import page_steps
+from tests.slurm.cluster import NODES, ensure_hosts_entries
 
 TWINS = TESTS / "twins"
 PROJECT_URL = "https://github.com/hpc-train/hpc-train"
@@ -49,7 +51,8 @@ FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
 # The suite's cluster: 2 CPUs a node (tests/slurm/cluster.py), each standing for a GPU.
 CLUSTER_CPUS = 2
-STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs")
+STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "shifter",
+             "shifterimg")
 
 
 def twin_data(site: str) -> dict:
@@ -106,6 +109,10 @@ class Twin:
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self.user = os.environ.get("USER") or "user"
+        # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
+        suffix = self.data["compute"].get("host_suffix")
+        if suffix:
+            ensure_hosts_entries(tuple(node + suffix for node in NODES))
 
     def substitute(self, text: str) -> str:
         """The documented substitutions (module docstring)."""
@@ -114,7 +121,7 @@ class Twin:
             text = text.replace(slurm["account_placeholder"], slurm["account"])
         text = text.replace("<project>", slurm.get("account", "<project>"))
         for root in self.data["files"]["roots"]:
-            text = re.sub(rf"(?<![\w./-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
+            text = re.sub(rf"(?<![\w./~-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
         # The tiny dataset needs no files: the folder the real download leaves is made.
         text = re.sub(r"--data-dir (\S+) --download --prepare-data",
                       r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
@@ -130,6 +137,7 @@ class Twin:
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
+                  "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
                   "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
@@ -159,13 +167,34 @@ class Twin:
         for name, value in self.data["files"].get("variables", {}).items():
             variables[name] = self.substitute(value.format(user=self.user))
             Path(variables[name]).mkdir(parents=True, exist_ok=True)
+        # Links in the home folder (Alliance's ~/scratch) to folders on a site file system.
+        for name, target in self.data["files"].get("home_links", {}).items():
+            real = Path(self.substitute(target.format(user=self.user)))
+            real.mkdir(parents=True, exist_ok=True)
+            if not (self.home / name).is_symlink():
+                (self.home / name).symlink_to(real)
         return self.cluster.env | variables | {
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
             "BASH_FUNC_module%%": module_function(modules["available"], folders),
+            **self.login_functions(),
             "BASH_FUNC_ml%%": "() { case $1 in load|reset|purge|avail|-t) module \"$@\";; "
                               "*) module load \"$@\";; esac; }"}
+
+    def login_functions(self) -> dict[str, str]:
+        """The centre's login shell functions: JSC's `jutil env activate -p PROJECT`
+        exports the project's variables (the twin's table: PROJECT, SCRATCH)."""
+        variables = self.data["login"].get("jutil")
+        if not variables:
+            return {}
+        exports = " ".join(f"{name}={shlex.quote(self.substitute(value))}"
+                           for name, value in variables.items())
+        return {"BASH_FUNC_jutil%%": (
+            "() { if [[ \"$1 $2\" == 'env activate' && $3 == -p && "
+            f"$4 == {shlex.quote(self.data['slurm']['account'])} ]]; then "
+            f"export {exports}; mkdir -p \"$SCRATCH\" \"$PROJECT\"; else "
+            "printf 'jutil: %s: not a project of yours\\n' \"$4\" >&2; return 1; fi; }")}
 
     def login_script(self, page: str) -> str:
         lines = ["set -e"]

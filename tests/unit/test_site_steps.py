@@ -56,6 +56,8 @@ def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
     for name, table in data.items():
         if isinstance(table, dict):
             sources = table.get("source", [])
+            if any(s.startswith("NOT CONFIRMED") for s in sources):
+                continue  # no page says it (a generic site): said so, as the pages do
             assert any(s.startswith("https://") for s in sources), (site, name)
             assert any(s.startswith("read 2026-") for s in sources), (site, name)
     for name, spec in data["modules"]["available"].items():

@@ -102,3 +102,19 @@ def test_other_pages_use_the_forms_options_and_do_not_repeat_the_lines():
                            + "\n".join(different))
     repeated = [f"{name}: {line}" for name, line in elsewhere if line in forms]
     assert not repeated, "a form repeated instead of linked:\n" + "\n".join(repeated)
+
+
+SITE_PAGES = {path.name for path in (REPO / "docs" / "sites").glob("*.md")}
+
+
+def test_a_site_step_inside_a_job_gives_its_task_count():
+    """Inside a job, srun takes the job's task count from SLURM_NTASKS over
+    --ntasks-per-node (the Alliance twin showed one process where the page meant four):
+    a site page's srun that asks several tasks a node and no --nodes (a step of a job,
+    not an allocation typed at the login prompt) says --ntasks too."""
+    for page, line in doc_srun_lines():
+        per_node = re.search(r"--ntasks-per-node=(\d+)", line)
+        if page in SITE_PAGES and per_node and int(per_node.group(1)) > 1 \
+                and "--nodes" not in line:
+            assert "--ntasks=" in line, (page, line)
+
