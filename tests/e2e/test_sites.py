@@ -102,9 +102,12 @@ def srun_lines(page: Path) -> list[str]:
 def test_the_srun_lines_of_the_site_pages_run_as_written(stubs, page, expected):
     lines = srun_lines(DOCS / page)
     assert lines, f"no srun line in docs/sites/{page}"
+    # The page's own settings (CPUS_PER_GPU=16), typed in a block before its srun lines.
+    settings = "; ".join(re.findall(r"^([A-Z_][A-Z0-9_]*=\S+)$",
+                                    (DOCS / page).read_text(), re.M)) or "true"
     for line in lines:
-        done = bash(line, stubs, SCRATCH="/scratch/me", USER="me", SLURM_NNODES="2",
-                    SLURM_CPUS_ON_NODE="288")
+        done = bash(f"{settings}; {line}", stubs, SCRATCH="/scratch/me", USER="me",
+                    SLURM_NNODES="2", SLURM_CPUS_ON_NODE="288")
         assert done.returncode == 0, (line, done.stderr)
     recorded = calls(stubs)
     assert len(recorded) == len(lines)
