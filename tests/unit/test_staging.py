@@ -121,6 +121,19 @@ def test_a_tar_with_an_unsafe_member_name_says_so(tmp_path, name):
     assert list((tmp_path / "local").iterdir()) == []
 
 
+def test_a_python_without_tar_extraction_filters_refuses_a_tar_in_one_line(tmp_path,
+                                                                          monkeypatch):
+    tar = tmp_path / "pets.tar"
+    with tarfile.open(tar, "w") as archive:
+        archive.addfile(tarfile.TarInfo("pets/a.jpg"), io.BytesIO(b""))
+    monkeypatch.delattr(tarfile, "data_filter")  # as in Python 3.11.2 (Debian 12)
+    with pytest.raises(UsageError) as error:
+        stage_once(tar, tmp_path / "local")
+    assert "pets.tar is a tar file" in str(error.value) and "3.11.4" in str(error.value)
+    assert "\n" not in str(error.value)
+    assert list((tmp_path / "local").iterdir()) == []
+
+
 def test_without_file_locks_staging_works_and_keeps_older_stagings(tmp_path, monkeypatch):
     import errno
 

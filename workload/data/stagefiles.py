@@ -24,6 +24,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import stat
 import tarfile
@@ -121,6 +122,7 @@ def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
 
 
 def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
+    require_extraction_filters(source)
     partial.mkdir()
     try:
         with tarfile.open(source) as tar:
@@ -135,6 +137,16 @@ def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict
         reason = str(error).splitlines()[0].rstrip(":")
         raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
                          "folder with: tar -cf NAME.tar -C PARENT NAME") from None
+
+
+def require_extraction_filters(source: Path) -> None:
+    """tarfile's extraction filters (PEP 706), which safe_member relies on, came in Python
+    3.10.12, 3.11.4 and 3.12: an older patch release (Debian 12's 3.11.2) has none."""
+    if not hasattr(tarfile, "data_filter"):
+        raise UsageError(f"{source} is a tar file, and unpacking it safely needs tarfile's "
+                         "extraction filters (Python 3.10.12, 3.11.4, 3.12 or later); this "
+                         f"is Python {platform.python_version()}: run with a newer Python "
+                         "(the image has one), or unpack it yourself and pass the folder")
 
 
 def safe_member(source: Path, member: tarfile.TarInfo, partial: Path) -> tarfile.TarInfo:
