@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TINY
-from workload.checkpoint.folder import KEEP_ASIDE
+from workload.checkpoint.folder import KEEP_ASIDE, complete_steps
 
 # 8 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
@@ -74,8 +74,8 @@ def kill_at_random(proc: subprocess.Popen, out: Path, rng: random.Random, mid_sa
 
 
 def newest_step(root: Path) -> int:
-    steps = [int(p.name[len("step-"):]) for p in root.glob("step-*") if p.name[5:].isdigit()]
-    return max(steps, default=0)
+    steps = complete_steps(root)
+    return steps[-1][0] if steps else 0
 
 
 def wait_for_step(proc: subprocess.Popen, root: Path, step: int) -> None:

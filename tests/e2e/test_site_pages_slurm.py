@@ -49,14 +49,21 @@ def mutated(site: str, old: str, new: str) -> str:
     return page.replace(old, new)
 
 
+def refused_at_login(slurm_cluster, tmp_path, site: str, page: str) -> str:
+    """A page edited into a mistake that stops at the login prompt: the shell failed and
+    no job was submitted. Returns what the login shell printed."""
+    result = run_page(slurm_cluster, tmp_path, site, page)
+    assert result.status != 0 and not result.jobs, result.login[-3000:]
+    return result.login
+
+
 def test_olivia_running_the_arm64_image_on_the_login_node_fails(slurm_cluster, tmp_path):
     # Step 3 typed at the login prompt instead of in a job on a GPU node.
     page = mutated("sigma2-olivia", "srun --account=nnXXXXk --partition=accel --gpus=1 "
                    "--cpus-per-task=72 --mem=110G --time=00:30:00 \\\n  bash -c", "bash -c")
-    result = run_page(slurm_cluster, tmp_path, "sigma2-olivia", page)
-    assert result.status != 0 and not result.jobs
-    assert ("the image's architecture (arm64) could not run on the host's (amd64)"
-            in result.login), result.login[-3000:]
+    login = refused_at_login(slurm_cluster, tmp_path, "sigma2-olivia", page)
+    assert "the image's architecture (arm64) could not run on the host's (amd64)" in login, \
+        login[-3000:]
 
 
 def test_olivia_loading_nccl_before_nris_gpu_fails(slurm_cluster, tmp_path):
@@ -101,29 +108,26 @@ def test_pyxis_cpus_from_a_job_variable_at_the_login_prompt_fails(slurm_cluster,
     # SLURM_CPUS_ON_NODE is a job's: typed at the login prompt, $((... / 4)) is 0.
     page = mutated("pyxis", "--cpus-per-task=$CPUS_PER_GPU",
                    "--cpus-per-task=$((SLURM_CPUS_ON_NODE / 4))")
-    result = run_page(slurm_cluster, tmp_path, "pyxis", page)
-    assert result.status != 0 and not result.jobs
-    assert 'srun: error: Invalid numeric value "0" for --cpus-per-task.' in result.login, \
-        result.login[-3000:]
+    login = refused_at_login(slurm_cluster, tmp_path, "pyxis", page)
+    assert 'srun: error: Invalid numeric value "0" for --cpus-per-task.' in login, \
+        login[-3000:]
 
 
 def test_pyxis_without_the_data_step_the_mount_is_missing(slurm_cluster, tmp_path):
     # The page as it was: no data step, and the run mounts $SCRATCH/data.
     page = mutated("pyxis", "<!-- step: login -->\n```bash\nmkdir -p $SCRATCH/data",
                    "```bash\nmkdir -p $SCRATCH/data")
-    result = run_page(slurm_cluster, tmp_path, "pyxis", page)
-    assert result.status != 0 and not result.jobs
+    login = refused_at_login(slurm_cluster, tmp_path, "pyxis", page)
     assert re.search(r"pyxis: \[ERROR\] No such file or directory: \S+/scratch/\w+/data",
-                     result.login), result.login[-3000:]
+                     login), login[-3000:]
 
 
 def test_nersc_running_the_image_before_shifterimg_pull_fails(slurm_cluster, tmp_path):
     page = mutated("nersc-perlmutter", "   <!-- step: login -->\n   ```bash\n   shifterimg pull",
                    "   ```bash\n   shifterimg pull")
-    result = run_page(slurm_cluster, tmp_path, "nersc-perlmutter", page)
-    assert result.status != 0 and not result.jobs
-    assert ("image ghcr.io/hpc-train/hpc-train:0.1.0-cuda12 not found: pull it first"
-            in result.login), result.login[-3000:]
+    login = refused_at_login(slurm_cluster, tmp_path, "nersc-perlmutter", page)
+    assert "image ghcr.io/hpc-train/hpc-train:0.1.0-cuda12 not found: pull it first" in login, \
+        login[-3000:]
 
 
 def test_nersc_the_by_hand_step_without_its_runs_folder_fails(slurm_cluster, tmp_path):
