@@ -1,10 +1,13 @@
 """`--data-backend`: the automatic choice and its printed reason, every backend training,
 and bad requests refused before any work."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from tests.helpers import TINY, run_train, write_image_folder
+from tests.helpers import TINY, clean_env, run_train, write_image_folder
 from workload.data import available, choose
 from workload.errors import UsageError
 
@@ -15,6 +18,22 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
 def test_dali_is_registered_when_it_imports():
     assert {"device", "torch", "dali"} <= available().keys()
+
+
+def test_building_the_device_backend_does_not_import_dali():
+    """Importing nvidia.dali costs about 1.5 s of CPU: a run that reads through another
+    backend (every in-memory dataset, by default) must not pay it at start."""
+    code = ("import sys, torch\n"
+            "from workload.config import TrainConfig\n"
+            "from workload.data import build_data\n"
+            "cfg = TrainConfig()\n"
+            "cfg.data.dataset, cfg.data.synthetic_size, cfg.data.num_classes = 'synthetic', 64, 4\n"
+            "cfg.training.batch_size = 16\n"
+            "bundle = build_data(cfg, torch.device('cpu'))\n"
+            "print(bundle.backend, 'nvidia.dali' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=clean_env())
+    assert done.stdout.split() == ["device", "False"], done.stdout + done.stderr[-2000:]
 
 
 def test_dali_is_the_build_for_torchs_cuda_major():
