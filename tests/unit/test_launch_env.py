@@ -85,6 +85,18 @@ def test_user_value_disagreeing_with_slurm_warns(capsys):
     assert "RANK=3 is already set and kept" in err and "SLURM_PROCID=1" in err
 
 
+@pytest.mark.parametrize("addr, warns", [("nid001i", False), ("nid001-hsn0", False),
+                                         ("nid001.cluster", False), ("nid0010", True),
+                                         ("nid002", True), ("10.0.0.7", True)])
+def test_master_addr_naming_the_first_node_by_another_interface_is_kept_quietly(
+        addr, warns, capsys):
+    """JSC's pages export MASTER_ADDR=<first node>i (the InfiniBand host name): kept
+    without a warning that would tell the user to unset it; another host still warns."""
+    status, out, err = run_cli(step() | {"MASTER_ADDR": addr}, [], capsys)
+    assert status == 0 and parse(out)[1]["MASTER_ADDR"] == addr
+    assert ("MASTER_ADDR=" + addr + " is already set and kept" in err) == warns, err
+
+
 def test_torchrun_worker_does_not_warn_about_slurm_task_ids(capsys):
     env = step(per_node="1(x2)", ntasks="2", procid="1", nodeid="1") | TORCHRUN_WORKER
     status, _, err = run_cli(env, [], capsys)

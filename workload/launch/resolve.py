@@ -104,6 +104,12 @@ def _rendezvous_values(env: Mapping[str, str], warnings: list[str],
                         f"nor a SLURM node list says where rank 0 runs, so the rendezvous "
                         f"address defaults to 127.0.0.1 and ranks on other nodes cannot "
                         f"join; set MASTER_ADDR to rank 0's host name or address")
+    own = env.get("MASTER_ADDR") or ""
+    if addr is not None and own.startswith(addr) and not own[len(addr):][:1].isdigit():
+        # The first node by another interface's or the full host name, as centres document
+        # it (JSC: "<node>i", the InfiniBand name): the same host, chosen on purpose. A
+        # digit after the name would make it another node (nid001 -> nid0010).
+        addr = own
     return {
         "MASTER_ADDR": _pick(env, "MASTER_ADDR", addr, "the first node", "127.0.0.1", warnings),
         "MASTER_PORT": _pick(env, "MASTER_PORT", port, "the job-derived port",
