@@ -41,6 +41,8 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     for log in [result.login, *(log for _, log in result.jobs.values())]:
         sizes = set(re.findall(r"train: .*, world size (\d+) ", log))
         assert sizes <= {str(SITES[site])}, (sizes, log[-3000:])
+    # No launch warning tells the user to undo what the page had them type.
+    assert "is already set and kept" not in text, text[-4000:]
 
 
 def mutated(site: str, old: str, new: str) -> str:
