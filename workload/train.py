@@ -26,6 +26,7 @@ import argparse
 import errno
 import sys
 
+from workload.caches import use_private_caches
 from workload.commands import command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
@@ -77,6 +78,7 @@ def settings_of(path: str) -> dict:
 def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     cfg = parse_config(argv)
     warn_container_paths(cfg)
+    use_private_caches(PROG)  # before torch is imported: torchvision's import fills one
     from workload.checkpoint import PreemptionFlag, Preempted
     from workload.training.run import run
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from workload.caches import CACHE_FOLDERS, ROOT_VARIABLE
 from workload.launch.__main__ import EXPORTED_KEYS
 from workload.launch.diagnostics import flight_recorder_env
 
@@ -61,6 +63,12 @@ def clean_env(stub_bin: Path, **extra: str) -> dict[str, str]:
 WORKDIR = Path(tempfile.gettempdir()) / "entrypoint-tests"
 # The flight recorder's variables entrypoint.sh exports for a command not of this package.
 FLIGHT_RECORDER = flight_recorder_env(WORKDIR / "diagnostics")
+# The cache folders it exports for such a command: this user's own under /tmp (the
+# commands start with no TMPDIR; workload/caches.py).
+OWN_CACHES = Path("/tmp") / f"hpc-train-{os.getuid()}"
+CACHES = {**{variable: str(OWN_CACHES / name) for variable, name in CACHE_FOLDERS.items()},
+          ROOT_VARIABLE: str(OWN_CACHES)}
+FOR_A_SCRIPT = FLIGHT_RECORDER | CACHES
 
 
 def run(env: dict[str, str], *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -95,7 +103,7 @@ def test_exact_environment_outside_slurm(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                 "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FOR_A_SCRIPT
 
 
 def test_exact_environment_in_a_real_slurm_step(stub_bin):
@@ -104,7 +112,7 @@ def test_exact_environment_in_a_real_slurm_step(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
                 "NODE_RANK": "1", "MASTER_ADDR": "nid001", "MASTER_PORT": "20010"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FOR_A_SCRIPT
 
 
 def test_torchrun_gets_per_node_values(stub_bin):

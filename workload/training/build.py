@@ -19,7 +19,7 @@ import torch.nn as nn
 from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
-from workload.files import ensure_writable_caches
+from workload.caches import user_cache_problems
 from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for
 from workload.precision import (configure_cudnn, configure_tf32, grad_scaler, resolve_precision,
@@ -46,8 +46,8 @@ def process_settings_kept() -> Iterator[None]:
     """What a start changes for the whole process put back when the command returns or
     raises, for a program that runs train (or evaluate, bench) in its own process: torch's
     thread count, the TF32 and cuDNN switches and the CPU random state (the logger is
-    commands.run_command's; the cache variables moved by ensure_writable_caches stay
-    moved: their folders are still unwritable)."""
+    commands.run_command's; the cache variables chosen at the command's start stay: their
+    folders are the command's own)."""
     threads = torch.get_num_threads()
     try:
         with switches_kept(), torch.random.fork_rng(devices=[]):
@@ -62,9 +62,8 @@ def joined(cfg: TrainConfig, info: DistInfo) -> Iterator[str]:
     group left on every way out."""
     try:
         setup_logging(info.rank)
-        for variable, folder in ensure_writable_caches().items():
-            logger.warning(f"{variable} is not writable by this user (a shared /tmp?); "
-                           f"using {folder}")
+        for problem in user_cache_problems().values():  # the folders the user chose
+            logger.warning(problem)
         precision = resolve_precision(cfg.hardware.precision, info.device)
         configure_tf32(precision)
         configure_cudnn(info.device)
