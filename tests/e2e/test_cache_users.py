@@ -20,7 +20,7 @@ from tests.helpers import DOCTOR_FAST, REPO, by_check, clean_env
 
 FIRST, SECOND = 65533, 65534
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # setpriv; doctor runs ~10 s
+pytestmark = pytest.mark.root  # setpriv to other uids
 
 
 @pytest.fixture
