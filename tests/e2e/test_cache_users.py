@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import DOCTOR_FAST, REPO, by_check, clean_env
+from workload.caches import CACHE_KEYS
 
 FIRST, SECOND = 65533, 65534
 
@@ -40,9 +41,7 @@ def node_tmp():
 
 
 def as_user(uid: int, argv: list[str], top: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in clean_env().items() if not k.endswith(("_CACHE_DIR", "CACHE_PATH"))
-           and k not in ("TORCH_HOME", "MPLCONFIGDIR", "TORCH_EXTENSIONS_DIR",
-                         "HPC_TRAIN_CACHE_ROOT")}
+    env = {k: v for k, v in clean_env().items() if k not in CACHE_KEYS}  # as the image's
     env.update(TMPDIR=str(top / "tmp"), HOME="/nonexistent", USER=f"user{uid}",
                PYTHONPATH=str(REPO))
     return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
