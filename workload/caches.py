@@ -9,8 +9,9 @@ refused to everyone else's. So the image sets none of these variables, and every
 choose, at start and before torch is imported, a folder for each one the user did not set:
 
 1. `$SLURM_TMPDIR/hpc-train-cache` when SLURM gives the job a node-local folder;
-2. else `<temp folder>/hpc-train-<uid>` ($TMPDIR, else /tmp): this user's own, mode 0700,
-   kept across the user's jobs on the node so compiled kernels are found again;
+2. else `<temp folder>/hpc-train-<uid>` ($TMPDIR, else /tmp; /tmp when $TMPDIR is on a
+   shared file system): this user's own, mode 0700, kept across the user's jobs on the
+   node so compiled kernels are found again;
 3. else (that folder belongs to someone else, or is a symbolic link) a fresh
    `<temp folder>/hpc-train-<uid>-XXXXXXXX` for this job alone.
 
@@ -19,7 +20,8 @@ small files (an inode quota on Lustre/GPFS; stale handles on NFS). A value the u
 wins and is only checked (`user_cache_problems`; `doctor` reports it). The folder chosen is
 exported as HPC_TRAIN_CACHE_ROOT, so the processes a command starts (torchrun's workers, a
 script after entrypoint.sh) know those values are the package's, not the user's, and keep
-them. Standard library only.
+them. A folder on a shared file system (NFS, Lustre, GPFS, ... read from /proc/self/mounts)
+is passed over like one that cannot be used. Standard library only.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ CACHE_FOLDERS = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "induc
 # The caches torch.compile fills with a file per kernel: never on a shared file system.
 COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 ROOT_VARIABLE = "HPC_TRAIN_CACHE_ROOT"
+# Shared (network or parallel) file systems, by their /proc/mounts type.
+NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs",
+                        "ceph", "fuse.ceph-fuse", "glusterfs", "fuse.glusterfs", "fuse.sshfs",
+                        "wekafs", "panfs", "pvfs2", "orangefs", "afs", "fuse.juicefs"}
+MOUNTS_FILE = Path("/proc/self/mounts")
 # Every variable choose_caches may set (the launch resolver prints them for entrypoint.sh).
 CACHE_KEYS = (*CACHE_FOLDERS, ROOT_VARIABLE)
 
@@ -58,14 +65,60 @@ class CachePlan:
     notes: tuple[str, ...] = ()
 
 
-def temp_folder(env: MutableMapping[str, str]) -> Path:
-    return Path(env.get("TMPDIR") or tempfile.gettempdir())
+def temp_folders(env: MutableMapping[str, str]) -> list[Path]:
+    """$TMPDIR (else /tmp); /tmp after a TMPDIR on a shared file system."""
+    tmp = Path(env.get("TMPDIR") or "/tmp")
+    return [tmp, Path("/tmp")] if shared_file_system(tmp) else [tmp]
+
+
+def nearest_existing(path: str | Path) -> Path:
+    folder = Path(path).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.resolve()
+
+
+def unescape(field: str) -> str:
+    """A /proc/mounts field: space, tab, newline and backslash are written as octal."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def file_system_type(path: str | Path, mounts: str | None = None) -> str:
+    """The type of the file system `path` (or its nearest existing parent) is on, from
+    MOUNTS_FILE (this process's mount namespace: what a container sees) unless `mounts`
+    is given: the mount with the longest matching mount point, the last one mounted where
+    two match; "unknown" where the table cannot be read."""
+    try:
+        mounts = MOUNTS_FILE.read_text() if mounts is None else mounts
+    except OSError:
+        return "unknown"
+    folder, best, kind = str(nearest_existing(path)), -1, "unknown"
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = unescape(fields[1])
+        inside = folder == point or folder.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), fields[2]
+    return kind
+
+
+def shared_file_system(path: Path) -> str | None:
+    """Why `path` is no place for a cache of many small files (None: it is node-local)."""
+    kind = file_system_type(path)
+    return f"{path} is on {kind}, a shared file system" if kind in NETWORK_FILE_SYSTEMS else None
 
 
 def private_folder_problem(path: Path) -> str | None:
     """None when `path` is a folder of this user's that only this user can enter (made,
     mode 0700, when missing; a looser mode of the user's own folder is closed), else why
-    not: a symbolic link or a folder of another uid, which someone else could fill."""
+    not: on a shared file system, a symbolic link or a folder of another uid, which
+    someone else could fill."""
+    if shared := shared_file_system(path.parent):
+        return shared
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -98,8 +151,9 @@ def root_candidates(env: MutableMapping[str, str]) -> list[tuple[Path, str]]:
         found.append((Path(env["SLURM_TMPDIR"]) / "hpc-train-cache",
                       "bind $SLURM_TMPDIR into the container (apptainer exec --bind "
                       "$SLURM_TMPDIR)"))
-    found.append((temp_folder(env) / f"hpc-train-{os.getuid()}",
-                  "remove that folder, or export TMPDIR=<a node-local folder of yours>"))
+    for tmp in temp_folders(env):
+        found.append((tmp / f"hpc-train-{os.getuid()}",
+                      "export TMPDIR=<a node-local folder of yours>"))
     return found
 
 
@@ -112,14 +166,17 @@ def private_root(env: MutableMapping[str, str]) -> tuple[Path | None, list[str]]
         if problem is None:
             return path, notes
         notes.append(f"caches: {problem}: {fix}")
-    try:
-        fresh = tempfile.mkdtemp(prefix=f"hpc-train-{os.getuid()}-", dir=temp_folder(env))
-    except OSError as error:
-        notes.append(f"caches: no folder can be made in the temp folder {temp_folder(env)} "
-                     f"({error.strerror}): export TMPDIR=<a writable node-local folder>")
-        return None, notes
-    notes[-1] += f"; using {fresh} for this job"
-    return Path(fresh), notes
+    for tmp in temp_folders(env):
+        try:
+            if not shared_file_system(tmp):
+                fresh = tempfile.mkdtemp(prefix=f"hpc-train-{os.getuid()}-", dir=tmp)
+                notes[-1] += f"; using {fresh} for this job"
+                return Path(fresh), notes
+        except OSError as error:
+            notes.append(f"caches: no folder can be made in {tmp} ({error.strerror})")
+    notes.append("caches: no node-local temp folder to hold them: export TMPDIR=<a writable "
+                 "node-local folder>")
+    return None, notes
 
 
 def is_chosen_value(variable: str, env: MutableMapping[str, str]) -> bool:

@@ -5,10 +5,12 @@ on one temp folder."""
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
-from workload.caches import (CACHE_FOLDERS, ROOT_VARIABLE, choose_caches, user_cache_problems)
+from workload import caches
+from workload.caches import CACHE_FOLDERS, ROOT_VARIABLE, choose_caches, user_cache_problems
 
 UID = os.getuid()
 
@@ -124,3 +126,20 @@ def test_nothing_is_chosen_when_the_user_set_every_cache(tmp_path):
     env = {v: str(tmp_path / v) for v in CACHE_FOLDERS}
     plan = choose_caches(env)
     assert plan.root is None and ROOT_VARIABLE not in env and plan.yours == env
+
+
+def test_a_temp_folder_on_a_shared_file_system_is_passed_over_for_tmp(tmp_path, monkeypatch):
+    """Some sites point TMPDIR at the parallel file system: a file per compiled kernel
+    there fills the inode quota, so the caches go to /tmp, with a line saying why."""
+    scratch = tmp_path / "scratch-tmp"
+    scratch.mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nlustre@o2ib:/fs {scratch} lustre rw 0 0\n")
+    monkeypatch.setattr(caches, "MOUNTS_FILE", mounts)
+    env = {"TMPDIR": str(scratch)}
+    plan = choose_caches(env)
+    assert plan.root == Path("/tmp") / f"hpc-train-{UID}"
+    assert env["TRITON_CACHE_DIR"] == str(plan.root / "triton")
+    note, = plan.notes
+    assert "lustre, a shared file system" in note and "export TMPDIR=" in note
+    assert not any(scratch.iterdir()), "nothing was made on the shared file system"

@@ -3,7 +3,8 @@ from a mounts table, and a compile cache on a shared file system named with its 
 tests/e2e/test_doctor.py runs the doctor on a noexec temp folder and a read-only home."""
 
 from workload.doctor.findings import OK, WARN
-from workload.doctor.storage import compile_cache_check, file_system_type
+from workload.caches import file_system_type
+from workload.doctor.storage import compile_cache_check
 
 MOUNTS = """/dev/sda1 / ext4 rw,relatime 0 0
 srv:/export {top} nfs4 rw,relatime 0 0

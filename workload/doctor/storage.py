@@ -14,46 +14,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workload.caches import COMPILE_CACHES
+from workload.caches import COMPILE_CACHES, NETWORK_FILE_SYSTEMS, file_system_type, nearest_existing
 from workload.doctor.findings import FAIL, OK, WARN, Finding
 from workload.files import unwritable_reason
 
-# Shared (network or parallel) file systems, by their /proc/mounts type.
-NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs",
-                        "ceph", "fuse.ceph-fuse", "glusterfs", "fuse.glusterfs", "fuse.sshfs",
-                        "wekafs", "panfs", "pvfs2", "orangefs", "afs", "fuse.juicefs"}
 NODE_LOCAL_FIX = "$SLURM_TMPDIR or a node-local folder mounted without noexec"
-
-
-def nearest_existing(path: str | Path) -> Path:
-    folder = Path(path).expanduser().absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder.resolve()
-
-
-def unescape(field: str) -> str:
-    """A /proc/mounts field: space, tab, newline and backslash are written as octal."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def file_system_type(path: str | Path, mounts: str | None = None) -> str:
-    """The type of the file system `path` (or its nearest existing parent) is on: the
-    mount with the longest matching mount point, the last one mounted where two match."""
-    if mounts is None:
-        mounts = Path("/proc/self/mounts").read_text()
-    folder, best, kind = str(nearest_existing(path)), -1, "unknown"
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = unescape(fields[1])
-        inside = folder == point or folder.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:
-            best, kind = len(point), fields[2]
-    return kind
 
 
 def is_noexec(path: str | Path) -> bool:
