@@ -1,6 +1,8 @@
 """The one start of a process, shared by `train`, `evaluate` and `bench`: the launch
-variables, the device, the process group with --dist-timeout, logging, writable caches,
-numerics and the seed, and the group left on the way out (`start_process`).
+variables, the device, the process group with --dist-timeout, logging, the user's own
+cache folders checked (the command chose the others before torch was imported:
+workload/caches.py), numerics and the seed, and the group left on the way out
+(`start_process`).
 
 The one build path of a training state, shared by `train` and `bench`:
 model -> device and memory format -> DDP/FSDP wrapping -> optimizer (learning rate scaled
