@@ -49,12 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None) -> TrainConfig:
     """Parse and validate with the standard library only, so `--help` and every usage error
-    answer before torch is imported; then the device decides the recipe."""
+    answer before torch is imported; then the cache folders are chosen (workload/caches.py)
+    and the device decides the recipe."""
     args = build_parser().parse_args(argv)
     values = {k: v for k, v in given(args).items() if v is not None}
     if args.config:
         values = {**settings_of(args.config), **values}
     build_config(values)  # validates what was given over the plain defaults
+    # Before torch is imported: torchvision's import fixes Inductor's cache folder.
+    use_private_caches(PROG)
     from workload.distributed import resolve_device
     from workload.models import check_model_name
 
@@ -78,7 +81,6 @@ def settings_of(path: str) -> dict:
 def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     cfg = parse_config(argv)
     warn_container_paths(cfg)
-    use_private_caches(PROG)  # before torch is imported: torchvision's import fills one
     from workload.checkpoint import PreemptionFlag, Preempted
     from workload.training.run import run
 

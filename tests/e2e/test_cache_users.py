@@ -1,7 +1,8 @@
 """Two users on one node, one temp folder, as Apptainer and Charliecloud bind the host's
 /tmp: the first user's job leaves its cache folder behind, and the second user's `doctor`
 is still ready, reports its own folder, and writes only there. The users are two uids
-switched to with setpriv (root only), no passwd entry, a home they cannot write."""
+switched to with setpriv (root only), no passwd entry, a home they cannot write. And
+`train` choosing before torchvision's import fixes Inductor's folder."""
 
 from __future__ import annotations
 
@@ -16,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DOCTOR_FAST, REPO, by_check, clean_env
+from tests.helpers import DIGITS_RUN, DOCTOR_FAST, REPO, by_check, clean_env
 from workload.caches import CACHE_KEYS
 
 FIRST, SECOND = 65533, 65534
 
-pytestmark = pytest.mark.root  # setpriv to other uids
 
 
 @pytest.fixture
@@ -56,6 +56,7 @@ def launch_env(uid: int, top: Path) -> dict[str, str]:
                 if line and not line.startswith("#"))
 
 
+@pytest.mark.root  # setpriv to other uids
 def test_the_second_users_doctor_is_ready_in_its_own_cache_folder(node_tmp):
     tmp = node_tmp / "tmp"
     first = launch_env(FIRST, node_tmp)  # the first user's job on the node
@@ -80,3 +81,19 @@ def test_the_second_users_doctor_is_ready_in_its_own_cache_folder(node_tmp):
 
     second = launch_env(SECOND, node_tmp)  # a script of the second user's: the same folder
     assert second["TRITON_CACHE_DIR"] == str(own / "triton")
+
+
+@pytest.mark.slow  # a training of one step
+def test_train_chooses_inductors_folder_before_torchvision_fixes_its_own(tmp_path):
+    """torchvision's import makes Inductor's folder (torch's default
+    <tmp>/torchinductor_<user> unless TORCHINDUCTOR_CACHE_DIR is set): train chooses first."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in clean_env().items() if k not in CACHE_KEYS}
+    done = subprocess.run([sys.executable, "-m", "workload.train", *DIGITS_RUN, "--max-steps",
+                           "1", "--output-dir", str(tmp_path / "run")], cwd=tmp_path,
+                          env={**env, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp.iterdir()) == [f"hpc-train-{os.getuid()}"]
+    assert (tmp / f"hpc-train-{os.getuid()}" / "inductor").is_dir()
