@@ -5,10 +5,13 @@ on one temp folder."""
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
 from workload import caches
 from workload.caches import CACHE_FOLDERS, ROOT_VARIABLE, choose_caches, user_cache_problems
 
@@ -143,3 +146,36 @@ def test_a_temp_folder_on_a_shared_file_system_is_passed_over_for_tmp(tmp_path, 
     note, = plan.notes
     assert "lustre, a shared file system" in note and "export TMPDIR=" in note
     assert not any(scratch.iterdir()), "nothing was made on the shared file system"
+
+
+# Each command's start up to its cache choice, stopped there: torch must not be loaded yet
+# (torchvision's import fixes Inductor's folder to torch's default, which would then
+# count as the user's value).
+CHOICE_PROBE = """
+import sys
+import workload.caches as caches
+
+def stop(env=None):
+    print("torch" in sys.modules, "torchvision" in sys.modules)
+    raise SystemExit(0)
+
+caches.choose_caches = stop
+command = sys.argv[1]
+if command == "train":
+    from workload.train import main; main(["--device", "cpu", "--dataset", "digits"])
+elif command == "bench":
+    from workload.bench.cli import main; main(["train", "--device", "cpu"])
+elif command == "doctor":
+    from workload.doctor import main; main(["--device", "cpu"])
+elif command == "setup":
+    from workload.launch import setup; setup()
+print("no choice")
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "bench", "doctor", "setup"])
+def test_every_start_chooses_before_torch_is_imported(command, tmp_path):
+    done = subprocess.run([sys.executable, "-c", CHOICE_PROBE, command], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr
