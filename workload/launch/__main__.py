@@ -160,10 +160,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cache_lines(command: str | None) -> str:
-    """The cache folders chosen for a user's command (workload/caches.py); the ones the
-    environment already has are left to it. Not for this package's commands nor torchrun
-    (its workers are train, or a script that calls setup(): each chooses its own)."""
-    if Path(command or "").name in OWN_COMMANDS or is_torchrun(command):
+    """The cache folders chosen for a user's command (workload/caches.py), torchrun's
+    workers included (a script that never calls setup()); the ones the environment
+    already has are left to it. Not for this package's commands: each chooses its own."""
+    if Path(command or "").name in OWN_COMMANDS:
         return ""
     env = dict(os.environ)
     plan = use_private_caches("launch", env)
