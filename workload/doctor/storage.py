@@ -22,7 +22,10 @@ NODE_LOCAL_FIX = "$SLURM_TMPDIR or a node-local folder mounted without noexec"
 
 
 def is_noexec(path: str | Path) -> bool:
-    return bool(os.statvfs(nearest_existing(path)).f_flag & os.ST_NOEXEC)
+    try:
+        return bool(os.statvfs(nearest_existing(path)).f_flag & os.ST_NOEXEC)
+    except OSError:  # not searchable: the writable checks name that
+        return False
 
 
 def temp_folder_check() -> Finding:
@@ -60,7 +63,7 @@ def compile_cache_check(variable: str, mounts: str | None = None) -> Finding:
 def home_check() -> Finding:
     home = os.environ.get("HOME")
     fix = ("apptainer exec --home <a writable folder of yours>, or export HOME=<a writable "
-           "folder>; hpc-train itself writes nothing under $HOME")
+           "folder>; hpc-train's own caches are not under $HOME")
     if not home:
         return Finding("home", WARN, "HOME is unset: programs that write ~/.cache or "
                        "~/.config (pip, matplotlib, Hugging Face) fail", fix)
