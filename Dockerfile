@@ -82,18 +82,11 @@ COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 COPY jobs /opt/hpc-train/jobs
 COPY examples /opt/hpc-train/examples
 
-# Caches at writable places, so the image runs as any UID with a read-only root and no
-# usable HOME (Apptainer, docker run --user --read-only): Triton and Inductor kernels,
-# CUDA's JIT cache, DALI's numba operators, matplotlib, pip, torch hub.
-ENV TRITON_CACHE_DIR=/tmp/hpc-train-cache/triton \
-    TORCHINDUCTOR_CACHE_DIR=/tmp/hpc-train-cache/inductor \
-    TORCH_EXTENSIONS_DIR=/tmp/hpc-train-cache/torch_extensions \
-    TORCH_HOME=/tmp/hpc-train-cache/torch \
-    CUDA_CACHE_PATH=/tmp/hpc-train-cache/nv-compute \
-    NUMBA_CACHE_DIR=/tmp/hpc-train-cache/numba \
-    MPLCONFIGDIR=/tmp/hpc-train-cache/matplotlib \
-    PIP_CACHE_DIR=/tmp/hpc-train-cache/pip \
-    PYTHONDONTWRITEBYTECODE=1 \
+# No cache variable (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TORCH_HOME, ...) is set
+# here: one fixed folder under the host's /tmp, which Apptainer and Charliecloud bind, would
+# belong to the first user whose job ran on the node. Each command, setup() and
+# entrypoint.sh choose a node-local folder of the user's own at start (workload/caches.py).
+ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     TORCH_CUDA_ARCH_LIST=${CUDA_ARCH}
 

@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from workload.caches import use_private_caches
 from workload.commands import command_parser, main_of
 from workload.config import TrainConfig, add_flags, given, read_config_file, validate
 from workload.errors import UsageError
@@ -117,6 +118,7 @@ def evaluate_in_process(cfg: TrainConfig, files: ModelFiles, description: ModelD
 
 def run(args: argparse.Namespace) -> dict:
     files, cfg = checked(args)
+    use_private_caches(PROG)  # before torch is imported
     record = evaluate(files, cfg)
     if record.pop("is_main"):
         print(f"{PROG}: accuracy {record['accuracy']:.4f} ({record['correct']}/"

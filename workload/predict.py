@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from workload.caches import use_private_caches
 from workload.commands import command_parser, main_of
 from workload.config import add_flags
 from workload.errors import UsageError
@@ -107,6 +108,7 @@ def predict_batch(model, normalize, description: ModelDescription, tensors: list
 
 def predict(args: argparse.Namespace) -> None:
     files, description, paths = checked(args)
+    use_private_caches(PROG)  # before torch is imported
     from workload.data import Normalizer, eval_transform
     from workload.distributed import resolve_device
     from workload.files import json_text

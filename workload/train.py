@@ -26,6 +26,7 @@ import argparse
 import errno
 import sys
 
+from workload.caches import use_private_caches
 from workload.commands import command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
@@ -48,12 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None) -> TrainConfig:
     """Parse and validate with the standard library only, so `--help` and every usage error
-    answer before torch is imported; then the device decides the recipe."""
+    answer before torch is imported; then the cache folders are chosen (workload/caches.py)
+    and the device decides the recipe."""
     args = build_parser().parse_args(argv)
     values = {k: v for k, v in given(args).items() if v is not None}
     if args.config:
         values = {**settings_of(args.config), **values}
     build_config(values)  # validates what was given over the plain defaults
+    # Before torch is imported: torchvision's import fixes Inductor's cache folder.
+    use_private_caches(PROG)
     from workload.distributed import resolve_device
     from workload.models import check_model_name
 

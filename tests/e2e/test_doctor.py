@@ -103,6 +103,28 @@ def test_unwritable_caches_name_the_variable_to_set(tmp_path):
     assert "export TORCHINDUCTOR_CACHE_DIR=" in bad["fail"]["fix"]
 
 
+@pytest.mark.root
+def test_a_noexec_temp_folder_and_a_read_only_home_warn_with_their_fixes(tmp_path):
+    """Triton and Inductor load the kernels they compile from the temp folder and the
+    caches chosen under it: a noexec mount breaks --compile; a read-only home breaks
+    programs that write ~/.cache (hpc-train writes nothing there)."""
+    with tmpfs(tmp_path / "tmp", "noexec") as tmp, tmpfs(tmp_path / "home", "ro") as home:
+        status, out, err, data = doctor(["--device", "cpu"], tmp_path,
+                                        env={"TMPDIR": str(tmp), "HOME": str(home)})
+    assert status == 0, out + err  # warnings: a run without --compile still works
+    temp, = by_check(data, "temp")
+    assert temp["status"] == "warn" and "noexec" in temp["detail"]
+    assert temp["fix"].startswith("export TMPDIR=")
+    home_finding, = by_check(data, "home")
+    assert home_finding["status"] == "warn" and "not writable" in home_finding["detail"]
+    assert "--home" in home_finding["fix"]
+    storage = {f["detail"].split()[0]: f for f in by_check(data, "cache-storage")}
+    assert storage.keys() == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+    for variable, finding in storage.items():
+        assert finding["status"] == "warn" and "noexec" in finding["detail"], finding
+        assert finding["fix"].startswith(f"export {variable}=")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
 def test_device_cuda_without_a_gpu_is_fatal_with_the_fix(tmp_path):
     status, out, _, data = doctor(["--device", "cuda"], tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from workload.caches import CACHE_FOLDERS, ROOT_VARIABLE
 from workload.launch.__main__ import EXPORTED_KEYS
 from workload.launch.diagnostics import flight_recorder_env
 
@@ -61,6 +63,13 @@ def clean_env(stub_bin: Path, **extra: str) -> dict[str, str]:
 WORKDIR = Path(tempfile.gettempdir()) / "entrypoint-tests"
 # The flight recorder's variables entrypoint.sh exports for a command not of this package.
 FLIGHT_RECORDER = flight_recorder_env(WORKDIR / "diagnostics")
+# The cache folders it exports for such a command and for torchrun (whose workers may be a
+# script that never calls setup()): this user's own under /tmp (the commands start with no
+# TMPDIR; workload/caches.py).
+OWN_CACHES = Path("/tmp") / f"hpc-train-{os.getuid()}"
+CACHES = {**{variable: str(OWN_CACHES / name) for variable, name in CACHE_FOLDERS.items()},
+          ROOT_VARIABLE: str(OWN_CACHES)}
+FOR_A_SCRIPT = FLIGHT_RECORDER | CACHES
 
 
 def run(env: dict[str, str], *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -95,7 +104,7 @@ def test_exact_environment_outside_slurm(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                 "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FOR_A_SCRIPT
 
 
 def test_exact_environment_in_a_real_slurm_step(stub_bin):
@@ -104,7 +113,7 @@ def test_exact_environment_in_a_real_slurm_step(stub_bin):
     got = report(run(env, "stub"))["env"]
     resolved = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
                 "NODE_RANK": "1", "MASTER_ADDR": "nid001", "MASTER_PORT": "20010"}
-    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FLIGHT_RECORDER
+    assert {k: v for k, v in got.items() if k not in BASH_ADDS} == env | resolved | FOR_A_SCRIPT
 
 
 def test_torchrun_gets_per_node_values(stub_bin):
@@ -121,7 +130,7 @@ def test_torchrun_gets_per_node_values(stub_bin):
                      # store per round (see workload/launch/resolve.py).
                      "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "nid001:20010",
                      "PET_RDZV_ID": "slurm-1-0", "PET_RDZV_CONF": "is_host=0",
-                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **CACHES}
     assert got["argv"] == ["--nproc-per-node=2"]
 
 
@@ -129,7 +138,7 @@ def test_torchrun_outside_slurm_gets_a_fresh_store_per_restart(stub_bin):
     got = report(run(clean_env(stub_bin), "torchrun", "--standalone"))
     added = {k: v for k, v in got["env"].items()
              if k not in clean_env(stub_bin) and k not in BASH_ADDS}
-    assert added == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert added == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **CACHES}
     # The user's own choice is kept.
     got = report(run(clean_env(stub_bin, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="0"), "torchrun"))
     assert got["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"

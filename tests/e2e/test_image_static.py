@@ -20,6 +20,7 @@ import pytest
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
 from tests.helpers import REPO
+from workload.caches import CACHE_KEYS
 
 ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
@@ -162,10 +163,20 @@ def test_definition_help_shows_srun_and_test_is_cpu_only(path):
     assert "--device cpu" in test_text
 
 
-def test_ngc_definition_sets_the_dockerfile_cache_environment():
+def test_ngc_definition_sets_the_dockerfile_environment():
     ngc = next(p for p in DEFS if def_recipe(p).fromHeader == dockerfile_recipe().fromHeader)
     assert set(def_recipe(ngc).environ) == set(dockerfile_recipe().environ) - {
         e for e in dockerfile_recipe().environ if e.startswith("TORCH_CUDA_ARCH_LIST=")}
+
+
+def test_no_image_fixes_a_cache_folder():
+    """A fixed folder under the host's /tmp (bound by Apptainer and Charliecloud) belongs
+    to the first user whose job ran on the node: the package chooses each user's own at
+    start (workload/caches.py), and a value set by the image would count as the user's."""
+    environments = [dockerfile_recipe().environ] + [def_recipe(p).environ for p in DEFS]
+    for environ in environments:
+        names = {line.removeprefix("export ").split("=", 1)[0].strip() for line in environ}
+        assert not names & set(CACHE_KEYS), environ
 
 
 # --- docker-bake.hcl --------------------------------------------------------------------

@@ -60,6 +60,14 @@ def test_a_single_process_gets_what_init_process_group_reads():
     assert launch.is_main and launch.backend == "gloo"
 
 
+def test_setup_points_the_caches_at_this_users_own_folder(tmp_path):
+    """Before torch is imported (a shared /tmp's fixed folder would be the first user's)."""
+    own = tmp_path / f"hpc-train-{os.getuid()}"
+    _, exported = run_setup({"TMPDIR": str(tmp_path), "TRITON_CACHE_DIR": "/mine/triton"})
+    assert exported["TORCHINDUCTOR_CACHE_DIR"] == str(own / "inductor") and own.is_dir()
+    assert exported["TRITON_CACHE_DIR"] == "/mine/triton", "the user's own value wins"
+
+
 def test_torchruns_values_are_kept_without_a_warning(capsys):
     env = step(per_node="1(x2)", ntasks="2", procid="1", nodeid="1") | TORCHRUN_WORKER
     launch, exported = run_setup(env)

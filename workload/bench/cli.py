@@ -29,6 +29,7 @@ import argparse
 import sys
 
 from workload.bench import flags
+from workload.caches import use_private_caches
 from workload.commands import command_parser, run_command
 from workload.config import build_config
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def bench(args: dict) -> dict:
     flags.check(args)
     build_config({**args, **flags.BENCH_FIXED})  # train's flags, validated before torch
+    use_private_caches(PROG)
     from workload.bench import input as input_bench
     from workload.bench import train as train_bench
 

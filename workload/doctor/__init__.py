@@ -29,6 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from workload.caches import use_private_caches
 from workload.commands import command_parser, main_of
 from workload.config import add_flags
 from workload.errors import UsageError
@@ -104,6 +105,7 @@ def pair_rounds(value: str) -> int | None:
 
 def doctor(args) -> None:
     check_flags(args)
+    use_private_caches(PROG)  # the folders it reports are the ones train would use
     from workload.doctor.checks import run_checks
     from workload.doctor.findings import FAIL, print_report, worst, write_json_report
 

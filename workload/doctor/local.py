@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from workload.caches import CACHE_FOLDERS, COMPILE_CACHES, is_chosen_value
 from workload.files import unwritable_reason
 from workload.launch import nccl
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
@@ -171,7 +172,9 @@ def _int_env(name: str) -> int:
 
 # ---------------------------------------------------------------- folders
 def cache_dirs() -> dict[str, str]:
-    """Where torch, torch.compile and Triton write caches (each as the user configured it)."""
+    """Where torch, torch.compile and Triton write caches: the folders the command chose at
+    start (workload/caches.py), or the user's own; torch's and Triton's defaults where
+    neither is set (no temp folder could hold the chosen one)."""
     user = getpass.getuser()  # torch names its inductor cache folder after the user
     home_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return {
@@ -182,6 +185,14 @@ def cache_dirs() -> dict[str, str]:
         or os.path.expanduser("~/.triton/cache"),
         "XDG_CACHE_HOME": home_cache,
     }
+
+
+def cache_origin(variable: str) -> str:
+    if variable not in CACHE_FOLDERS:
+        return "set by you" if os.environ.get(variable) else "the default"
+    if is_chosen_value(variable, os.environ):
+        return "this user's node-local folder" if os.environ.get(variable) else "the default"
+    return "set by you"
 
 
 def output_dir_check(path: str) -> Finding:
@@ -202,13 +213,21 @@ def cache_checks() -> list[Finding]:
     found = []
     for variable, path in cache_dirs().items():
         problem = unwritable_reason(path)
+        where = f"{variable} {path} ({cache_origin(variable)})"
         if problem:
             status = FAIL if variable in FATAL_CACHES else WARN
-            found.append(Finding("cache", status, f"{variable} {path} is not writable ({problem})",
-                                 f"export {variable}=$SCRATCH/.cache/{variable.lower()}"))
+            found.append(Finding("cache", status, f"{where} is not writable ({problem})",
+                                 cache_fix(variable)))
         else:
-            found.append(Finding("cache", OK, f"{variable} {path} is writable"))
+            found.append(Finding("cache", OK, f"{where} is writable"))
     return found
+
+
+def cache_fix(variable: str) -> str:
+    if variable in COMPILE_CACHES:  # a file per kernel: never on the shared file system
+        return (f"export {variable}=<a node-local folder you can write>, or unset it: "
+                f"hpc-train then uses one of yours under $SLURM_TMPDIR or the temp folder")
+    return f"export {variable}=$SCRATCH/.cache/{variable.lower()}"
 
 
 def nccl_check() -> Finding:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from collections.abc import Mapping
 
+from workload.caches import CACHE_KEYS, ROOT_VARIABLE, use_private_caches
 from workload.commands import add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import GPU_VARIABLE, visible_gpu_count
@@ -41,7 +42,7 @@ OWN_COMMANDS = {"train", "bench", "doctor"}
 # Every variable `env` may print: entrypoint.sh exports these and no other (its
 # EXPORTED_KEYS, which tests/unit/test_launch_env.py holds equal to this list).
 EXPORTED_KEYS = (*DIST_KEYS, "OMP_NUM_THREADS", GPU_VARIABLE, *PET_KEYS, *NO_SHARED_STORE,
-                 *FLIGHT_RECORDER_KEYS)
+                 *FLIGHT_RECORDER_KEYS, *CACHE_KEYS)
 # A control character (a newline above all) would split a value into a second line.
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -153,8 +154,21 @@ def cmd_env(args: argparse.Namespace) -> int:
     if pitfall and pitfall not in res.warnings and \
             Path(args.command or "").name not in OWN_COMMANDS:
         warn("launch", pitfall)
-    sys.stdout.write(render_env(res) + flight_recorder_lines(args.command))
+    sys.stdout.write(render_env(res) + flight_recorder_lines(args.command)
+                     + cache_lines(args.command))
     return 0
+
+
+def cache_lines(command: str | None) -> str:
+    """The cache folders chosen for a user's command (workload/caches.py), torchrun's
+    workers included (a script that never calls setup()); the ones the environment
+    already has are left to it. Not for this package's commands: each chooses its own."""
+    if Path(command or "").name in OWN_COMMANDS:
+        return ""
+    env = dict(os.environ)
+    plan = use_private_caches("launch", env)
+    chosen = {**plan.chosen, ROOT_VARIABLE: str(plan.root)} if plan.chosen else {}
+    return "".join(env_line(key, value) + "\n" for key, value in chosen.items())
 
 
 def flight_recorder_lines(command: str | None) -> str:

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from collections.abc import Callable, MutableMapping
 
+from workload.caches import use_private_caches
 from workload.launch.devices import visible_gpu_count
 from workload.launch.diagnostics import apply_defaults, enable_dump_on_signal, user_folder
 from workload.launch.resolve import SINGLE, Resolution, resolve
@@ -90,11 +91,14 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     `env`: the environment to read and update (default ``os.environ``). A bad launch
     variable raises :class:`workload.launch.LaunchError`, naming it and its fix.
     Warnings (a SLURM value that disagrees with one already set, ...) go to stderr
-    unless `quiet`. It also turns the flight recorder on and, for the process's own
-    environment, the stack dump on SIGUSR1 (docs/hangs.md), both into ./diagnostics.
+    unless `quiet`. It points the caches the user did not set (Triton, Inductor, ...) at
+    a node-local folder of this user's (workload/caches.py), turns the flight recorder on
+    and, for the process's own environment, the stack dump on SIGUSR1 (docs/hangs.md),
+    both into ./diagnostics.
     """
     own = env is None or env is os.environ
     env = os.environ if env is None else env
+    use_private_caches("launch", env, quiet)  # before _cuda() imports torch
     cuda = _cuda()
     visible = cuda.count if cuda is not None else visible_gpu_count(env)
     res = resolve(env, visible_gpus=visible)

@@ -1,6 +1,8 @@
 """The one start of a process, shared by `train`, `evaluate` and `bench`: the launch
-variables, the device, the process group with --dist-timeout, logging, writable caches,
-numerics and the seed, and the group left on the way out (`start_process`).
+variables, the device, the process group with --dist-timeout, logging, the user's own
+cache folders checked (the command chose the others before torch was imported:
+workload/caches.py), numerics and the seed, and the group left on the way out
+(`start_process`).
 
 The one build path of a training state, shared by `train` and `bench`:
 model -> device and memory format -> DDP/FSDP wrapping -> optimizer (learning rate scaled
@@ -19,7 +21,7 @@ import torch.nn as nn
 from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
-from workload.files import ensure_writable_caches
+from workload.caches import user_cache_problems
 from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for
 from workload.precision import (configure_cudnn, configure_tf32, grad_scaler, resolve_precision,
@@ -46,8 +48,8 @@ def process_settings_kept() -> Iterator[None]:
     """What a start changes for the whole process put back when the command returns or
     raises, for a program that runs train (or evaluate, bench) in its own process: torch's
     thread count, the TF32 and cuDNN switches and the CPU random state (the logger is
-    commands.run_command's; the cache variables moved by ensure_writable_caches stay
-    moved: their folders are still unwritable)."""
+    commands.run_command's; the cache variables chosen at the command's start stay: their
+    folders are the command's own)."""
     threads = torch.get_num_threads()
     try:
         with switches_kept(), torch.random.fork_rng(devices=[]):
@@ -62,9 +64,8 @@ def joined(cfg: TrainConfig, info: DistInfo) -> Iterator[str]:
     group left on every way out."""
     try:
         setup_logging(info.rank)
-        for variable, folder in ensure_writable_caches().items():
-            logger.warning(f"{variable} is not writable by this user (a shared /tmp?); "
-                           f"using {folder}")
+        for problem in user_cache_problems().values():  # the folders the user chose
+            logger.warning(problem)
         precision = resolve_precision(cfg.hardware.precision, info.device)
         configure_tf32(precision)
         configure_cudnn(info.device)
