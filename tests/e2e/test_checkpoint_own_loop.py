@@ -3,7 +3,8 @@ gloo ranks on the CPU, started by hand with the torch.distributed variables (as 
 would). Killed with SIGKILL mid-run, it resumes to the uninterrupted run's weights; a
 damaged newest checkpoint falls back to the one before with one line; a second process
 on the folder is refused in one line; a preemption saves, exits 75 on both ranks, and
-the resumed run ends with the same weights again."""
+the resumed run ends with the same weights again. An FSDP2 loop (tests/helpers/
+own_loop_fsdp.py) writes every rank's shard and resumes to the same weights too."""
 
 from __future__ import annotations
 
@@ -17,18 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, clean_env, free_ports, pickles_and_zips
+from tests.helpers import REPO, TESTS, clean_env, free_ports, pickles_and_zips
 from workload.checkpoint.folder import complete_steps
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "plain_ddp.py"
+FSDP_LOOP = TESTS / "helpers" / "own_loop_fsdp.py"
 STEPS, EVERY = 24, 4
 STEP_S = 0.3  # per step where the test must act while the run trains
 
 
 def start_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> list:
     """Two ranks of the example, each writing its output to logs/rank-N.log."""
+    return start_command(logs, [str(EXAMPLE), "--steps", str(steps), "--save-every",
+                                str(EVERY), *args, "--output-dir", str(out)])
+
+
+def start_command(logs: Path, command: list[str]) -> list:
     logs.mkdir(parents=True, exist_ok=True)
     port = free_ports(1)[0]
     procs = []
@@ -37,10 +44,8 @@ def start_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> list:
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(logs / f"rank-{rank}.log", "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, str(EXAMPLE), "--steps", str(steps), "--save-every",
-                 str(EVERY), *args, "--output-dir", str(out)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs))
+            procs.append(subprocess.Popen([sys.executable, *command], stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, cwd=logs))
     return procs
 
 
@@ -143,3 +148,20 @@ def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupt
     assert re.findall(r"^saved checkpoint at step (\d+)$", text, re.M)[-1] == step
     text = run_ranks(out, tmp_path / "requeued")
     assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+
+
+def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
+    def run(out: Path, steps: int, logs: str) -> str:
+        procs = start_command(tmp_path / logs, [str(FSDP_LOOP), str(out), str(steps)])
+        text = finish(procs, tmp_path / logs)
+        assert [p.returncode for p in procs] == [0, 0], text[-4000:]
+        return re.search(r"^started at step (\d+), weights (\w+)$", text, re.M).groups()
+
+    started, whole = run(tmp_path / "whole", 9, "whole")
+    assert started == "0"
+    run(tmp_path / "cut", 6, "cut")
+    shards = tmp_path / "cut" / "checkpoints" / "step-000000006" / "shards"
+    assert sorted(p.name for p in shards.iterdir()) == [
+        "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
+        "rank-00001.safetensors"]
+    assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
