@@ -38,7 +38,7 @@ def refused(call, *words: str) -> str:
 
 @pytest.fixture
 def ckpt(tmp_path):
-    opened = Checkpoints(tmp_path / "run")
+    opened = Checkpoints(tmp_path / "run", async_save=False)  # no writer process to start
     yield opened
     opened.close()
 
@@ -54,6 +54,12 @@ def test_a_file_where_the_folder_should_be_is_refused_naming_it(tmp_path):
 def test_a_folder_that_is_no_path_is_refused_naming_it(folder):
     refused(lambda: Checkpoints(folder), f"folder {folder!r} is not a path",
             "Checkpoints('runs/mine')")
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_async_save_must_be_a_switch(tmp_path, value):
+    refused(lambda: Checkpoints(tmp_path, async_save=value), f"async_save={value!r} is not "
+            "True or False")
 
 
 @pytest.mark.parametrize("keep", [0, -2, 1.5, True])
@@ -94,6 +100,18 @@ def test_a_new_folder_resumes_at_step_0(ckpt):
 
 
 def test_a_save_resumes_into_fresh_objects_with_its_extra(ckpt):
+    round_trip(ckpt)
+
+
+@pytest.mark.slow  # starts the writer process (a Python that imports torch)
+def test_an_asynchronous_save_resumes_the_same(tmp_path, capsys):
+    with Checkpoints(tmp_path, async_save=True) as ckpt:
+        round_trip(ckpt)
+    assert capsys.readouterr().out.count("checkpoint staging buffer:") == 1
+    assert not list(tmp_path.glob("checkpoints/.tmp-*"))
+
+
+def round_trip(ckpt):
     saved = parts()
     train(saved, 3)
     ckpt.save(3, **saved, extra={"epoch": 1, "batch": [2, 5]})

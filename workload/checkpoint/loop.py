@@ -74,13 +74,16 @@ class Checkpoints:
     """Atomic, verified, pickle-free checkpoints of a training loop in `folder`
     (`folder/checkpoints/step-*`, train's layout), the newest `keep` kept. Every rank
     creates it, after init_process_group when there is a group; rank 0 takes the folder's
-    lock, and a second writer is refused in one line."""
+    lock, and a second writer is refused in one line. `async_save`: a save returns once
+    the state is copied to host memory and a writer process commits it
+    (workload.checkpoint.background); FSDP2's per-rank shards are saved synchronously."""
 
-    def __init__(self, folder, keep: int = 3):
+    def __init__(self, folder, keep: int = 3, async_save: bool = True):
         from workload.checkpoint.folder import checkpoints_dir
         from workload.distributed import DistInfo
 
         self.folder, self.keep = _folder(folder), _keep(keep)
+        self.async_save, self._writer = _switch(async_save), None
         self.root, self.info = checkpoints_dir(self.folder), DistInfo.of_group()
         self.extra: dict = {}
         if self.info.is_main:
@@ -98,6 +101,7 @@ class Checkpoints:
         from workload.checkpoint.snapshot import restore
 
         self._open("resume")
+        self._settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
         step, snapshot = newest_on_every_rank(
@@ -116,18 +120,22 @@ class Checkpoints:
     def save(self, step: int, model, optimizer, scheduler=None, scaler=None,
              extra: dict | None = None) -> Path:
         """Save the loop's state as of `step` (the optimizer steps done: what resume
-        returns); every rank calls it, and it returns once the checkpoint is complete on
-        disk. `extra`: JSON data of the loop's own (its position in the data)."""
+        returns); every rank calls it. It returns once the checkpoint is complete on disk,
+        or with `async_save` once the state is copied (the save before it committed
+        first). `extra`: JSON data of the loop's own (its position in the data)."""
         from workload.checkpoint.saving import save_checkpoint
         from workload.checkpoint.snapshot import is_sharded, take_snapshot
 
         self._open("save")
         _check_step(step)
         extra = _json_extra(extra)
+        self._settle()
         state = _state(model, optimizer, scheduler, scaler, step)
         sharded = is_sharded(model)
         snapshot = take_snapshot(state, _settings(state), self.info.world_size, sharded)
         snapshot.trainer["extra"] = extra
+        if self.async_save and not sharded:
+            return self._hand_over(snapshot)
         return save_checkpoint(self.root, snapshot, self.keep, self.info.is_main,
                                state if sharded else None)
 
@@ -142,10 +150,50 @@ class Checkpoints:
         return any_rank([mine], self.info.device)[0]
 
     def close(self) -> None:
-        """Release the folder's lock (a save has finished when it returns)."""
-        if self._held is not None:
+        """Wait for the save in flight to be committed (its error raised here), stop the
+        writer and release the folder's lock."""
+        if self._held is None:
+            return
+        try:
+            self._settle()
+        finally:
+            if self._writer is not None:
+                self._writer.stop()
+                self._writer = None
             self._held.close()
             self._held = None
+
+    def _hand_over(self, snapshot) -> Path:
+        """Rank 0 stages the snapshot and hands it to the writer process."""
+        from workload.checkpoint.background import Writer
+        from workload.checkpoint.folder import step_name
+        from workload.checkpoint.saving import start_save
+
+        if self.info.is_main:
+            self._writer = self._writer or Writer()
+            tmp = start_save(self.root, snapshot, sharded=False)
+            self._writer.submit(self.root, tmp, snapshot, self.keep)
+        return self.root / step_name(snapshot.trainer["step"])
+
+    def _settle(self) -> None:
+        """Wait for the save in flight (rank 0's writer); with a process group every rank
+        learns whether it failed (one all-reduce), so that all stop together."""
+        failure = None
+        if self._writer is not None:
+            try:
+                self._writer.wait()
+            except Exception as error:  # noqa: BLE001 (raised below, on every rank)
+                failure = error
+        failed = failure is not None
+        if self.async_save and self.info.world_size > 1:
+            from workload.distributed import any_rank
+
+            failed = any_rank([failed], self.info.device)[0]
+        if failure is not None:
+            raise failure
+        if failed:
+            raise UsageError("rank 0's checkpoint save failed (see its error); the last "
+                             "committed checkpoint is where a new run resumes")
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -173,6 +221,13 @@ def _make(folder: Path) -> None:
     if reason:
         raise UsageError(f"Checkpoints: {reason}; pass a folder you can write (it is "
                          "created when missing), e.g. Checkpoints('runs/mine')")
+
+
+def _switch(value) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError(f"Checkpoints: async_save={shown(value)} is not True or False; "
+                         "pass async_save=False for saves that return once on disk")
+    return value
 
 
 def _keep(keep) -> int:
