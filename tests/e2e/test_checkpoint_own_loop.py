@@ -8,6 +8,7 @@ own_loop_fsdp.py) writes every rank's shard and resumes to the same weights too.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
@@ -165,3 +166,58 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
         "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
         "rank-00001.safetensors"]
     assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
+
+
+def writer_of(parent: int) -> int | None:
+    """The PID of the background checkpoint writer that `parent` started, if it runs."""
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            argv = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
+                b"workload.checkpoint.background" in argv:
+            return int(proc.name)
+    return None
+
+
+def wait_for_writer(procs: list) -> int:
+    deadline = time.monotonic() + 60
+    while (pid := writer_of(procs[0].pid)) is None:
+        assert time.monotonic() < deadline, "rank 0 started no checkpoint writer"
+        time.sleep(0.05)
+    return pid
+
+
+def test_sigterm_with_a_save_in_flight_commits_it_exits_75_and_resumes_exactly(
+        uninterrupted, tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "first"
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, f"saved checkpoint at step {EVERY}", procs)  # handed to the writer
+    writer = wait_for_writer(procs)
+    for pid in (writer, procs[0].pid, procs[1].pid):  # as SLURM signals a job step
+        os.kill(pid, signal.SIGTERM)
+    text = finish(procs, logs)
+    assert [p.returncode for p in procs] == [75, 75], text[-3000:]
+    [step] = re.findall(r"^rank 0: preempted at step (\d+), exiting 75$", text, re.M)
+    steps = [s for s, _ in complete_steps(out / "checkpoints")]
+    assert int(step) in steps and EVERY in steps, (steps, text[-3000:])
+    assert not list((out / "checkpoints").glob(".tmp-*")) and writer_of(procs[0].pid) is None
+    text = run_ranks(out, tmp_path / "requeued")
+    assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+
+
+def test_a_killed_writer_stops_the_run_and_the_resume_takes_a_committed_checkpoint(
+        uninterrupted, tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "first"
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, f"saved checkpoint at step {2 * EVERY}", procs)
+    os.kill(wait_for_writer(procs), signal.SIGKILL)
+    text = finish(procs, logs)
+    assert all(p.returncode not in (0, 75) for p in procs), text[-3000:]
+    assert "the checkpoint writer process died (killed by signal 9)" in text, text[-3000:]
+    assert "rank 0's checkpoint save failed" in text and "done:" not in text
+    committed = complete_steps(out / "checkpoints")[-1][0]
+    text = run_ranks(out, tmp_path / "resumed")
+    assert f"resumed from step {committed} " in text and weights(text) == uninterrupted

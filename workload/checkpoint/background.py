@@ -17,12 +17,12 @@ the files, sha256, fsync, manifest, rename, `latest`, pruning, a full disk in on
 then answers one JSON line. At most one save is in flight: the next save, a resume and
 `close` first wait for its answer, so the buffer is never overwritten while read.
 
-The writer ignores the preemption signals (a job step's SIGTERM reaches every process):
-the loop decides when to stop and waits for the save in flight first. A writer that dies
-(kill -9, out of memory) leaves only the temporary folder, which is never resumed from:
-the next resume moves it aside with one line and takes the previous checkpoint. When
-the loop's process dies, the writer finishes the save it holds and exits at the end of
-its input, removing the buffer file.
+The writer ignores the preemption signals (a job step's SIGTERM reaches every process)
+from its start: the loop decides when to stop and waits for the save in flight first. A
+writer that dies (kill -9, out of memory) leaves only the temporary folder, which is
+never resumed from: the next resume moves it aside with one line and takes the previous
+checkpoint. When the loop's process dies, the writer finishes the save it holds and
+exits at the end of its input, removing the buffer file.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ from workload.checkpoint.store import Snapshot
 from workload.logs import say
 
 PARTS = ("model", "optimizer", "trainer", "rng", "config")
+# Ignored by the writer: preemption's (a job step's SIGTERM reaches every process), Ctrl-C
+# and the stack dump's. They are blocked from before its start (a blocked mask survives
+# exec) until it ignores them, so one sent while it imports torch cannot kill it either.
+IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
 
 
@@ -70,8 +74,8 @@ class Stage:
         self.path = _staging_folder() / f"hpc-train-staging-{os.getpid()}-{uuid.uuid4().hex}"
         self.buffer = torch.from_file(str(self.path), shared=True, size=max(size, 1),
                                       dtype=torch.uint8)
-        say(f"checkpoint staging buffer: {mib(size)} of host memory in {self.path}, reused "
-            "by every asynchronous save")
+        say(f"checkpoint staging buffer: {mib(size)} ({size} bytes) of host memory in "
+            f"{self.path}, reused by every asynchronous save")
 
     def copy_in(self, snapshot: Snapshot) -> dict:
         """The snapshot's parts as JSON with tensor references, and where each tensor
@@ -129,9 +133,13 @@ class Writer:
         request = self.stage.copy_in(snapshot)
         request.update(root=str(root), tmp=str(tmp), keep=keep)
         if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, "-m", __name__],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED)
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", __name__],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             text=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
         self.in_flight = snapshot.trainer["step"]
         try:
             self.proc.stdin.write(json.dumps(request, allow_nan=False) + "\n")
@@ -140,25 +148,31 @@ class Writer:
             pass
 
     def wait(self) -> None:
-        """Until the save in flight is committed; DiskFull or WriterFailed if it was not."""
-        if self.in_flight is None:
+        """Until the save in flight is committed; DiskFull or WriterFailed if it was not,
+        WriterFailed too when the writer died since (the next save would be lost)."""
+        if self.proc is None:
             return
-        step, self.in_flight = self.in_flight, None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            status = self.proc.returncode
-            how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
-            self.proc = None
-            raise WriterFailed(f"the checkpoint writer process died ({how}) while saving "
-                               f"step {step}; that checkpoint was not committed (a resume "
-                               "takes the one before)")
-        reply = json.loads(line)
-        if "disk_full" in reply:
-            raise DiskFull(reply["disk_full"])
-        if "error" in reply:
-            raise WriterFailed(f"the checkpoint writer could not save step {step}: "
-                               f"{reply['error']}")
+        if self.in_flight is not None:
+            step, self.in_flight = self.in_flight, None
+            line = self.proc.stdout.readline()
+            if not line:
+                self._died(f"while saving step {step}; that checkpoint was not committed")
+            reply = json.loads(line)
+            if "disk_full" in reply:
+                raise DiskFull(reply["disk_full"])
+            if "error" in reply:
+                raise WriterFailed(f"the checkpoint writer could not save step {step}: "
+                                   f"{reply['error']}")
+        if self.proc.poll() is not None:
+            self._died("after its last save, which was committed")
+
+    def _died(self, when: str) -> None:
+        status = self.proc.wait()
+        self.proc = None
+        how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+        raise WriterFailed(f"the checkpoint writer process died ({how}) {when}; training "
+                           "stops rather than run on without checkpoints (a new run resumes "
+                           "from the newest committed one)")
 
     def stop(self) -> None:
         """End the writer (after `wait`) and remove the staging buffer."""
@@ -185,8 +199,9 @@ def _write(request: dict) -> str:
 
 def serve() -> None:
     """Answer each request line with one JSON line, until the input ends."""
-    for name in ("SIGTERM", "SIGUSR2", "SIGINT", "SIGUSR1"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for number in IGNORED:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
     buffers = set()
