@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import tmpfs
 from workload.checkpoint import Checkpoints
 from workload.errors import UsageError
 
@@ -143,3 +144,17 @@ def test_a_schedule_stepped_per_epoch_resumes(ckpt):
     train(stepped, 2)  # two epochs' schedule steps, say, after 40 optimizer steps
     ckpt.save(40, **stepped)
     assert ckpt.resume(**parts()) == 40
+
+
+@pytest.mark.root
+@pytest.mark.slow  # starts the writer process
+def test_a_full_disk_in_the_writer_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
+    with tmpfs(tmp_path / "tmpfs", "size=256k") as folder:
+        ckpt = Checkpoints(folder / "run", async_save=True)
+        ckpt.save(1, **parts())
+        big = nn.Linear(1000, 100)  # 400 kB of weights: more than is left
+        ckpt.save(2, model=big, optimizer=torch.optim.SGD(big.parameters()))
+        message = refused(ckpt.close, "no space left to save a checkpoint in", "MiB free")
+        assert sorted(p.name for p in ckpt.root.iterdir()) == ["latest", "step-000000001"]
+        with Checkpoints(folder / "run") as again:
+            assert again.resume(**parts()) == 1, message
