@@ -17,6 +17,7 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
                  whether one fits this run
     lock.py      one writer per run folder (train.lock, stale-lock detection)
     loop.py      Checkpoints: the same saves and resumes for a user's own training loop
+    background.py  asynchronous saves: the staging buffer and the writer process
 
 The public API is what this module exports; code outside the package uses nothing else.
 """
