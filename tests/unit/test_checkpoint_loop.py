@@ -158,3 +158,9 @@ def test_a_full_disk_in_the_writer_is_one_line_and_the_previous_checkpoint_stays
         assert sorted(p.name for p in ckpt.root.iterdir()) == ["latest", "step-000000001"]
         with Checkpoints(folder / "run") as again:
             assert again.resume(**parts()) == 1, message
+
+
+def test_wait_after_close_is_refused(ckpt):
+    ckpt.wait()  # nothing in flight
+    ckpt.close()
+    refused(ckpt.wait, "wait() after close()")

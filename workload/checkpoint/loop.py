@@ -139,6 +139,12 @@ class Checkpoints:
         return save_checkpoint(self.root, snapshot, self.keep, self.info.is_main,
                                state if sharded else None)
 
+    def wait(self) -> None:
+        """Until the save in flight is committed (every rank calls it); its error, if it
+        failed, is raised here."""
+        self._open("wait")
+        self._settle()
+
     def preempted(self, flag) -> bool:
         """Whether any rank's PreemptionFlag (workload.launch) is set: one all-reduce, so
         that every rank stops at the same step (every rank calls it)."""
