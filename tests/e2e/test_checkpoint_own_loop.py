@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TESTS, clean_env, free_ports, pickles_and_zips
+from tests.helpers import (REPO, TESTS, clean_env, free_ports, local_rank_env,
+                           pickles_and_zips)
 from workload.checkpoint.folder import complete_steps
 
 pytestmark = pytest.mark.slow
@@ -41,9 +42,7 @@ def start_command(logs: Path, command: list[str]) -> list:
     port = free_ports(1)[0]
     procs = []
     for rank in (0, 1):
-        env = {**clean_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = local_rank_env(rank, 2, port)
         with open(logs / f"rank-{rank}.log", "w") as log:
             procs.append(subprocess.Popen([sys.executable, *command], stdout=log,
                                           stderr=subprocess.STDOUT, env=env, cwd=logs))
