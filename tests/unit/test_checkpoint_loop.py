@@ -164,3 +164,13 @@ def test_wait_after_close_is_refused(ckpt):
     ckpt.wait()  # nothing in flight
     ckpt.close()
     refused(ckpt.wait, "wait() after close()")
+
+
+@pytest.mark.slow  # starts the writer process
+def test_leaving_on_an_exception_commits_the_save_in_flight_and_keeps_the_error(tmp_path):
+    with pytest.raises(KeyError, match="the loop's own"):
+        with Checkpoints(tmp_path) as ckpt:
+            ckpt.save(1, **parts())
+            raise KeyError("the loop's own")
+    with Checkpoints(tmp_path) as again:
+        assert again.resume(**parts()) == 1

@@ -34,7 +34,7 @@ from pathlib import Path
 from workload.checkpoint.lock import lock_run_folder
 from workload.errors import UsageError
 from workload.files import unwritable_reason
-from workload.logs import shown
+from workload.logs import logger, shown
 
 # How the lock's messages name the folder (train names its --output-dir).
 NAMED = "Checkpoints(folder)"
@@ -157,17 +157,33 @@ class Checkpoints:
 
     def close(self) -> None:
         """Wait for the save in flight to be committed (its error raised here), stop the
-        writer and release the folder's lock."""
+        writer and release the folder's lock (every rank calls it)."""
+        self._release(agree=True)
+
+    def _release(self, agree: bool) -> None:
+        """`agree`: every rank learns whether the save in flight failed (a collective);
+        not when leaving on an exception, which another rank may not share."""
         if self._held is None:
             return
         try:
-            self._settle()
+            if agree:
+                self._settle()
+            elif self._writer is not None:
+                self._wait_quietly()
         finally:
             if self._writer is not None:
                 self._writer.stop()
                 self._writer = None
             self._held.close()
             self._held = None
+
+    def _wait_quietly(self) -> None:
+        """Leaving on an exception: the save in flight is committed or not, and a failure
+        of it is a warning, not an error in place of the one the loop raised."""
+        try:
+            self._writer.wait()
+        except Exception as error:  # noqa: BLE001 (the loop's own exception goes on)
+            logger.warning(f"the checkpoint save in flight failed too: {error}")
 
     def _hand_over(self, snapshot) -> Path:
         """Rank 0 stages the snapshot and hands it to the writer process."""
@@ -204,8 +220,8 @@ class Checkpoints:
     def __enter__(self) -> Checkpoints:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        self._release(agree=kind is None)
 
     def _open(self, call: str) -> None:
         if self._held is None:
