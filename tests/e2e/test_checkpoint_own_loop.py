@@ -3,8 +3,11 @@ gloo ranks on the CPU, started by hand with the torch.distributed variables (as 
 would). Killed with SIGKILL mid-run, it resumes to the uninterrupted run's weights; a
 damaged newest checkpoint falls back to the one before with one line; a second process
 on the folder is refused in one line; a preemption saves, exits 75 on both ranks, and
-the resumed run ends with the same weights again. An FSDP2 loop (tests/helpers/
-own_loop_fsdp.py) writes every rank's shard and resumes to the same weights too."""
+the resumed run ends with the same weights again. The example saves asynchronously (the
+default): SIGTERM to both ranks and the writer with a save in flight commits it, and a
+killed writer stops the run, which resumes from a committed checkpoint; both end with
+the same weights. An FSDP2 loop (tests/helpers/own_loop_fsdp.py) writes every rank's
+shard and resumes to the same weights too."""
 
 from __future__ import annotations
 
