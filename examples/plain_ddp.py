@@ -11,15 +11,16 @@ The same file runs unchanged in every form docs/your-script.md describes:
         entrypoint.sh torchrun --nproc-per-node=4 examples/plain_ddp.py   # per node
 
 Every rank checks one all-reduce against the expected sum, then trains a small linear
-model. On SIGUSR2 or SIGTERM (to any rank) all ranks stop at the same step, rank 0 saves
-one checkpoint, and every rank exits with status 75, which jobs/lib/requeue.sh turns
-into a requeue; the requeued job resumes from that checkpoint.
+model, checkpointing with workload.checkpoint.Checkpoints every --save-every steps. On
+SIGUSR2 or SIGTERM (to any rank) all ranks stop at the same step, save
+one checkpoint, and exit with status 75, which jobs/lib/requeue.sh turns into a requeue;
+the requeued job resumes from the newest checkpoint, exactly where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workload.checkpoint import Checkpoints
 from workload.launch import PreemptionFlag, exit_for_requeue, setup
+
+BATCH = 64
 
 
 def parse_args() -> argparse.Namespace:
@@ -36,8 +40,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="training steps in all")
     parser.add_argument("--step-time", type=float, default=0.0,
                         help="seconds to sleep per step (to watch preemption at work)")
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="save a checkpoint every N steps (0: only when preempted)")
     parser.add_argument("--output-dir", type=Path, default=Path("plain-ddp-run"),
-                        help="where the checkpoint goes")
+                        help="where the checkpoints go")
     return parser.parse_args()
 
 
@@ -57,25 +63,18 @@ def check_all_reduce(rank: int, world: int, device: str) -> None:
     say(f"rank {rank} of {world}: all_reduce {total.item():g} ok")
 
 
-def save(path: Path, step: int, model: nn.Module, optimizer) -> None:
-    """Rank 0 writes the checkpoint atomically: a partial file never has the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict()}, tmp)
-    os.replace(tmp, path)
-    say(f"saved checkpoint at step {step}")
+def batch(rank: int, step: int, device: str) -> torch.Tensor:
+    """Each rank's batch of a step, drawn from (rank, step) alone: a resumed run reads
+    exactly the batches an uninterrupted one would."""
+    generator = torch.Generator().manual_seed(1_000_003 * rank + step)
+    return torch.randn(BATCH, 32, generator=generator).to(device)
 
 
-def resume(path: Path, model: nn.Module, optimizer, device: str) -> int:
-    """The first step to run: 0, or the one after the saved checkpoint."""
-    if not path.exists():
-        return 0
-    state = torch.load(path, map_location=device, weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    say(f"resumed from step {state['step']}")
-    return state["step"] + 1
+def weights_digest(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode() + param.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def main() -> None:
@@ -88,30 +87,39 @@ def main() -> None:
     model = nn.Linear(32, 4).to(me.device)
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[me.gpu_index] if me.gpu_index is not None else None)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    checkpoint = args.output_dir / "checkpoint.pt"
-    start = resume(checkpoint, model, optimizer, me.device)
-    data = torch.Generator().manual_seed(1000 + me.rank)  # each rank its own batches
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+    ckpt = Checkpoints(args.output_dir)  # rank 0 locks the folder: one run writes there
+    parts = dict(model=ddp, optimizer=optimizer, scheduler=scheduler)
+    start = ckpt.resume(**parts)          # 0, or the steps the newest checkpoint holds
+    if start and me.is_main:
+        say(f"resumed from step {start} ({ckpt.extra['samples']} samples seen)")
     say(f"rank {me.rank}: training from step {start} on {me.device}")
     loss = torch.zeros(())
     for step in range(start, args.steps):
-        x = torch.randn(64, 32, generator=data).to(me.device)
-        loss = ddp(x).square().mean()
+        loss = ddp(batch(me.rank, step, me.device)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        scheduler.step()
         time.sleep(args.step_time)
-        stop = torch.tensor([float(flag.is_set())], device=me.device)
-        dist.all_reduce(stop)     # a signal to any rank stops every rank at this step
-        if stop.item() > 0:
+        done, extra = step + 1, {"samples": (step + 1) * BATCH * me.world_size}
+        if ckpt.preempted(flag):  # a signal to any rank stops every rank at this step
+            ckpt.save(done, **parts, extra=extra)
             if me.is_main:
-                save(checkpoint, step, model, optimizer)
-            dist.barrier()        # nobody exits before the checkpoint is complete
-            say(f"rank {me.rank}: preempted at step {step}, exiting 75")
+                say(f"saved checkpoint at step {done}")
+            ckpt.close()
+            say(f"rank {me.rank}: preempted at step {done}, exiting 75")
             dist.destroy_process_group()
-            exit_for_requeue(step, flag.signal_name)
+            exit_for_requeue(done, flag.signal_name)
+        if args.save_every and done % args.save_every == 0:
+            ckpt.save(done, **parts, extra=extra)
+            if me.is_main:
+                say(f"saved checkpoint at step {done}")
+    ckpt.close()
     if me.is_main:
-        say(f"done: {args.steps} steps on {me.world_size} processes, loss {loss.item():.4f}")
+        say(f"done: {args.steps} steps on {me.world_size} processes, loss {loss.item():.4f}, "
+            f"weights {weights_digest(model)}")
     dist.barrier()  # every rank is done before any leaves the group, as in train
     dist.destroy_process_group()
 

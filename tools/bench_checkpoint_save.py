@@ -1,14 +1,19 @@
-"""How long `train` takes to save a checkpoint, against writing the same bytes.
+"""How long a checkpoint save blocks training, synchronous and asynchronous, against
+writing the same bytes.
 
 Builds the reference Wide ResNet's training state (model and SGD momentum, about 137 MB
 for the default width), then, in one process and alternating so that the disk and the
 page cache treat both alike:
 
   save      the checkpoint as train writes it (workload.checkpoint's save_checkpoint:
-            serialise, write, fsync, manifest, rename);
+            serialise, write, fsync, manifest, rename): the loop is blocked throughout;
+  async     the same state saved by workload.checkpoint.Checkpoints(async_save=True):
+            the time its save() blocks (the copy into the staging buffer) and the time
+            until the writer process has committed the checkpoint (save() to wait());
   baseline  the same files' bytes, already serialised, written and fsynced.
 
-and prints the median of each and their ratio (the save's overhead over the bare I/O).
+and prints the median of each and the ratios to the bare I/O. The writer process starts
+in the warm-up round.
 
     python tools/bench_checkpoint_save.py                     # the reference model
     python tools/bench_checkpoint_save.py --width 16 --repeats 3   # a quick look
@@ -27,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint import save_checkpoint, take_snapshot
+from workload.checkpoint import Checkpoints, save_checkpoint, take_snapshot
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.training.build import build_state
@@ -48,6 +53,15 @@ def timed_save(root: Path, snapshot) -> float:
     start = time.perf_counter()
     save_checkpoint(root, snapshot, keep=1, is_main=True)
     return time.perf_counter() - start
+
+
+def timed_async(ckpt: Checkpoints, state, step: int) -> tuple[float, float]:
+    """(blocked, committed): seconds until save() returned, and until wait() did."""
+    start = time.perf_counter()
+    ckpt.save(step, model=state.model, optimizer=state.optimizer, scheduler=state.schedule)
+    blocked = time.perf_counter() - start
+    ckpt.wait()
+    return blocked, time.perf_counter() - start
 
 
 def timed_write(folder: Path, contents: dict[str, bytes]) -> float:
@@ -84,24 +98,33 @@ def main() -> None:
         first = work / "first"
         timed_save(first, snapshot)  # warm-up; its files are the baseline's bytes
         contents = saved_bytes(next(p for p in first.iterdir() if p.name.startswith("step-")))
-        saves, writes = [], []
-        for round_ in range(args.repeats):
-            saves.append(timed_save(work / f"save-{round_}", snapshot))
-            writes.append(timed_write(work / f"write-{round_}", contents))
-        report(contents, saves, writes, args)
+        saves, writes, asyncs = [], [], []
+        with Checkpoints(work / "async", keep=1, async_save=True) as ckpt:
+            timed_async(ckpt, state, 0)  # warm-up: starts the writer, sizes the buffer
+            for round_ in range(args.repeats):
+                saves.append(timed_save(work / f"save-{round_}", snapshot))
+                asyncs.append(timed_async(ckpt, state, round_ + 1))
+                writes.append(timed_write(work / f"write-{round_}", contents))
+        report(contents, saves, writes, asyncs, args)
     finally:
         shutil.rmtree(work)
 
 
-def report(contents: dict[str, bytes], saves: list[float], writes: list[float], args) -> None:
+def report(contents: dict[str, bytes], saves: list[float], writes: list[float],
+           asyncs: list[tuple[float, float]], args) -> None:
     size = sum(len(data) for data in contents.values()) / 1e6
     save, write = statistics.median(saves), statistics.median(writes)
+    blocked = [b for b, _ in asyncs]
+    committed = [c for _, c in asyncs]
     print(f"checkpoint of the Wide ResNet (width {args.width}): {len(contents)} files, "
           f"{size:.1f} MB; median of {args.repeats} rounds")
-    print(f"save (train's path)       {save:7.3f} s   (min {min(saves):.3f}, max {max(saves):.3f})")
-    print(f"write + fsync, same bytes {write:7.3f} s   "
-          f"(min {min(writes):.3f}, max {max(writes):.3f})")
-    print(f"ratio                     {save / write:7.2f}x")
+    for label, values in (("sync save: blocked", saves), ("async save: blocked", blocked),
+                          ("async save: committed", committed),
+                          ("write + fsync, same bytes", writes)):
+        print(f"{label:26}{statistics.median(values):7.3f} s   "
+              f"(min {min(values):.3f}, max {max(values):.3f})")
+    print(f"sync save / write         {save / write:7.2f}x")
+    print(f"async committed / write   {statistics.median(committed) / write:7.2f}x")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,18 @@ class DistInfo:
         """One process by itself on `device` (tools and tests that start no job)."""
         return cls(Launch(0, 0, 1, 1, 0, str(device)), device)
 
+    @classmethod
+    def of_group(cls) -> DistInfo:
+        """This process in the process group a user's own script started (its collectives
+        on the device its backend uses), or alone on the CPU when it started none."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls.alone(torch.device("cpu"))
+        backend = str(dist.get_backend())
+        device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend
+                  else torch.device("cpu"))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return cls(Launch(rank, 0, world, 1, 0, str(device)), device, backend)
+
 
 def apply_launch_env(env=os.environ) -> Resolution:
     """Resolve the launch variables; export them when this process is one of several.

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import TINY
 from tests.helpers import free_ports
-from tests.helpers import clean_env, pickles_and_zips
+from tests.helpers import clean_env, local_rank_env, pickles_and_zips
 from tests.helpers import REPO, TESTS
 from workload.checkpoint import REQUEUE_EXIT_STATUS
 
@@ -36,9 +36,7 @@ def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
     port = free_ports(1)[0]
     procs = []
     for rank in (0, 1):
-        env = {**clean_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = local_rank_env(rank, 2, port)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "workload.train", *ARGS, *extra, "--output-dir", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))

@@ -130,6 +130,14 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
+def local_rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """clean_env() with the torch.distributed variables of one of `world` ranks started by
+    hand on this host (as a user would), one thread each."""
+    return {**clean_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
 def by_check(data: dict, check: str) -> list[dict]:
     """The findings of one doctor check in its JSON report."""
     return [f for f in data["findings"] if f["check"] == check]

@@ -170,7 +170,7 @@ def test_a_full_disk_is_one_message_and_leaves_no_partial_folder(small_tmpfs):
 def test_a_symlinked_checkpoints_folder_is_refused_and_left_alone(tmp_path):
     from types import SimpleNamespace
 
-    from workload.checkpoint.resume import prepare
+    from workload.checkpoint.resuming import prepare
     from workload.errors import UsageError
 
     elsewhere = tmp_path / "scratch-checkpoints"

@@ -69,7 +69,7 @@ def test_train_s_own_entries_are_told_from_other_files(tmp_path):
 def test_what_a_resume_may_change_is_read_from_the_config_fields():
     # The rule sits on each field (schema.py: resumable=True); a new field is another
     # run's setting unless it says otherwise. A refusal names the flags as `train` has them.
-    from workload.checkpoint.resume import differences
+    from workload.checkpoint.resuming import differences
     from workload.config import MAY_CHANGE_ON_RESUME, TrainConfig
 
     run = TrainConfig().to_dict()

@@ -197,6 +197,13 @@ def test_the_launch_api_for_a_users_script_imports_no_torch():
                          "PreemptionFlag, exit_for_requeue") == []
 
 
+def test_the_checkpoint_api_for_a_users_loop_imports_no_torch():
+    # workload/checkpoint/__init__.py loads its names on first use; Checkpoints imports
+    # torch only when created.
+    assert heavy_imports("import workload.checkpoint; "
+                         "from workload.checkpoint import Checkpoints") == []
+
+
 @pytest.mark.parametrize("command, argv", [
     ("workload.train", ["--help"]),
     ("workload.train", ["--version"]),

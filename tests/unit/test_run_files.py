@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from workload.checkpoint.resume import trim_metrics
+from workload.checkpoint.resuming import trim_metrics
 from workload.files import append_jsonl, read_jsonl_records, write_json
 
 

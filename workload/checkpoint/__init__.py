@@ -13,23 +13,38 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
                  shards joined for any world size, the random states
     saving.py    when to save (Checkpointer), the collective save, preemption's save
                  and agreement across ranks, a save that runs out of disk space
-    resume.py    which checkpoint a run continues from (--resume, --overwrite), and
+    resuming.py  which checkpoint a run continues from (--resume, --overwrite), and
                  whether one fits this run
     lock.py      one writer per run folder (train.lock, stale-lock detection)
+    loop.py      Checkpoints: the same saves and resumes for a user's own training loop
+    background.py  asynchronous saves: the staging buffer and the writer process
 
 The public API is what this module exports; code outside the package uses nothing else.
 """
 
-from workload.checkpoint.folder import checkpoints_dir, step_name
-from workload.checkpoint.lock import lock_run_folder
-from workload.checkpoint.resume import prepare, resume
-from workload.checkpoint.saving import (REQUEUE_EXIT_STATUS, Checkpointer, Preempted,
-                                        PreemptionFlag, guarded_final_model, request_requeue,
-                                        save_checkpoint, tensor_bytes)
-from workload.checkpoint.snapshot import take_snapshot
-from workload.checkpoint.store import CorruptCheckpoint
+import importlib
 
-__all__ = ["Checkpointer", "CorruptCheckpoint", "Preempted", "PreemptionFlag",
-           "REQUEUE_EXIT_STATUS", "checkpoints_dir", "guarded_final_model",
-           "lock_run_folder", "prepare", "request_requeue", "resume", "save_checkpoint",
-           "step_name", "take_snapshot", "tensor_bytes"]
+# Each public name and the module it lives in, imported on first use: importing the
+# package costs no torch (`from workload.checkpoint import Checkpoints` in a script's
+# first lines, and the --help of every command that imports it).
+_HOMES = {
+    "Checkpoints": "loop",
+    "checkpoints_dir": "folder", "step_name": "folder",
+    "lock_run_folder": "lock",
+    "prepare": "resuming", "resume": "resuming",
+    "REQUEUE_EXIT_STATUS": "saving", "Checkpointer": "saving", "Preempted": "saving",
+    "PreemptionFlag": "saving", "guarded_final_model": "saving",
+    "request_requeue": "saving", "save_checkpoint": "saving", "tensor_bytes": "saving",
+    "take_snapshot": "snapshot",
+    "CorruptCheckpoint": "store",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # looked up once
+    return value

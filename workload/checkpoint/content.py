@@ -106,11 +106,12 @@ def _examples(names) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def check_fits(snapshot, state, path: Path) -> None:
+def check_fits(snapshot, state, path: Path, schedule_per_step: bool = True) -> None:
     """The checkpoint fits the live training state: its model and optimizer belong to this
     model (same parameter names and shapes, same parameter groups), and every tensor,
     number and switch has the form the live model, optimizer, schedule and scaler take;
-    else CorruptCheckpoint saying what differs."""
+    else CorruptCheckpoint saying what differs. `schedule_per_step`: the schedule steps
+    once per optimizer step (train's does; a user's own loop may step it per epoch)."""
     live = unwrap(state.model).state_dict()  # FSDP2's DTensors have the global shapes
     _check_model(snapshot, live, path)
     _check_optimizer(snapshot.optimizer, state.optimizer, path,
@@ -120,7 +121,7 @@ def check_fits(snapshot, state, path: Path) -> None:
         problem = _unlike(trainer[key], live_part.state_dict(), f"{key}.")
         if problem:
             raise _bad(path, "trainer.json", problem)
-    if trainer["schedule"].get("last_epoch") != trainer["step"]:
+    if schedule_per_step and trainer["schedule"].get("last_epoch") != trainer["step"]:
         raise _bad(path, "trainer.json", f"the schedule is at step "
                    f"{shown(trainer['schedule'].get('last_epoch'))}, the trainer at "
                    f"{trainer['step']}")

@@ -96,25 +96,26 @@ def _put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
     return key
 
 
-def encode(value, tensors: dict, key: str = "t"):
-    """`value` as JSON-ready data; its tensors go into `tensors` under unique keys."""
+def encode(value, tensors: dict, key: str = "t", put=_put):
+    """`value` as JSON-ready data; its tensors go into `tensors` under unique keys (`put`
+    copies each there: a CPU copy, or a slice of an asynchronous save's staging buffer)."""
     if _is_dtensor(value):
         return _shard_entry(value, key, tensors)
     if isinstance(value, torch.Tensor):
-        return {"__tensor__": _put(tensors, key, value)}
+        return {"__tensor__": put(tensors, key, value)}
     if isinstance(value, float) and not math.isfinite(value):
         return {"__float__": str(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        items = [encode(v, tensors, f"{key}.{i}") for i, v in enumerate(value)]
+        items = [encode(v, tensors, f"{key}.{i}", put) for i, v in enumerate(value)]
         return items if isinstance(value, list) else {"__tuple__": items}
     if isinstance(value, dict):
         plain = all(isinstance(k, str) for k in value) and not set(value) & set(_TAGS)
         if plain:
-            return {k: encode(v, tensors, f"{key}.{k}") for k, v in value.items()}
-        return {"__items__": [[encode(k, tensors, f"{key}.k{i}"), encode(v, tensors,
-                                                                          f"{key}.{i}")]
+            return {k: encode(v, tensors, f"{key}.{k}", put) for k, v in value.items()}
+        return {"__items__": [[encode(k, tensors, f"{key}.k{i}", put),
+                               encode(v, tensors, f"{key}.{i}", put)]
                               for i, (k, v) in enumerate(value.items())]}
     raise TypeError(f"{key}: a {type(value).__name__} cannot go into a checkpoint")
 

@@ -109,12 +109,12 @@ def readable(holder: dict) -> bool:
     return isinstance(holder.get("host"), str) and isinstance(holder.get("pid"), int)
 
 
-def _read(path: Path) -> tuple[bytes, dict]:
+def _read(path: Path, named: str = "--output-dir") -> tuple[bytes, dict]:
     try:
         raw = path.read_bytes()
     except IsADirectoryError:
         raise Refused(f"{path} is a directory, not the lock file train keeps there; move it "
-                      f"away (mv {path} {path}.moved) or pass another --output-dir") from None
+                      f"away (mv {path} {path}.moved) or pass another {named}") from None
     try:
         holder = json.loads(raw)
     except (ValueError, RecursionError):  # damaged, or not written by train
@@ -122,15 +122,15 @@ def _read(path: Path) -> tuple[bytes, dict]:
     return raw, holder if isinstance(holder, dict) else {}
 
 
-def _no_hard_links(path: Path, error: OSError) -> Refused:
-    return Refused(f"--output-dir {path.parent} is on a file system without hard links "
+def _no_hard_links(path: Path, error: OSError, named: str) -> Refused:
+    return Refused(f"{named} {path.parent} is on a file system without hard links "
                    f"(link() failed: {error.strerror}; vfat, exFAT, some FUSE and object-store "
-                   f"mounts), and the run folder's lock {path.name} is made by one; pass an "
-                   f"--output-dir on a file system with hard links, e.g. a folder under "
+                   f"mounts), and the run folder's lock {path.name} is made by one; pass "
+                   f"{named} on a file system with hard links, e.g. a folder under "
                    f"your scratch or home directory")
 
 
-def _link(draft: Path, path: Path) -> bool:
+def _link(draft: Path, path: Path, named: str) -> bool:
     """Create `path` as a hard link to the written draft: atomic, and complete the moment it
     appears. NFS may report an error for a link that was made: the link count decides."""
     try:
@@ -142,7 +142,7 @@ def _link(draft: Path, path: Path) -> bool:
         if draft.stat().st_nlink == 2:
             return True
         if error.errno in NO_HARD_LINKS:
-            raise _no_hard_links(path, error) from None
+            raise _no_hard_links(path, error, named) from None
         return False
 
 
@@ -160,10 +160,12 @@ def _break(path: Path, seen: bytes) -> None:
 
 
 class RunLock:
-    """The lock of one run folder, held from `acquire` until `release`."""
+    """The lock of one run folder, held from `acquire` until `release`. `named`: how the
+    messages name the folder's setting (train's flag, or the folder a user's script
+    gave workload.checkpoint.Checkpoints)."""
 
-    def __init__(self, out: Path):
-        self.path = Path(out) / LOCK_NAME
+    def __init__(self, out: Path, named: str = "--output-dir"):
+        self.path, self.named = Path(out) / LOCK_NAME, named
         self.holder: dict | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -175,7 +177,7 @@ class RunLock:
         draft.write_text(json.dumps(holder, indent=2) + "\n")
         try:
             for _ in range(5):
-                if _link(draft, self.path):
+                if _link(draft, self.path, self.named):
                     self._hold(holder)
                     return None
                 try:
@@ -192,17 +194,17 @@ class RunLock:
 
     def _judge(self) -> str | None:
         """A refusal naming the live holder, or None after breaking a stale lock."""
-        seen, holder = _read(self.path)
+        seen, holder = _read(self.path, self.named)
         reason = stale_reason(self.path, holder)
         if reason is None and not readable(holder):
             return (f"{self.path} is not a lock file train wrote (its content is not the "
-                    f"holder's JSON); if no run uses --output-dir {self.path.parent}, remove "
+                    f"holder's JSON); if no run uses {self.named} {self.path.parent}, remove "
                     f"it (rm {self.path}) and start again; left alone, it is taken over "
                     f"once unchanged for {STALE_AFTER_S:.0f} s")
         if reason is None:
-            return (f"--output-dir {self.path.parent} is in use by another run "
+            return (f"{self.named} {self.path.parent} is in use by another run "
                     f"({describe_holder(holder)}; lock file {self.path}); wait for it to "
-                    "end, stop it, or pass another --output-dir. A lock whose process died is "
+                    f"end, stop it, or pass another {self.named}. A lock whose process died is "
                     f"taken over: on the same host at once, from another host after "
                     f"{STALE_AFTER_S:.0f} s without its heartbeat")
         logger.warning(f"taking over the lock of a run that ended without releasing it "
@@ -241,18 +243,18 @@ class RunLock:
 
 
 @contextmanager
-def lock_run_folder(out: Path, info):
+def lock_run_folder(out: Path, info, named: str = "--output-dir"):
     """Rank 0 takes the run folder's lock; every rank learns whether it did (one
     all-reduce) and all stop with one line when it did not, before anything is written."""
     from workload import distributed  # torch: only once a run starts
 
-    lock = RunLock(out)
+    lock = RunLock(out, named)
     refusal = lock.acquire() if info.is_main else None
     refused = refusal is not None
     if info.world_size > 1:
         refused = distributed.any_rank([refused], info.device)[0]
     if refused:
-        raise UsageError(refusal or f"rank 0 could not lock --output-dir {out}: see its error")
+        raise UsageError(refusal or f"rank 0 could not lock {named} {out}: see its error")
     try:
         yield lock
     finally:

@@ -128,21 +128,35 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
                     sharded_state=None) -> Path:
     """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
     rank writes into the same temporary folder first."""
-    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
-    if is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
-            move_aside(tmp, "incomplete")
-        with guarded_save(root, tmp, snapshot):
-            tmp.mkdir()
-            if sharded_state is not None:
-                (tmp / SHARDS_DIR).mkdir()
+    tmp = start_save(root, snapshot, sharded_state is not None) if is_main else \
+        root / f".tmp-{step_name(snapshot.trainer['step'])}"
     shard_files = _save_shards(root, tmp, snapshot, sharded_state)
-    final = root / step_name(snapshot.trainer["step"])
-    if is_main:
-        with guarded_save(root, tmp, snapshot):
-            finish_checkpoint(tmp, final, snapshot, keep, shard_files)
+    final = commit(root, tmp, snapshot, keep, shard_files) if is_main else \
+        root / step_name(snapshot.trainer["step"])
     distributed.barrier()  # the others wait until the checkpoint is complete
+    return final
+
+
+def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
+    """Rank 0: the save's empty temporary folder (one a killed run left is moved aside)."""
+    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
+    root.mkdir(parents=True, exist_ok=True)
+    if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
+        move_aside(tmp, "incomplete")
+    with guarded_save(root, tmp, snapshot):
+        tmp.mkdir()
+        if sharded:
+            (tmp / SHARDS_DIR).mkdir()
+    return tmp
+
+
+def commit(root: Path, tmp: Path, snapshot: Snapshot, keep: int,
+           shard_files: dict | None = None) -> Path:
+    """Rank 0 (or its background writer, workload.checkpoint.background): the files, the
+    manifest, the rename into place, `latest`, pruning; a full disk in one line."""
+    final = root / step_name(snapshot.trainer["step"])
+    with guarded_save(root, tmp, snapshot):
+        finish_checkpoint(tmp, final, snapshot, keep, shard_files)
     return final
 
 

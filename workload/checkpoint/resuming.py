@@ -9,6 +9,7 @@ this module decides whether a checkpoint fits this run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from workload import distributed
@@ -69,7 +70,8 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
         snapshot = _read_explicit(path, current, state)
     else:
         root = checkpoints_dir(out)
-        step, snapshot = _newest_on_every_rank(root, current, state, info)
+        step, snapshot = newest_on_every_rank(
+            root, lambda p: _read_auto(p, current, state), info)
         if step is None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
@@ -112,15 +114,16 @@ def _read_explicit(path: Path, current: dict, state) -> Snapshot:
     return snapshot
 
 
-def _newest_on_every_rank(root: Path, current: dict, state, info
-                          ) -> tuple[int | None, Snapshot | None]:
-    """--resume auto: rank 0 finds the newest good checkpoint (its snapshot is returned
-    there) and every rank learns its step (None: there is none), so that all load the same
-    one; one of the old format stops every rank."""
+def newest_on_every_rank(root: Path, load: Callable[[Path], Snapshot], info
+                         ) -> tuple[int | None, Snapshot | None]:
+    """--resume auto (and a user's loop, workload.checkpoint.loop): rank 0 finds the newest
+    checkpoint that `load` takes (its snapshot is returned there) and every rank learns
+    its step (None: there is none), so that all load the same one; one of the old format
+    stops every rank."""
     snapshot, refused = None, None
     if info.is_main:
         try:
-            snapshot = newest_loadable(root, lambda p: _read_auto(p, current, state))
+            snapshot = newest_loadable(root, load)
         except OldFormat as error:  # never moved aside: the run stops, nothing is lost
             refused = str(error)
     step = snapshot.trainer["step"] if snapshot else 0

@@ -1,0 +1,225 @@
+"""A user's own DDP loop with workload.checkpoint.Checkpoints: examples/plain_ddp.py as two
+gloo ranks on the CPU, started by hand with the torch.distributed variables (as a user
+would). Killed with SIGKILL mid-run, it resumes to the uninterrupted run's weights; a
+damaged newest checkpoint falls back to the one before with one line; a second process
+on the folder is refused in one line; a preemption saves, exits 75 on both ranks, and
+the resumed run ends with the same weights again. The example saves asynchronously (the
+default): SIGTERM to both ranks and the writer with a save in flight commits it, and a
+killed writer stops the run, which resumes from a committed checkpoint; both end with
+the same weights. An FSDP2 loop (tests/helpers/own_loop_fsdp.py) writes every rank's
+shard and resumes to the same weights too."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (REPO, TESTS, clean_env, free_ports, local_rank_env,
+                           pickles_and_zips)
+from workload.checkpoint.folder import complete_steps
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = REPO / "examples" / "plain_ddp.py"
+FSDP_LOOP = TESTS / "helpers" / "own_loop_fsdp.py"
+STEPS, EVERY = 24, 4
+STEP_S = 0.3  # per step where the test must act while the run trains
+
+
+def start_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> list:
+    """Two ranks of the example, each writing its output to logs/rank-N.log."""
+    return start_command(logs, [str(EXAMPLE), "--steps", str(steps), "--save-every",
+                                str(EVERY), *args, "--output-dir", str(out)])
+
+
+def start_command(logs: Path, command: list[str]) -> list:
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_ports(1)[0]
+    procs = []
+    for rank in (0, 1):
+        env = local_rank_env(rank, 2, port)
+        with open(logs / f"rank-{rank}.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, *command], stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, cwd=logs))
+    return procs
+
+
+def output(logs: Path) -> str:
+    return "".join((logs / f"rank-{rank}.log").read_text() for rank in (0, 1))
+
+
+def finish(procs: list, logs: Path) -> str:
+    """Both ranks' output, once they ended (killed, with their output, after 3 minutes)."""
+    try:
+        for proc in procs:
+            proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise AssertionError(f"a rank did not end:\n{output(logs)[-4000:]}") from None
+    return output(logs)
+
+
+def run_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> str:
+    procs = start_ranks(out, logs, *args, steps=steps)
+    text = finish(procs, logs)
+    assert [p.returncode for p in procs] == [0, 0], text[-4000:]
+    return text
+
+
+def weights(text: str) -> str:
+    return re.search(rf"^done: {STEPS} steps on 2 processes, .* weights (\w+)$", text,
+                     re.M).group(1)
+
+
+def wait_for(logs: Path, line: str, procs: list) -> None:
+    deadline = time.monotonic() + 120
+    while line not in output(logs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
+            f"no {line!r}:\n{output(logs)[-4000:]}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    """The weights of a run of STEPS steps that nothing stopped."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    return weights(run_ranks(folder / "run", folder / "logs"))
+
+
+def test_killed_mid_run_it_resumes_to_the_same_weights(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    procs = start_ranks(out, tmp_path / "killed", "--step-time", str(STEP_S))
+    wait_for(tmp_path / "killed", f"saved checkpoint at step {2 * EVERY}", procs)
+    time.sleep(random.uniform(0, EVERY * STEP_S))  # anywhere up to the next save's end
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    saved = complete_steps(out / "checkpoints")[-1][0]
+    assert saved >= 2 * EVERY
+    text = run_ranks(out, tmp_path / "resumed")
+    assert re.search(rf"^resumed from step {saved} \({saved * 64 * 2} samples seen\)$", text,
+                     re.M), text[-3000:]
+    assert weights(text) == uninterrupted
+    assert pickles_and_zips(out) == []
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    run_ranks(out, tmp_path / "first", steps=3 * EVERY)
+    newest = out / "checkpoints" / f"step-{3 * EVERY:09d}" / "model.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0xFF  # a weight's last byte: the file still parses, its sha256 differs
+    newest.write_bytes(bytes(data))
+    text = run_ranks(out, tmp_path / "second")
+    why = [line for line in text.splitlines() if "skipping a bad checkpoint" in line]
+    assert len(why) == 1 and f"step-{3 * EVERY:09d}/model.safetensors does not match its " \
+        "sha256" in why[0] and "resuming from the one before" in why[0], text[-3000:]
+    assert f"resumed from step {2 * EVERY} " in text
+    assert weights(text) == uninterrupted
+    aside = [p.name for p in (out / "checkpoints").iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith(f"step-{3 * EVERY:09d}.corrupt-")
+
+
+def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupted,
+                                                                      tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "first"
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, "rank 1: training from step 0", procs)
+    second = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "2", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**clean_env(), "MASTER_PORT": str(free_ports(1)[0]), "OMP_NUM_THREADS": "1"})
+    last = second.stderr.strip().splitlines()[-1]
+    assert second.returncode != 0 and "saved checkpoint" not in second.stdout
+    assert f"Checkpoints(folder) {out} is in use by another run" in last, second.stderr
+    assert f"PID {procs[0].pid}," in last and "pass another Checkpoints(folder)" in last
+    procs[1].send_signal(signal.SIGUSR2)  # to rank 1 only: both stop at the same step
+    text = finish(procs, logs)
+    assert [p.returncode for p in procs] == [75, 75], text[-3000:]
+    [step] = re.findall(r"^rank 1: preempted at step (\d+), exiting 75$", text, re.M)
+    assert f"rank 0: preempted at step {step}, exiting 75" in text
+    assert re.findall(r"^saved checkpoint at step (\d+)$", text, re.M)[-1] == step
+    text = run_ranks(out, tmp_path / "requeued")
+    assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+
+
+def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
+    def run(out: Path, steps: int, logs: str) -> str:
+        procs = start_command(tmp_path / logs, [str(FSDP_LOOP), str(out), str(steps)])
+        text = finish(procs, tmp_path / logs)
+        assert [p.returncode for p in procs] == [0, 0], text[-4000:]
+        return re.search(r"^started at step (\d+), weights (\w+)$", text, re.M).groups()
+
+    started, whole = run(tmp_path / "whole", 9, "whole")
+    assert started == "0"
+    run(tmp_path / "cut", 6, "cut")
+    shards = tmp_path / "cut" / "checkpoints" / "step-000000006" / "shards"
+    assert sorted(p.name for p in shards.iterdir()) == [
+        "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
+        "rank-00001.safetensors"]
+    assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
+
+
+def writer_of(parent: int) -> int | None:
+    """The PID of the background checkpoint writer that `parent` started, if it runs."""
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            argv = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
+                b"workload.checkpoint.background" in argv:
+            return int(proc.name)
+    return None
+
+
+def wait_for_writer(procs: list) -> int:
+    deadline = time.monotonic() + 60
+    while (pid := writer_of(procs[0].pid)) is None:
+        assert time.monotonic() < deadline, "rank 0 started no checkpoint writer"
+        time.sleep(0.05)
+    return pid
+
+
+def test_sigterm_with_a_save_in_flight_commits_it_exits_75_and_resumes_exactly(
+        uninterrupted, tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "first"
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, f"saved checkpoint at step {EVERY}", procs)  # handed to the writer
+    writer = wait_for_writer(procs)
+    for pid in (writer, procs[0].pid, procs[1].pid):  # as SLURM signals a job step
+        os.kill(pid, signal.SIGTERM)
+    text = finish(procs, logs)
+    assert [p.returncode for p in procs] == [75, 75], text[-3000:]
+    [step] = re.findall(r"^rank 0: preempted at step (\d+), exiting 75$", text, re.M)
+    steps = [s for s, _ in complete_steps(out / "checkpoints")]
+    assert int(step) in steps and EVERY in steps, (steps, text[-3000:])
+    assert not list((out / "checkpoints").glob(".tmp-*")) and writer_of(procs[0].pid) is None
+    text = run_ranks(out, tmp_path / "requeued")
+    assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+
+
+def test_a_killed_writer_stops_the_run_and_the_resume_takes_a_committed_checkpoint(
+        uninterrupted, tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "first"
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, f"saved checkpoint at step {2 * EVERY}", procs)
+    os.kill(wait_for_writer(procs), signal.SIGKILL)
+    text = finish(procs, logs)
+    assert all(p.returncode not in (0, 75) for p in procs), text[-3000:]
+    assert "the checkpoint writer process died (killed by signal 9)" in text, text[-3000:]
+    assert "rank 0's checkpoint save failed" in text and "done:" not in text
+    committed = complete_steps(out / "checkpoints")[-1][0]
+    text = run_ranks(out, tmp_path / "resumed")
+    assert f"resumed from step {committed} " in text and weights(text) == uninterrupted

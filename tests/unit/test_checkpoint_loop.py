@@ -1,0 +1,176 @@
+"""workload.checkpoint.Checkpoints in one process, no process group: its arguments
+refused in one line naming the value and the fix, the lock, and a save read back into
+fresh objects. (Two gloo ranks, kill -9 and preemption: tests/e2e/test_checkpoint_own_loop.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import tmpfs
+from workload.checkpoint import Checkpoints
+from workload.errors import UsageError
+
+
+def parts(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    return dict(model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+def train(objects: dict, steps: int) -> None:
+    for _ in range(steps):
+        objects["model"](torch.ones(3, 4)).square().mean().backward()
+        objects["optimizer"].step()
+        objects["optimizer"].zero_grad()
+        objects["scheduler"].step()
+
+
+def refused(call, *words: str) -> str:
+    with pytest.raises(UsageError) as caught:
+        call()
+    message = str(caught.value)
+    assert "\n" not in message and all(word in message for word in words), message
+    return message
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    opened = Checkpoints(tmp_path / "run", async_save=False)  # no writer process to start
+    yield opened
+    opened.close()
+
+
+def test_a_file_where_the_folder_should_be_is_refused_naming_it(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    refused(lambda: Checkpoints(tmp_path / "notes.txt"), "notes.txt is a file, not a folder",
+            "pass a folder you can write")
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("folder", [None, 3, ""])
+def test_a_folder_that_is_no_path_is_refused_naming_it(folder):
+    refused(lambda: Checkpoints(folder), f"folder {folder!r} is not a path",
+            "Checkpoints('runs/mine')")
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_async_save_must_be_a_switch(tmp_path, value):
+    refused(lambda: Checkpoints(tmp_path, async_save=value), f"async_save={value!r} is not "
+            "True or False")
+
+
+@pytest.mark.parametrize("keep", [0, -2, 1.5, True])
+def test_keep_must_be_a_count(tmp_path, keep):
+    refused(lambda: Checkpoints(tmp_path, keep=keep), f"keep={keep!r}", "e.g. keep=3")
+
+
+@pytest.mark.parametrize("step", [-1, 2.0, "3", None])
+def test_a_step_that_is_no_count_is_refused_naming_it(ckpt, step):
+    refused(lambda: ckpt.save(step, **parts()), f"step {step!r} is not a whole number",
+            "the number resume() returns")
+    assert not (ckpt.root).exists() or not any(ckpt.root.iterdir())
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"epoch": 1, "sampler": object()}, "not JSON serializable"),
+    ({"loss": float("nan")}, "Out of range float"),
+    ([1, 2], "is not a dict"),
+])
+def test_extra_that_json_cannot_hold_is_refused_naming_it(ckpt, extra, why):
+    message = refused(lambda: ckpt.save(1, **parts(), extra=extra), "extra=", why,
+                      "JSON values")
+    assert repr(extra)[:20] in message
+    assert not (ckpt.root).exists() or not any(ckpt.root.iterdir())
+
+
+def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
+    first = Checkpoints(tmp_path)
+    refused(lambda: Checkpoints(tmp_path), f"Checkpoints(folder) {tmp_path} is in use by "
+            "another run", "pass another Checkpoints(folder)")
+    first.close()
+    Checkpoints(tmp_path).close()
+    refused(lambda: first.save(1, **parts()), "save() after close()")
+
+
+def test_a_new_folder_resumes_at_step_0(ckpt):
+    assert ckpt.resume(**parts()) == 0 and ckpt.extra == {}
+
+
+def test_a_save_resumes_into_fresh_objects_with_its_extra(ckpt):
+    round_trip(ckpt)
+
+
+@pytest.mark.slow  # starts the writer process (a Python that imports torch)
+def test_an_asynchronous_save_resumes_the_same(tmp_path, capsys):
+    with Checkpoints(tmp_path, async_save=True) as ckpt:
+        round_trip(ckpt)
+    assert capsys.readouterr().out.count("checkpoint staging buffer:") == 1
+    assert not list(tmp_path.glob("checkpoints/.tmp-*"))
+
+
+def round_trip(ckpt):
+    saved = parts()
+    train(saved, 3)
+    ckpt.save(3, **saved, extra={"epoch": 1, "batch": [2, 5]})
+    fresh = parts(seed=7)
+    assert ckpt.resume(**fresh) == 3 and ckpt.extra == {"epoch": 1, "batch": [2, 5]}
+    assert torch.equal(fresh["model"].weight, saved["model"].weight)
+    assert fresh["scheduler"].state_dict() == saved["scheduler"].state_dict()
+    train(saved, 2)
+    train(fresh, 2)  # the optimizer's moments came back too
+    assert torch.equal(fresh["model"].weight, saved["model"].weight)
+
+
+def test_a_resume_with_other_parts_is_refused_and_nothing_moves(ckpt):
+    ckpt.save(2, **parts())
+    without = parts()
+    del without["scheduler"]
+    refused(lambda: ckpt.resume(**without), "belongs to another training loop",
+            "this resume passes ['model', 'optimizer']", "nothing was moved")
+    other = dict(parts(), model=nn.Linear(4, 3))
+    other["optimizer"] = torch.optim.Adam(other["model"].parameters())
+    other["scheduler"] = torch.optim.lr_scheduler.StepLR(other["optimizer"], step_size=2)
+    refused(lambda: ckpt.resume(**other), "other names or shapes")
+    assert sorted(p.name for p in ckpt.root.iterdir()) == ["latest", "step-000000002"]
+
+
+def test_a_schedule_stepped_per_epoch_resumes(ckpt):
+    # train's own check (its schedule steps with every optimizer step) is not a loop's
+    stepped = parts()
+    train(stepped, 2)  # two epochs' schedule steps, say, after 40 optimizer steps
+    ckpt.save(40, **stepped)
+    assert ckpt.resume(**parts()) == 40
+
+
+@pytest.mark.root
+@pytest.mark.slow  # starts the writer process
+def test_a_full_disk_in_the_writer_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
+    with tmpfs(tmp_path / "tmpfs", "size=256k") as folder:
+        ckpt = Checkpoints(folder / "run", async_save=True)
+        ckpt.save(1, **parts())
+        big = nn.Linear(1000, 100)  # 400 kB of weights: more than is left
+        ckpt.save(2, model=big, optimizer=torch.optim.SGD(big.parameters()))
+        message = refused(ckpt.close, "no space left to save a checkpoint in", "MiB free")
+        assert sorted(p.name for p in ckpt.root.iterdir()) == ["latest", "step-000000001"]
+        with Checkpoints(folder / "run") as again:
+            assert again.resume(**parts()) == 1, message
+
+
+def test_wait_after_close_is_refused(ckpt):
+    ckpt.wait()  # nothing in flight
+    ckpt.close()
+    refused(ckpt.wait, "wait() after close()")
+
+
+@pytest.mark.slow  # starts the writer process
+def test_leaving_on_an_exception_commits_the_save_in_flight_and_keeps_the_error(tmp_path):
+    with pytest.raises(KeyError, match="the loop's own"):
+        with Checkpoints(tmp_path) as ckpt:
+            ckpt.save(1, **parts())
+            raise KeyError("the loop's own")
+    with Checkpoints(tmp_path) as again:
+        assert again.resume(**parts()) == 1

@@ -1,0 +1,224 @@
+"""Asynchronous saves: the training loop waits only while the state is copied into a
+staging buffer in host memory; a writer process writes the checkpoint from it.
+
+Why a process and not a thread: a writer thread hashing and writing hundreds of MB holds
+the GIL for much of that time and slows the training loop it was meant to free
+(torch.distributed.checkpoint moved its async saves to a process for this reason,
+pytorch/pytorch#147039).
+
+The staging buffer is one file in /dev/shm (else the temporary folder), mapped by both
+processes and reused by every save (grown when a state outgrows it; its size is printed
+once per size). The loop copies every tensor of the snapshot into it and sends the
+writer one JSON line: the snapshot's tree with its tensors as references (the encoding
+of workload.checkpoint.formats), where each tensor lies in the buffer, and the save's
+temporary folder. No pickle crosses the pipe. The writer rebuilds the snapshot from the
+buffer and runs the synchronous save's own last half (workload.checkpoint.saving.commit:
+the files, sha256, fsync, manifest, rename, `latest`, pruning, a full disk in one line),
+then answers one JSON line. At most one save is in flight: the next save, a resume and
+`close` first wait for its answer, so the buffer is never overwritten while read.
+
+The writer ignores the preemption signals (a job step's SIGTERM reaches every process)
+from its start: the loop decides when to stop and waits for the save in flight first. A
+writer that dies (kill -9, out of memory) leaves only the temporary folder, which is
+never resumed from: the next resume moves it aside with one line and takes the previous
+checkpoint. When the loop's process dies, the writer finishes the save it holds and
+exits at the end of its input, removing the buffer file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import torch
+
+from workload.checkpoint.formats import decode, encode
+from workload.checkpoint.saving import DiskFull, commit, mib, tensor_bytes
+from workload.checkpoint.store import Snapshot
+from workload.logs import say
+
+PARTS = ("model", "optimizer", "trainer", "rng", "config")
+# Ignored by the writer: preemption's (a job step's SIGTERM reaches every process), Ctrl-C
+# and the stack dump's. They are blocked from before its start (a blocked mask survives
+# exec) until it ignores them, so one sent while it imports torch cannot kill it either.
+IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
+ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
+
+
+class WriterFailed(RuntimeError):
+    """The background writer died or failed; str() is one line."""
+
+
+def _staging_folder() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+class Stage:
+    """The staging buffer: a file mapped into memory, reused while the state fits."""
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.buffer: torch.Tensor | None = None
+
+    def fit(self, size: int) -> None:
+        if self.buffer is not None and self.buffer.numel() >= size:
+            return
+        self.drop()
+        self.path = _staging_folder() / f"hpc-train-staging-{os.getpid()}-{uuid.uuid4().hex}"
+        self.buffer = torch.from_file(str(self.path), shared=True, size=max(size, 1),
+                                      dtype=torch.uint8)
+        say(f"checkpoint staging buffer: {mib(size)} ({size} bytes) of host memory in "
+            f"{self.path}, reused by every asynchronous save")
+
+    def copy_in(self, snapshot: Snapshot) -> dict:
+        """The snapshot's parts as JSON with tensor references, and where each tensor
+        lies in the buffer; the tensors copied (the state may change once this returns)."""
+        size = tensor_bytes([getattr(snapshot, part) for part in PARTS])
+        count = sum(1 for _ in _tensors([getattr(snapshot, p) for p in PARTS]))
+        self.fit(size + ALIGN * count)
+        layout, offset = {}, 0
+
+        def put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
+            nonlocal offset
+            while key in tensors:
+                key += "~"
+            nbytes = tensor.numel() * tensor.element_size()
+            view = self.buffer[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor.detach())
+            tensors[key] = view
+            layout[key] = [offset, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+            offset += -(-nbytes // ALIGN) * ALIGN
+            return key
+
+        seen: dict = {}
+        tree = {part: encode(getattr(snapshot, part), seen, part, put) for part in PARTS}
+        return {"buffer": str(self.path), "size": self.buffer.numel(), "tree": tree,
+                "layout": layout}
+
+    def drop(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        self.path, self.buffer = None, None
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class Writer:
+    """The loop's side: the writer process, started at the first save, and the save in
+    flight (at most one)."""
+
+    def __init__(self):
+        self.stage = Stage()
+        self.proc: subprocess.Popen | None = None
+        self.in_flight: int | None = None  # the step being written
+
+    def submit(self, root: Path, tmp: Path, snapshot: Snapshot, keep: int) -> None:
+        """Stage the snapshot and hand it to the writer (the previous save is done)."""
+        request = self.stage.copy_in(snapshot)
+        request.update(root=str(root), tmp=str(tmp), keep=keep)
+        if self.proc is None:
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED)
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", __name__],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             text=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        self.in_flight = snapshot.trainer["step"]
+        try:
+            self.proc.stdin.write(json.dumps(request, allow_nan=False) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the writer is gone: wait() says how
+            pass
+
+    def wait(self) -> None:
+        """Until the save in flight is committed; DiskFull or WriterFailed if it was not,
+        WriterFailed too when the writer died since (the next save would be lost)."""
+        if self.proc is None:
+            return
+        if self.in_flight is not None:
+            step, self.in_flight = self.in_flight, None
+            line = self.proc.stdout.readline()
+            if not line:
+                self._died(f"while saving step {step}; that checkpoint was not committed")
+            reply = json.loads(line)
+            if "disk_full" in reply:
+                raise DiskFull(reply["disk_full"])
+            if "error" in reply:
+                raise WriterFailed(f"the checkpoint writer could not save step {step}: "
+                                   f"{reply['error']}")
+        if self.proc.poll() is not None:
+            self._died("after its last save, which was committed")
+
+    def _died(self, when: str) -> None:
+        status = self.proc.wait()
+        self.proc = None
+        how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+        raise WriterFailed(f"the checkpoint writer process died ({how}) {when}; training "
+                           "stops rather than run on without checkpoints (a new run resumes "
+                           "from the newest committed one)")
+
+    def stop(self) -> None:
+        """End the writer (after `wait`) and remove the staging buffer."""
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait()
+            self.proc = None
+        self.stage.drop()
+
+
+# --- the writer process ------------------------------------------------------------------
+
+def _write(request: dict) -> str:
+    buffer = torch.from_file(request["buffer"], shared=True, size=request["size"],
+                             dtype=torch.uint8)
+    tensors = {}
+    for key, (offset, dtype, shape) in request["layout"].items():
+        kind = getattr(torch, dtype)
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=kind).element_size()
+        tensors[key] = buffer[offset:offset + nbytes].view(kind).view(shape)
+    snapshot = Snapshot(**{part: decode(request["tree"][part], tensors) for part in PARTS})
+    return str(commit(Path(request["root"]), Path(request["tmp"]), snapshot, request["keep"]))
+
+
+def serve() -> None:
+    """Answer each request line with one JSON line, until the input ends."""
+    for number in IGNORED:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
+    buffers = set()
+    for line in sys.stdin:
+        request = json.loads(line)
+        buffers.add(request["buffer"])
+        try:
+            reply = {"saved": _write(request)}
+        except DiskFull as error:
+            reply = {"disk_full": str(error)}
+        except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    for path in buffers:  # the loop may have died: its staging files go with the writer
+        Path(path).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    serve()
