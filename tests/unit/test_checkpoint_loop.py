@@ -4,11 +4,14 @@ fresh objects. (Two gloo ranks, kill -9 and preemption: tests/e2e/test_checkpoin
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
 
-from tests.helpers import tmpfs
+from tests.helpers import clean_env, tmpfs
 from workload.checkpoint import Checkpoints
 from workload.errors import UsageError
 
@@ -158,6 +161,33 @@ def test_a_full_disk_in_the_writer_is_one_line_and_the_previous_checkpoint_stays
         assert sorted(p.name for p in ckpt.root.iterdir()) == ["latest", "step-000000001"]
         with Checkpoints(folder / "run") as again:
             assert again.resume(**parts()) == 1, message
+
+
+@pytest.mark.root
+@pytest.mark.slow  # a child Python with torch
+def test_no_room_for_the_staging_buffer_saves_synchronously_with_one_line(tmp_path):
+    """A /dev/shm too small for the state (Docker's is 64 MB): the mapped buffer would
+    kill the process with SIGBUS at the first page written past the room there is."""
+    code = ("import sys, torch\n"
+            "from pathlib import Path\n"
+            "from torch import nn\n"
+            "from workload.checkpoint import Checkpoints, background\n"
+            "background.STAGING_FOLDERS = (Path(sys.argv[1]),)\n"
+            "model = nn.Linear(1000, 1000)  # 4 MB of weights, the tmpfs holds 1 MB\n"
+            "optimizer = torch.optim.SGD(model.parameters())\n"
+            "with Checkpoints(sys.argv[2]) as ckpt:\n"
+            "    ckpt.save(1, model=model, optimizer=optimizer)\n"
+            "    ckpt.save(2, model=model, optimizer=optimizer)\n"
+            "with Checkpoints(sys.argv[2]) as ckpt:\n"
+            "    print('resumed', ckpt.resume(model=model, optimizer=optimizer))\n")
+    with tmpfs(tmp_path / "shm", "size=1m") as shm:
+        done = subprocess.run([sys.executable, "-c", code, str(shm), str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=300, env=clean_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert list(shm.iterdir()) == [], "nothing is left in the full folder"
+    assert "resumed 2" in done.stdout
+    said = [line for line in done.stderr.splitlines() if "staging buffer" in line]
+    assert len(said) == 1 and "saving synchronously" in said[0] and "--shm-size" in said[0]
 
 
 def test_wait_after_close_is_refused(ckpt):

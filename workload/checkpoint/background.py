@@ -55,9 +55,37 @@ class WriterFailed(RuntimeError):
     """The background writer died or failed; str() is one line."""
 
 
-def _staging_folder() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+class NoStagingRoom(OSError):
+    """No folder has room for the staging buffer; str() is one line."""
+
+
+STAGING_FOLDERS = (Path("/dev/shm"), None)  # None: the temporary folder
+
+
+def _reserved_file(size: int) -> Path:
+    """A new file of `size` bytes whose space is reserved (posix_fallocate), in /dev/shm,
+    else the temporary folder. Reserved, because a mapped file on a tmpfs without room
+    for it kills the process with SIGBUS at the first page written (Docker's /dev/shm is
+    64 MB unless --shm-size says more)."""
+    tried = []
+    for folder in STAGING_FOLDERS:
+        folder = Path(tempfile.gettempdir()) if folder is None else folder
+        path = folder / f"hpc-train-staging-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            tried.append(f"{folder}: {error.strerror}")
+            continue
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return path
+        except OSError as error:
+            path.unlink(missing_ok=True)
+            tried.append(f"{folder}: {error.strerror}")
+        finally:
+            os.close(fd)
+    raise NoStagingRoom(f"no room for the {mib(size)} checkpoint staging buffer "
+                        f"({'; '.join(tried)})")
 
 
 class Stage:
@@ -71,7 +99,7 @@ class Stage:
         if self.buffer is not None and self.buffer.numel() >= size:
             return
         self.drop()
-        self.path = _staging_folder() / f"hpc-train-staging-{os.getpid()}-{uuid.uuid4().hex}"
+        self.path = _reserved_file(max(size, 1))
         self.buffer = torch.from_file(str(self.path), shared=True, size=max(size, 1),
                                       dtype=torch.uint8)
         say(f"checkpoint staging buffer: {mib(size)} ({size} bytes) of host memory in "

@@ -84,6 +84,7 @@ class Checkpoints:
 
         self.folder, self.keep = _folder(folder), _keep(keep)
         self.async_save, self._writer = _switch(async_save), None
+        self._staging_refused = False  # rank 0: no room for the staging buffer (_staged)
         self.root, self.info = checkpoints_dir(self.folder), DistInfo.of_group()
         self.extra: dict = {}
         if self.info.is_main:
@@ -187,15 +188,30 @@ class Checkpoints:
 
     def _hand_over(self, snapshot) -> Path:
         """Rank 0 stages the snapshot and hands it to the writer process."""
-        from workload.checkpoint.background import Writer
         from workload.checkpoint.folder import step_name
-        from workload.checkpoint.saving import start_save
+        from workload.checkpoint.saving import commit, start_save
 
         if self.info.is_main:
-            self._writer = self._writer or Writer()
             tmp = start_save(self.root, snapshot, sharded=False)
-            self._writer.submit(self.root, tmp, snapshot, self.keep)
+            if self._staging_refused or not self._staged(tmp, snapshot):
+                commit(self.root, tmp, snapshot, self.keep)  # rank 0 alone: no collective
         return self.root / step_name(snapshot.trainer["step"])
+
+    def _staged(self, tmp: Path, snapshot) -> bool:
+        """Handed to the writer; False (said once) where no folder has room for the
+        staging buffer, and from then on rank 0 saves synchronously. Only rank 0 knows:
+        the others' steps (and _settle's all-reduce) stay the same."""
+        from workload.checkpoint.background import NoStagingRoom, Writer
+
+        self._writer = self._writer or Writer()
+        try:
+            self._writer.submit(self.root, tmp, snapshot, self.keep)
+            return True
+        except NoStagingRoom as error:
+            self._staging_refused = True
+            logger.warning(f"{error}: saving synchronously instead (a larger /dev/shm, "
+                           f"e.g. docker run --shm-size, makes the saves asynchronous)")
+            return False
 
     def _settle(self) -> None:
         """Wait for the save in flight (rank 0's writer); with a process group every rank
