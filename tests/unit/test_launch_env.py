@@ -103,6 +103,16 @@ def test_torchrun_worker_does_not_warn_about_slurm_task_ids(capsys):
     assert status == 0 and err == ""
 
 
+def test_torchrun_standalone_worker_keeps_its_rendezvous_without_a_warning(capsys):
+    """torchrun --standalone in a SLURM step gives its workers localhost and a free port."""
+    env = step(per_node="1(x2)", ntasks="2") | TORCHRUN_WORKER | {
+        "MASTER_ADDR": "localhost", "MASTER_PORT": "36865"}
+    status, out, err = run_cli(env, [], capsys)
+    assert status == 0 and err == ""
+    assert {k: parse(out)[1][k] for k in ("MASTER_ADDR", "MASTER_PORT")} == {
+        "MASTER_ADDR": "localhost", "MASTER_PORT": "36865"}
+
+
 def test_two_steps_of_one_job_get_different_ports(capsys):
     ports = {parse(run_cli(step(step_id=s), [], capsys)[1])[1]["MASTER_PORT"]
              for s in ("0", "1", "2")}

@@ -95,8 +95,10 @@ def _rank_values(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
 
 def _rendezvous_values(env: Mapping[str, str], warnings: list[str],
                        nodes: int = 1) -> dict[str, str]:
-    """MASTER_ADDR/MASTER_PORT; `nodes` > 1 when the ranks are known to span several hosts."""
-    slurm = in_slurm(env)
+    """MASTER_ADDR/MASTER_PORT; `nodes` > 1 when the ranks are known to span several hosts.
+    A torchrun worker's are torchrun's (`--standalone`: localhost and a free port), never
+    compared with SLURM's."""
+    slurm = in_slurm(env) and not under_torchrun(env)
     addr = slurm_master_addr(env) if slurm else None
     port = slurm_port(env) if slurm else None
     if addr is None and not env.get("MASTER_ADDR") and nodes > 1:
