@@ -34,16 +34,22 @@ def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: 
     """This rank's sample indices for one epoch.
 
     Shuffled with a generator seeded by (seed, epoch), the same on every rank, then dealt
-    round-robin; every rank gets the same count (the remainder is left out this epoch) so
-    that all ranks run the same number of steps.
+    round-robin (`deal`).
     """
     if shuffle:
         generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
         order = torch.randperm(num_samples, generator=generator)
     else:
         order = torch.arange(num_samples)
-    per_rank = num_samples // world_size
-    return order[rank::world_size][:per_rank]
+    return deal(order, rank, world_size)
+
+
+def deal(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's part of an epoch's global order: every world_size-th entry from its
+    rank on, the same count on every rank (the remainder is left out this epoch) so that
+    all ranks run the same number of steps, and step b's global batch is the same entries
+    at any number of ranks."""
+    return order[rank::world_size][:len(order) // world_size]
 
 
 def eval_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
@@ -143,8 +149,12 @@ class TorchLoader:
     """A classic DataLoader over decoded images (the fallback for image folders)."""
 
     def __init__(self, dataset, batch_size: int, device: torch.device, normalizer: Normalizer,
-                 *, train: bool, seed: int, rank: int, world_size: int, workers: int):
-        self.sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
+                 *, train: bool, seed: int, rank: int, world_size: int, workers: int,
+                 sampler=None):
+        # `sampler`: another order with ShardSampler's interface (shards.StreamSampler)
+        if sampler is None:
+            sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
+        self.sampler = sampler
         self.batch_size, self.train = batch_size, train
         self.device, self.normalize = device, normalizer
         self.loader = torch.utils.data.DataLoader(

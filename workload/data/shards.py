@@ -1,0 +1,222 @@
+"""`--dataset shards --data-dir DIR`: training from the tar shards that `--prepare-data
+--shards DIR` wrote (the layout and the checks: shardformat.py).
+
+Start-up reads `manifest.json` alone: no listing of the folder, no file per sample. A
+sample is one read of its byte range (its two tar headers and its data) at the offset its
+shard's index gives; the headers are checked against the index as they are read, and the
+image is decoded and augmented in the DataLoader workers as an image folder's is (the same
+transforms). Each process opens a shard and reads its index once, when it first needs it.
+
+The order of an epoch is a pure function of (seed, epoch) (`stream_order`): the shards in
+a shuffled order, their samples through a shuffle buffer of SHUFFLE_BUFFER samples. That
+global sequence is dealt round-robin to the ranks (the rule every loader follows,
+loaders.deal), so step b's global batch is the same samples at any number of ranks, and
+each sample's augmentation is seeded by its place in the sequence, not by the rank. A
+rank reads only its own samples; as the buffer is a window of about two shards, its reads
+move forward through the shards. Resuming at batch b of an epoch starts the same sequence
+at b's place: exactly the samples the uninterrupted run would have read next.
+
+Hashing every shard costs a full read of the data, which training does not pay at every
+start: the sha256 of each shard is checked when it is written (and when a write is
+resumed), and by `train --dataset shards --data-dir DIR --prepare-data`, which checks
+every shard whole (hash, then every tar header against the index) and is the step to run
+after copying shards to where jobs read them. Training itself checks every header it
+reads, so a shard changed after that still cannot hand over another member.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import torch
+
+from workload.data.datasets import UNREADABLE, folder_transforms, open_rgb
+from workload.data.loaders import deal, eval_shard
+from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
+                                       damaged, padded, read_index, read_manifest)
+from workload.files import sha256_file
+
+SHUFFLE_BUFFER = 1000  # samples in the shuffle buffer: about one shard
+_SEED_SPACE = 2**63
+_EPOCH_STRIDE = 1_000_003
+_POSITION_STRIDE = 1_000_000_007  # more samples than any epoch holds
+
+
+def stream_order(counts: list[int], seed: int, epoch: int,
+                 buffer: int = SHUFFLE_BUFFER) -> list[int]:
+    """The epoch's global sequence of sample numbers (numbered in manifest order)."""
+    rng = random.Random((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
+    starts = [sum(counts[:j]) for j in range(len(counts))]
+    shards = list(range(len(counts)))
+    rng.shuffle(shards)
+    order, held = [], []
+    for j in shards:
+        for sample in range(starts[j], starts[j] + counts[j]):
+            if len(held) < buffer:
+                held.append(sample)
+                continue
+            slot = rng.randrange(buffer)
+            order.append(held[slot])
+            held[slot] = sample
+    rng.shuffle(held)
+    return order + held
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The augmentation seed of the sample at `position` of an epoch's global sequence."""
+    return ((seed * _EPOCH_STRIDE + epoch) * _POSITION_STRIDE + position) % _SEED_SPACE
+
+
+class StreamSampler(torch.utils.data.Sampler):
+    """This rank's (sample, augmentation seed) pairs; TorchLoader sets `epoch` and `start`
+    (in samples) before each pass."""
+
+    def __init__(self, counts: list[int], seed: int, rank: int, world_size: int, train: bool):
+        self.counts, self.seed, self.train = counts, seed, train
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+        self._cached: tuple[int, list] | None = None
+
+    def _indices(self) -> list:
+        if self._cached is None or self._cached[0] != self.epoch:
+            self._cached = self.epoch, self._pairs()
+        return self._cached[1]
+
+    def _pairs(self) -> list:
+        total = sum(self.counts)
+        if not self.train:
+            return [(i, 0) for i in eval_shard(total, self.rank, self.world_size).tolist()]
+        order = stream_order(self.counts, self.seed, self.epoch)
+        positions = deal(torch.arange(total), self.rank, self.world_size).tolist()
+        return [(order[p], sample_seed(self.seed, self.epoch, p)) for p in positions]
+
+    def __iter__(self):
+        return iter(self._indices()[self.start:])
+
+    def __len__(self) -> int:
+        return len(self._indices()) - self.start
+
+
+class ShardSamples(torch.utils.data.Dataset):
+    """The samples of one split, read from their shards; items are (sample, seed)."""
+
+    def __init__(self, folder: Path, entries: list[dict], num_classes: int, transform):
+        self.folder, self.entries, self.transform = folder, entries, transform
+        self.num_classes = num_classes
+        self.counts = [entry["samples"] for entry in entries]
+        self.starts = [sum(self.counts[:j]) for j in range(len(entries))]
+        self._files: dict[int, int] = {}   # this process's open shards
+        self._rows: dict[int, list] = {}   # and their indexes
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def _locate(self, sample: int) -> tuple[int, int]:
+        j = max(k for k, start in enumerate(self.starts) if start <= sample
+                and self.counts[k] > 0)
+        return j, sample - self.starts[j]
+
+    def _open(self, j: int) -> tuple[int, list]:
+        if j not in self._files:
+            self._rows[j] = read_index(self.folder, self.entries[j])
+            self._files[j] = os.open(self.folder / self.entries[j]["name"], os.O_RDONLY)
+        return self._files[j], self._rows[j]
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        sample, seed = item
+        j, k = self._locate(sample)
+        image, label = self.read(j, k)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), label
+
+    def read(self, j: int, k: int):
+        """Sample k of shard j: its headers checked, its image decoded, its class."""
+        fd, rows = self._open(j)
+        key, ext, offset, size, label = rows[k]
+        name = self.entries[j]["name"]
+        span = os.pread(fd, BLOCK + padded(size) + 2 * BLOCK, max(offset - BLOCK, 0))
+        data = member_data(self.folder, name, span, 0, f"{key}.{ext}", size)
+        text = member_data(self.folder, name, span, BLOCK + padded(size), f"{key}.cls", None)
+        if text.strip() != str(label).encode() or label >= self.num_classes:
+            raise damaged(self.folder, name, f"sample {key}'s class is not the index's")
+        try:
+            return open_rgb(io.BytesIO(data)), label
+        except UNREADABLE as error:
+            why = str(error).strip() or type(error).__name__
+            raise damaged(self.folder, name, f"sample {key} is not a readable image: "
+                                             f"{why}") from None
+
+
+def member_data(folder: Path, shard: str, span: bytes, at: int, expected: str,
+                size: int | None) -> bytes:
+    """The data of the member whose header starts at `at` in `span`, which must be
+    `expected` (of `size` bytes, or a class text)."""
+    try:
+        member = tarfile.TarInfo.frombuf(span[at:at + BLOCK], tarfile.ENCODING,
+                                         "surrogateescape")
+    except tarfile.HeaderError as error:
+        raise damaged(folder, shard, f"a tar header where {expected} should be is "
+                                     f"unreadable: {error}") from None
+    check_member(shard, member, expected)
+    if member.size != size and (size is not None or member.size > MAX_CLASS_TEXT):
+        raise damaged(folder, shard, f"{expected} is {member.size} bytes, not as indexed")
+    data = span[at + BLOCK:at + BLOCK + member.size]
+    if len(data) != member.size:
+        raise damaged(folder, shard, f"it ends inside {expected}")
+    return data
+
+
+def verify_shards(folder: Path, manifest: dict) -> int:
+    """Every shard whole: its sha256, then every tar member against its index (one line
+    naming the first shard that fails); the number of shards checked."""
+    count = 0
+    for split in SPLITS:
+        for entry in manifest["splits"][split]["shards"]:
+            verify_shard(folder, entry)
+            count += 1
+    return count
+
+
+def verify_shard(folder: Path, entry: dict) -> None:
+    name, path = entry["name"], folder / entry["name"]
+    try:
+        digest, size = sha256_file(path), path.stat().st_size
+    except OSError as error:
+        raise damaged(folder, name, f"it cannot be read: {error.strerror or error}") from None
+    if size != entry["bytes"] or digest != entry["sha256"]:
+        raise damaged(folder, name, f"its sha256 is not the one {MANIFEST} records")
+    rows = read_index(folder, entry)
+    expected: list[tuple[str, int | None]] = []
+    for key, ext, offset, _, _ in rows:
+        expected += [(f"{key}.{ext}", offset), (f"{key}.cls", None)]
+    with tarfile.open(path, "r:") as tar:
+        members = iter(tar)
+        for want, offset in expected:
+            member = next(members, None)
+            if member is None:
+                raise damaged(folder, name, f"it ends before {want}")
+            check_member(name, member, want)
+            if offset is not None and member.offset_data != offset:
+                raise damaged(folder, name, f"{want} is not where its index says")
+        extra = next(members, None)
+        if extra is not None:
+            check_member(name, extra, None)
+
+
+def load_shards(folder: str, image_size: int, verify: bool = False):
+    """The train and val splits of a shard folder, and the class names; `verify`: check
+    every shard whole first (--prepare-data)."""
+    root = Path(folder).expanduser()
+    manifest = read_manifest(root)
+    if verify:
+        verify_shards(root, manifest)
+    classes = [str(c) for c in manifest["classes"]]
+    splits = [ShardSamples(root, manifest["splits"][split]["shards"], len(classes),
+                           folder_transforms(image_size, split == "train"))
+              for split in SPLITS]
+    return splits[0], splits[1], classes
