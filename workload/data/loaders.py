@@ -152,6 +152,7 @@ class TorchLoader:
                  *, train: bool, seed: int, rank: int, world_size: int, workers: int,
                  sampler=None):
         # `sampler`: another order with ShardSampler's interface (shards.StreamSampler)
+        own_sampler = sampler is not None
         if sampler is None:
             sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
         self.sampler = sampler
@@ -161,6 +162,11 @@ class TorchLoader:
             dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
             drop_last=train, pin_memory=device.type == "cuda",
             persistent_workers=workers > 0,
+            # A given sampler's items carry their own augmentation seeds: its iterators
+            # then draw their workers' seeds from a generator of their own, not from the
+            # global one that dropout draws from, which a resumed run must find as the
+            # uninterrupted run left it.
+            generator=torch.Generator() if own_sampler else None,
         )
 
     def __len__(self) -> int:
