@@ -20,6 +20,7 @@ from workload.data.shardformat import (MANIFEST, index_name, member_header, read
 from workload.data.shards import (StreamSampler, load_shards, stream_order,
                                   verify_shards)
 from workload.data.shardwrite import write_shards
+from workload.data.staging import data_root, stage_once
 from workload.errors import UsageError
 from workload.files import sha256_file
 
@@ -180,3 +181,11 @@ def test_a_loader_resumed_mid_epoch_yields_exactly_the_rest(shard_folder):
     for (images, labels), (again, same) in zip(whole[3:], rest):
         assert torch.equal(images, again) and torch.equal(labels, same)
     assert not torch.equal(whole[0][0], list(loader.batches(epoch=2))[0][0])
+
+
+def test_a_shard_folder_stages_to_node_local_storage_and_reads_there(shard_folder, tmp_path):
+    target, said = stage_once(shard_folder, tmp_path / "local")
+    assert "staged" in said
+    train, val, classes = load_shards(str(data_root(target)), 8, verify=True)
+    assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
+    assert train[(7, 0)][0].shape == (3, 8, 8)
