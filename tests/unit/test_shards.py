@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from workload.data import shardwrite
-from workload.data.loaders import TorchLoader
+from workload.data.loaders import TorchLoader, deal
 from workload.data.shardformat import (MANIFEST, index_name, member_header, read_manifest,
                                        shard_name)
 from workload.data.shards import (StreamSampler, load_shards, stream_order,
@@ -168,6 +168,8 @@ def test_ranks_read_a_partition_of_the_one_global_sequence(world_size):
     dealt = [pair for rows in zip(*(list(p) for p in parts)) for pair in rows]
     assert dealt == whole[:len(dealt)] and len(dealt) == 85 // world_size * world_size
     assert len({sample for sample, _ in dealt}) == len(dealt)  # no sample twice
+    order = stream_order(counts, seed=5, epoch=0)
+    assert [s for s, _ in parts[1]] == [order[p] for p in deal(torch.arange(85), 1, world_size)]
 
 
 def test_a_loader_resumed_mid_epoch_yields_exactly_the_rest(shard_folder):

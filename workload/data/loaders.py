@@ -141,8 +141,12 @@ class ShardSampler(torch.utils.data.Sampler):
     def __iter__(self):
         return iter(self._indices()[self.start:].tolist())
 
+    def count(self) -> int:
+        """This rank's samples in an epoch."""
+        return len(self._indices())
+
     def __len__(self) -> int:
-        return len(self._indices()) - self.start
+        return self.count() - self.start
 
 
 class TorchLoader:
@@ -170,7 +174,7 @@ class TorchLoader:
         )
 
     def __len__(self) -> int:
-        return num_batches(len(self.sampler._indices()), self.batch_size, self.train)
+        return num_batches(self.sampler.count(), self.batch_size, self.train)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size

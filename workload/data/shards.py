@@ -26,7 +26,9 @@ reads, so a shard changed after that still cannot hand over another member.
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import os
 import random
 import tarfile
@@ -35,7 +37,6 @@ from pathlib import Path
 import torch
 
 from workload.data.datasets import UNREADABLE, folder_transforms, open_rgb
-from workload.data.loaders import deal, eval_shard
 from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
                                        damaged, padded, read_index, read_manifest)
 from workload.files import sha256_file
@@ -50,7 +51,7 @@ def stream_order(counts: list[int], seed: int, epoch: int,
                  buffer: int = SHUFFLE_BUFFER) -> list[int]:
     """The epoch's global sequence of sample numbers (numbered in manifest order)."""
     rng = random.Random((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
-    starts = [sum(counts[:j]) for j in range(len(counts))]
+    starts = [end - count for end, count in zip(itertools.accumulate(counts), counts)]
     shards = list(range(len(counts)))
     rng.shuffle(shards)
     order, held = [], []
@@ -73,32 +74,38 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 
 class StreamSampler(torch.utils.data.Sampler):
     """This rank's (sample, augmentation seed) pairs; TorchLoader sets `epoch` and `start`
-    (in samples) before each pass."""
+    (in samples) before each pass. The epoch's order is made once per epoch, when it is
+    first iterated; its length is known without it."""
 
     def __init__(self, counts: list[int], seed: int, rank: int, world_size: int, train: bool):
         self.counts, self.seed, self.train = counts, seed, train
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
-        self._cached: tuple[int, list] | None = None
+        self._cached: tuple[int, list[int]] | None = None
 
-    def _indices(self) -> list:
-        if self._cached is None or self._cached[0] != self.epoch:
-            self._cached = self.epoch, self._pairs()
-        return self._cached[1]
-
-    def _pairs(self) -> list:
+    def _positions(self) -> range:
+        """This rank's places in the epoch's global sequence: the rule of loaders.deal
+        (training) and loaders.eval_shard (evaluation), as a range, since its length is
+        asked at every step."""
         total = sum(self.counts)
         if not self.train:
-            return [(i, 0) for i in eval_shard(total, self.rank, self.world_size).tolist()]
-        order = stream_order(self.counts, self.seed, self.epoch)
-        positions = deal(torch.arange(total), self.rank, self.world_size).tolist()
-        return [(order[p], sample_seed(self.seed, self.epoch, p)) for p in positions]
+            return range(self.rank, total, self.world_size)
+        return range(self.rank, total // self.world_size * self.world_size, self.world_size)
+
+    def count(self) -> int:
+        return len(self._positions())
 
     def __iter__(self):
-        return iter(self._indices()[self.start:])
+        positions = self._positions()[self.start:]
+        if not self.train:
+            return ((p, 0) for p in positions)
+        if self._cached is None or self._cached[0] != self.epoch:
+            self._cached = self.epoch, stream_order(self.counts, self.seed, self.epoch)
+        order = self._cached[1]
+        return ((order[p], sample_seed(self.seed, self.epoch, p)) for p in positions)
 
     def __len__(self) -> int:
-        return len(self._indices()) - self.start
+        return self.count() - self.start
 
 
 class ShardSamples(torch.utils.data.Dataset):
@@ -108,7 +115,7 @@ class ShardSamples(torch.utils.data.Dataset):
         self.folder, self.entries, self.transform = folder, entries, transform
         self.num_classes = num_classes
         self.counts = [entry["samples"] for entry in entries]
-        self.starts = [sum(self.counts[:j]) for j in range(len(entries))]
+        self.ends = list(itertools.accumulate(self.counts))  # past each shard's last sample
         self._files: dict[int, int] = {}   # this process's open shards
         self._rows: dict[int, list] = {}   # and their indexes
 
@@ -116,9 +123,8 @@ class ShardSamples(torch.utils.data.Dataset):
         return sum(self.counts)
 
     def _locate(self, sample: int) -> tuple[int, int]:
-        j = max(k for k, start in enumerate(self.starts) if start <= sample
-                and self.counts[k] > 0)
-        return j, sample - self.starts[j]
+        j = bisect.bisect_right(self.ends, sample)
+        return j, sample - (self.ends[j] - self.counts[j])
 
     def _open(self, j: int) -> tuple[int, list]:
         if j not in self._files:
