@@ -146,6 +146,17 @@ def test_a_hostile_tar_is_refused_in_one_line(tmp_path, monkeypatch, member, why
     assert refused in one_line(error) and why in one_line(error)
 
 
+def test_a_refusal_in_a_dataloader_worker_is_one_line(tmp_path):
+    folder, entry = hostile_folder(tmp_path, member_header("../00000000.jpg", 4), b"1234")
+    train, _, _ = load_shards(str(folder), 8)
+    loader = TorchLoader(train, 1, torch.device("cpu"), lambda x: x.float(), train=True,
+                         seed=0, rank=0, world_size=1, workers=1,
+                         sampler=StreamSampler(train.counts, 0, 0, 1, True))
+    with pytest.raises(UsageError) as error:
+        next(loader.batches(0))
+    assert one_line(error).startswith(f"shard {entry['name']} is refused: the member")
+
+
 def test_the_epoch_order_is_a_pure_function_of_seed_and_epoch():
     counts = [25, 25, 10, 25]
     order = stream_order(counts, seed=3, epoch=1, buffer=10)

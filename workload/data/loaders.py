@@ -9,6 +9,7 @@ device, images normalised float tensors. `start` skips batches exactly, for resu
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import torch
 
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
+from workload.errors import UsageError
 from workload.launch.devices import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -178,7 +180,22 @@ class TorchLoader:
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
-        for images, labels in self.loader:
-            with batch_work_threads(self.device):
-                images = self.normalize(images.to(self.device, non_blocking=True))
-            yield images, labels.to(self.device, non_blocking=True)
+        with one_line_from_workers():
+            for images, labels in self.loader:
+                with batch_work_threads(self.device):
+                    images = self.normalize(images.to(self.device, non_blocking=True))
+                yield images, labels.to(self.device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def one_line_from_workers():
+    """A UsageError raised in a DataLoader worker (a shard refused, too many unreadable
+    images) as its own line: the DataLoader re-raises it with the worker's traceback
+    around the message, which the command would print whole."""
+    try:
+        yield
+    except UsageError as error:
+        text = str(error).strip()
+        if not text.startswith("Caught UsageError in DataLoader worker"):
+            raise
+        raise UsageError(text.splitlines()[-1].partition("UsageError: ")[2]) from None
