@@ -202,3 +202,20 @@ def test_a_shard_folder_stages_to_node_local_storage_and_reads_there(shard_folde
     train, val, classes = load_shards(str(data_root(target)), 8, verify=True)
     assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
     assert train[(7, 0)][0].shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize("extra, refused", [
+    ([], "--shards S packs an image folder: it goes with --dataset imagefolder"),
+    (["--prepare-data", "--stage-to", "L"], "goes with --dataset imagefolder"),
+    (["--prepare-data", "--shards", "SRC/shards"], "overlap (one holds the other)"),
+], ids=["no-prepare-data", "stage-to", "inside-the-source"])
+def test_shards_flags_out_of_place_are_refused_before_anything_runs(tmp_path, monkeypatch,
+                                                                    extra, refused):
+    from workload.train import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "SRC").mkdir()
+    args = ["--dataset", "imagefolder", "--data-dir", "SRC", "--device", "cpu"]
+    shards = [] if "--shards" in extra else ["--shards", "S"]
+    with pytest.raises(UsageError, match=refused.replace("(", r"\(").replace(")", r"\)")):
+        parse_config([*args, *shards, *extra])

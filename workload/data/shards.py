@@ -40,6 +40,7 @@ from workload.data.datasets import UNREADABLE, folder_transforms, open_rgb
 from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
                                        damaged, padded, read_index, read_manifest)
 from workload.files import sha256_file
+from workload.logs import logger
 
 SHUFFLE_BUFFER = 1000  # samples in the shuffle buffer: about one shard
 _SEED_SPACE = 2**63
@@ -220,7 +221,8 @@ def load_shards(folder: str, image_size: int, verify: bool = False):
     root = Path(folder).expanduser()
     manifest = read_manifest(root)
     if verify:
-        verify_shards(root, manifest)
+        count = verify_shards(root, manifest)
+        logger.info(f"{count} shards in {root} verified: their sha256 and every member")
     classes = [str(c) for c in manifest["classes"]]
     splits = [ShardSamples(root, manifest["splits"][split]["shards"], len(classes),
                            folder_transforms(image_size, split == "train"))
