@@ -154,17 +154,26 @@ def build_torch(req: DataRequest):
 def build_dali(req: DataRequest):
     from workload.data import dali
 
-    if req.cfg.data.dataset == "imagefolder":
+    if req.cfg.data.dataset == "shards":
+        train, test, names = load_shards(req.cfg.data.data_dir, req.image_size,
+                                         verify=req.cfg.data.prepare_data)
+        sources = tuple(dali.ShardSource(data, StreamSampler(data.counts, train=is_train,
+                                                             **req.shard), req.image_size)
+                        for data, is_train in ((train, True), (test, False)))
+        normalizer, classes, num_train = _normalizer(req, None), len(names), len(train)
+    elif req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
         normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+        num_train = len(train)
     else:
         split, names = read_in_memory(req), None
         sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
+        num_train = len(split.train)
     loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
                                  max(1, req.workers), **req.shard)
-    return Loaders(*loaders, classes, len(sources[0].labels), normalizer, names)
+    return Loaders(*loaders, classes, num_train, normalizer, names)
 
 
 def available() -> dict[str, Builder]:
@@ -187,24 +196,20 @@ def choose(requested: str, dataset: str, device: torch.device) -> tuple[str, str
         raise UsageError("--data-backend device needs an in-memory dataset (cifar100, digits, "
                          f"synthetic); {dataset} reads files: use --data-backend auto, torch "
                          "or dali")
-    if dataset == "shards":
-        if requested not in ("auto", "torch"):
-            raise UsageError(f"--data-backend {requested} does not read shards here; use "
-                             "--data-backend auto or torch")
-        return "torch", "shards are read and decoded by DataLoader worker processes"
     if requested == "dali" and "dali" not in available():
         raise UsageError(f"--data-backend dali needs NVIDIA DALI, which does not import here "
                          f"({_dali_error}); {DALI_INSTALL_HINT}, or use --data-backend auto")
     if requested != "auto":
         return requested, "chosen with --data-backend"
+    what = "shards are read and" if dataset == "shards" else "image files are"
     if in_memory:
         return "device", (f"the {dataset} dataset fits in memory: it is augmented in "
                           f"batches on {device.type}")
     if device.type == "cuda" and "dali" in available():
-        return "dali", "image files are decoded on the GPU by NVIDIA DALI"
+        return "dali", f"{what} decoded on the GPU by NVIDIA DALI"
     if device.type == "cuda":
         return "torch", f"DALI is not installed ({DALI_INSTALL_HINT} decodes on the GPU)"
-    return "torch", "no GPU: image files are decoded by DataLoader worker processes"
+    return "torch", f"no GPU: {what} decoded by DataLoader worker processes"
 
 
 def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,

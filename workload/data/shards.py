@@ -141,8 +141,12 @@ class ShardSamples(torch.utils.data.Dataset):
             torch.manual_seed(seed)
             return self.transform(image), label
 
-    def read(self, j: int, k: int):
-        """Sample k of shard j: its headers checked, its image decoded, its class."""
+    def encoded(self, sample: int) -> tuple[bytes, int]:
+        """A sample's image file bytes, its headers checked, and its class."""
+        return self.raw(*self._locate(sample))[:2]
+
+    def raw(self, j: int, k: int) -> tuple[bytes, int, str, str]:
+        """Sample k of shard j, its headers checked: image bytes, class, key, shard."""
         fd, rows = self._open(j)
         key, ext, offset, size, label = rows[k]
         name = self.entries[j]["name"]
@@ -151,6 +155,11 @@ class ShardSamples(torch.utils.data.Dataset):
         text = member_data(self.folder, name, span, BLOCK + padded(size), f"{key}.cls", None)
         if text.strip() != str(label).encode() or label >= self.num_classes:
             raise damaged(self.folder, name, f"sample {key}'s class is not the index's")
+        return data, label, key, name
+
+    def read(self, j: int, k: int):
+        """Sample k of shard j: its image decoded, and its class."""
+        data, label, key, name = self.raw(j, k)
         try:
             return open_rgb(io.BytesIO(data)), label
         except UNREADABLE as error:
