@@ -219,3 +219,12 @@ def test_shards_flags_out_of_place_are_refused_before_anything_runs(tmp_path, mo
     shards = [] if "--shards" in extra else ["--shards", "S"]
     with pytest.raises(UsageError, match=refused.replace("(", r"\(").replace(")", r"\)")):
         parse_config([*args, *shards, *extra])
+
+
+def test_a_process_keeps_only_a_few_shards_open(shard_folder, monkeypatch):
+    monkeypatch.setattr("workload.data.shards.OPEN_SHARDS", 2)
+    train, _, _ = load_shards(str(shard_folder), 8)
+    for sample in (0, 30, 60, 90, 110, 5, 95, 31):
+        alone, _, _ = load_shards(str(shard_folder), 8)  # a fresh reader of that one sample
+        assert torch.equal(train[(sample, 1)][0], alone[(sample, 1)][0])
+        assert len(train._open_shards) <= 2

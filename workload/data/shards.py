@@ -27,6 +27,7 @@ reads, so a shard changed after that still cannot hand over another member.
 from __future__ import annotations
 
 import bisect
+import collections
 import io
 import itertools
 import os
@@ -43,6 +44,7 @@ from workload.files import sha256_file
 from workload.logs import logger
 
 SHUFFLE_BUFFER = 1000  # samples in the shuffle buffer: about one shard
+OPEN_SHARDS = 8  # shards a process keeps open (the buffer spans about two)
 _SEED_SPACE = 2**63
 _EPOCH_STRIDE = 1_000_003
 _POSITION_STRIDE = 1_000_000_007  # more samples than any epoch holds
@@ -117,8 +119,12 @@ class ShardSamples(torch.utils.data.Dataset):
         self.num_classes = num_classes
         self.counts = [entry["samples"] for entry in entries]
         self.ends = list(itertools.accumulate(self.counts))  # past each shard's last sample
-        self._files: dict[int, int] = {}   # this process's open shards
-        self._rows: dict[int, list] = {}   # and their indexes
+        # This process's open shards and their indexes, the most recently used last: a
+        # rank's reads move forward through the shards, so a few stay open, whatever the
+        # number of shards (a process may hold only so many files, and an index of 1,000
+        # samples is a quarter of a megabyte in memory).
+        self._open_shards: collections.OrderedDict[int, tuple[int, list]] = \
+            collections.OrderedDict()
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -128,10 +134,14 @@ class ShardSamples(torch.utils.data.Dataset):
         return j, sample - (self.ends[j] - self.counts[j])
 
     def _open(self, j: int) -> tuple[int, list]:
-        if j not in self._files:
-            self._rows[j] = read_index(self.folder, self.entries[j])
-            self._files[j] = os.open(self.folder / self.entries[j]["name"], os.O_RDONLY)
-        return self._files[j], self._rows[j]
+        if j in self._open_shards:
+            self._open_shards.move_to_end(j)
+            return self._open_shards[j]
+        rows = read_index(self.folder, self.entries[j])
+        self._open_shards[j] = os.open(self.folder / self.entries[j]["name"], os.O_RDONLY), rows
+        if len(self._open_shards) > OPEN_SHARDS:
+            os.close(self._open_shards.popitem(last=False)[1][0])
+        return self._open_shards[j]
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
         sample, seed = item
