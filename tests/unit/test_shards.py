@@ -74,6 +74,19 @@ def test_an_interrupted_write_resumes_keeping_the_complete_shards(shard_source, 
         {k: v for k, v in contents(shard_folder).items() if not k.startswith(".")}
 
 
+def test_a_write_with_another_shard_size_keeps_no_shard_of_the_old_size(shard_source,
+                                                                         shard_folder,
+                                                                         tmp_path):
+    dest = tmp_path / "dest"
+    shutil.copytree(shard_folder, dest)
+    said = write_shards(shard_source, dest, shard_size=50)
+    assert "in 6 shards (0 complete ones kept" in said
+    assert sorted(p.name for p in dest.glob("train-*.tar")) == [
+        shard_name("train", n) for n in range(3)]
+    train, _, _ = load_shards(str(dest), 8, verify=True)
+    assert train.counts == [50, 50, 20]
+
+
 def test_a_folder_of_another_dataset_or_of_other_files_is_refused(shard_source, shard_folder,
                                                                   tmp_path):
     other = tmp_path / "other"

@@ -27,7 +27,8 @@ from PIL import Image
 
 from workload.data.datasets import UNREADABLE, bad_file_note, load_imagefolder
 from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
-                                       index_name, member_header, sample_key, shard_name)
+                                       SHARD_NAME, index_name, member_header, sample_key,
+                                       shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
 from workload.files import read_json_file, sha256_file, unwritable_reason, write_json
@@ -122,22 +123,33 @@ def write_split(dest: Path, split: str, samples: list, shard_size: int,
         chunk = [(first + i, path, label) for i, (path, label)
                  in enumerate(samples[first:first + shard_size])]
         name = shard_name(split, number)
-        entry = complete_shard(dest, name)
+        entry = complete_shard(dest, name, [first, len(chunk)])
         if entry is None:
             entry = write_shard(dest, name, chunk)
         else:
             kept += 1
         entries.append(entry)
         progress.add(len(chunk))
+    remove_stale(dest, split, len(entries))
     return entries, kept
 
 
-def complete_shard(dest: Path, name: str) -> dict | None:
-    """The manifest entry of a shard an earlier run finished, if its bytes still match."""
+def remove_stale(dest: Path, split: str, count: int) -> None:
+    """The shards of this split past `count` that an earlier write (another --shard-size)
+    left: not in the manifest, so no reader would ever open them."""
+    for path in dest.glob(f"{split}-*"):
+        stem = path.name.split(".")[0]
+        if SHARD_NAME.fullmatch(stem + ".tar") and int(stem.split("-")[1]) >= count:
+            path.unlink()
+
+
+def complete_shard(dest: Path, name: str, planned: list[int]) -> dict | None:
+    """The manifest entry of a shard an earlier run finished, if it holds the `planned`
+    images (first position, count) and its bytes still match."""
     try:
         index = read_json_file(dest / index_name(name))
-        if index["bytes"] == (dest / name).stat().st_size and \
-                index["sha256"] == sha256_file(dest / name):
+        if index["planned"] == planned and index["bytes"] == (dest / name).stat().st_size \
+                and index["sha256"] == sha256_file(dest / name):
             return entry_of(name, index)
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -163,7 +175,8 @@ def write_shard(dest: Path, name: str, chunk: list) -> dict:
         os.fsync(raw.fileno())
     os.replace(partial, dest / name)
     index = dict(shard=name, bytes=(dest / name).stat().st_size,
-                 sha256=sha256_file(dest / name), samples=rows)
+                 sha256=sha256_file(dest / name), samples=rows,
+                 planned=[chunk[0][0], len(chunk)])
     write_json(dest / index_name(name), index)
     return entry_of(name, index)
 
