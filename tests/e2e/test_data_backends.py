@@ -144,3 +144,29 @@ def test_dali_and_torch_read_shards_in_the_same_order(shard_folder):
 ])
 def test_auto_choice_for_shards(device, backend, why):
     assert choose("auto", "shards", device) == (backend, why)
+
+
+def test_dalis_webdataset_reader_reads_our_shards_with_our_index(shard_folder):
+    """The `.idx` beside each shard is what DALI's own reader takes (index_paths)."""
+    import json
+
+    from nvidia.dali import fn, pipeline_def
+
+    name = "val-000003"
+    rows = json.loads((shard_folder / f"{name}.idx.json").read_text())["samples"]
+
+    @pipeline_def(batch_size=len(rows), num_threads=1, device_id=None)
+    def pipeline():
+        images, classes = fn.readers.webdataset(
+            paths=[str(shard_folder / f"{name}.tar")],
+            index_paths=[str(shard_folder / f"{name}.idx")], ext=["jpg", "cls"],
+            random_shuffle=False)
+        return images, classes
+
+    pipe = pipeline()
+    pipe.build()
+    images, classes = pipe.run()
+    assert [bytes(classes.at(i)).decode() for i in range(len(rows))] == \
+        [str(row[4]) for row in rows]
+    tar = (shard_folder / f"{name}.tar").read_bytes()
+    assert bytes(images.at(0)) == tar[rows[0][2]:rows[0][2] + rows[0][3]]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -15,8 +17,8 @@ import torch
 
 from workload.data import shardwrite
 from workload.data.loaders import TorchLoader, deal
-from workload.data.shardformat import (MANIFEST, index_name, member_header, read_manifest,
-                                       shard_name)
+from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, member_header,
+                                       read_manifest, shard_name)
 from workload.data.shards import (StreamSampler, load_shards, stream_order,
                                   verify_shards)
 from workload.data.shardwrite import write_shards
@@ -47,6 +49,17 @@ def test_the_same_source_gives_byte_identical_shards(shard_source, shard_folder,
         names = tar.getnames()[:2]
         assert {(m.mtime, m.uid, m.gid, m.uname) for m in tar} == {(0, 0, 0, "")}
     assert names == ["00000000.jpg", "00000000.cls"]
+
+
+def test_each_shard_has_the_index_dalis_wds2idx_makes(shard_folder, tmp_path):
+    name = shard_name("train", 1)
+    done = subprocess.run([str(Path(sys.executable).with_name("wds2idx")),
+                           str(shard_folder / name), str(tmp_path / "theirs.idx")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    theirs = (tmp_path / "theirs.idx").read_text()
+    assert theirs.startswith("v1.2 25\n")
+    assert (shard_folder / dali_index_name(name)).read_text() == theirs
 
 
 def test_an_interrupted_write_resumes_keeping_the_complete_shards(shard_source, shard_folder,

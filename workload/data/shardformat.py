@@ -11,7 +11,8 @@ A shard folder holds:
   sample's position in the sorted listing of its split, eight digits;
 - `<split>-NNNNNN.idx.json`: per sample its key, extension, the offset and size of the
   image's bytes in the tar, and its class, so a reader reads one sample without walking
-  the tar.
+  the tar; and `<split>-NNNNNN.idx`, the same in the format of DALI's `wds2idx`, for
+  DALI's own webdataset reader.
 
 Nothing in a shard is trusted for more than a byte range: a reader never unpacks a tar or
 follows a name. A member that is not a regular file (a link, a folder), has an absolute
@@ -47,6 +48,22 @@ def shard_name(split: str, number: int) -> str:
 
 def index_name(shard: str) -> str:
     return shard.removesuffix(".tar") + ".idx.json"
+
+
+def dali_index_name(shard: str) -> str:
+    return shard.removesuffix(".tar") + ".idx"
+
+
+def dali_index(rows: list[list]) -> str:
+    """The shard's index in the text format of DALI's `wds2idx` (version v1.2, as in
+    nvidia-dali 2.4's wds2idx.py): a line `v1.2 N`, then per sample its members as
+    `ext offset size name`, offset where the member's bytes start; DALI's
+    `fn.readers.webdataset(index_paths=...)` reads the shards with it."""
+    lines = [f"v1.2 {len(rows)}"]
+    for key, ext, offset, size, label in rows:
+        cls_at, cls_size = offset + padded(size) + BLOCK, len(str(label))
+        lines.append(f"{ext} {offset} {size} {key}.{ext} cls {cls_at} {cls_size} {key}.cls")
+    return "\n".join(lines) + "\n"
 
 
 def sample_key(position: int) -> str:

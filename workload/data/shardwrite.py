@@ -10,7 +10,7 @@ The source is only read. DEST belongs to one state of one source: `.shards-of.js
 written first, records the source's identity (stagefiles.identity: its path and every
 file's size and times); a DEST that holds another dataset, or files not written here, is
 refused, and one writer at a time holds `DEST/.lock`. Writing resumes: a shard whose tar
-and index are complete and whose bytes match the sha256 its index records is kept; any
+and indexes are complete and whose bytes match the sha256 its index records is kept; any
 other is written again (to a hidden partial file first, renamed when complete), and
 `manifest.json` is written last, so a folder without it was never finished.
 """
@@ -27,8 +27,8 @@ from PIL import Image
 
 from workload.data.datasets import UNREADABLE, bad_file_note, load_imagefolder
 from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
-                                       SHARD_NAME, index_name, member_header, sample_key,
-                                       shard_name)
+                                       SHARD_NAME, dali_index, dali_index_name, index_name,
+                                       member_header, sample_key, shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
 from workload.files import read_json_file, sha256_file, unwritable_reason, write_json
@@ -149,6 +149,7 @@ def complete_shard(dest: Path, name: str, planned: list[int]) -> dict | None:
     try:
         index = read_json_file(dest / index_name(name))
         if index["planned"] == planned and index["bytes"] == (dest / name).stat().st_size \
+                and (dest / dali_index_name(name)).is_file() \
                 and index["sha256"] == sha256_file(dest / name):
             return entry_of(name, index)
     except (OSError, ValueError, KeyError, TypeError):
@@ -174,6 +175,8 @@ def write_shard(dest: Path, name: str, chunk: list) -> dict:
         raw.flush()
         os.fsync(raw.fileno())
     os.replace(partial, dest / name)
+    partial.with_suffix(".idx").write_text(dali_index(rows))
+    os.replace(partial.with_suffix(".idx"), dest / dali_index_name(name))
     index = dict(shard=name, bytes=(dest / name).stat().st_size,
                  sha256=sha256_file(dest / name), samples=rows,
                  planned=[chunk[0][0], len(chunk)])
