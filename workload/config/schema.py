@@ -272,7 +272,8 @@ def key_of(f: dataclasses.Field) -> str:
 KEYS = {key_of(f): (section, f.name) for section, cls in SECTIONS.items()
         for f in dataclasses.fields(cls)}
 FIELDS = {key_of(f): f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-# The one-shot actions (--overwrite, --resume, --download, --prepare-data), in field order.
+# The one-shot actions (--overwrite, --resume, --download, --prepare-data, --shards and its
+# --shard-size), in field order.
 ONE_SHOT = tuple(key for key, f in FIELDS.items() if f.metadata["one_shot"])
 # What a resumed run may set otherwise than its checkpoint's config: the resumable fields,
 # the one-shot actions (no settings of the run) and the recipe's name (the values it filled
