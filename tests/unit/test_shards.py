@@ -254,3 +254,22 @@ def test_a_process_keeps_only_a_few_shards_open(shard_folder, monkeypatch):
         alone, _, _ = load_shards(str(shard_folder), 8)  # a fresh reader of that one sample
         assert torch.equal(train[(sample, 1)][0], alone[(sample, 1)][0])
         assert len(train._open_shards) <= 2
+
+
+def test_a_file_that_is_no_image_is_left_out_of_the_shards_with_a_warning(shard_source,
+                                                                        tmp_path, caplog):
+    source = tmp_path / "src"
+    shutil.copytree(shard_source, source)
+    (source / "train" / "dog" / "3.jpg").write_text("not an image")
+    said = write_shards(source, tmp_path / "dest", shard_size=25)
+    assert "119 training and 120 validation images" in said
+    assert f"skipping {source / 'train' / 'dog' / '3.jpg'}" in caplog.text
+
+
+def test_a_member_that_is_no_image_stops_the_reader_in_one_line(tmp_path):
+    folder, entry = hostile_folder(tmp_path, member_header("00000000.jpg", 12), b"not an image")
+    train, _, _ = load_shards(str(folder), 8, verify=True)  # well formed, as hashed
+    with pytest.raises(UsageError) as error:
+        train[(0, 0)]
+    assert f"shard {folder / entry['name']} is damaged (sample 00000000 is not a readable " \
+           "image" in one_line(error)
