@@ -12,7 +12,7 @@ never ask pay nothing for importing it.
 
 `stage_data` (staging.py) copies the dataset to node-local storage first (`--stage-to`);
 `write_shards` (shardwrite.py) packs an image folder into tar shards (`--shards`), which
-`--dataset shards` reads through the `torch` backend (shards.py).
+`--dataset shards` reads (shards.py) through the `torch` or the `dali` backend.
 """
 
 from __future__ import annotations

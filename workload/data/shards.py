@@ -5,7 +5,8 @@ Start-up reads `manifest.json` alone: no listing of the folder, no file per samp
 sample is one read of its byte range (its two tar headers and its data) at the offset its
 shard's index gives; the headers are checked against the index as they are read, and the
 image is decoded and augmented in the DataLoader workers as an image folder's is (the same
-transforms). Each process opens a shard and reads its index once, when it first needs it.
+transforms), or, with the `dali` backend, handed to DALI to decode (dali.ShardSource).
+Each process opens a shard and reads its index when it first needs it.
 
 The order of an epoch is a pure function of (seed, epoch) (`stream_order`): the shards in
 a shuffled order, their samples through a shuffle buffer of SHUFFLE_BUFFER samples. That
