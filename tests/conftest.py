@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DIGITS_RUN, TINY, run_train, tiers
+from tests.helpers import DIGITS_RUN, TINY, run_train, tiers, write_image_folder
 from tests.helpers.images import build
 from tests.helpers.registry import local_registry
 from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, see tests/slurm)
@@ -36,6 +36,26 @@ def digits_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits") / "run"
     run_train(DIGITS_RUN, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def shard_source(tmp_path_factory) -> Path:
+    """A few hundred tiny JPEGs as an image folder (3 classes, 40 images each per split),
+    written once per session for the shard tests; read only (a test that changes it
+    copies it first)."""
+    return write_image_folder(tmp_path_factory.mktemp("shards") / "src", classes=3,
+                              per_class=40, size=8)
+
+
+@pytest.fixture(scope="session")
+def shard_folder(shard_source, tmp_path_factory) -> Path:
+    """`shard_source` written as shards of 25 images (5 train and 5 val shards), in this
+    process; read only."""
+    from workload.data.shardwrite import write_shards
+
+    dest = tmp_path_factory.mktemp("shards") / "shards"
+    write_shards(shard_source, dest, shard_size=25)
+    return dest
 
 
 # The image tests' builds, shared by every module that needs them (building the NGC

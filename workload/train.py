@@ -12,6 +12,10 @@ Your own images, staged to node-local disk, from local weights (docs/your-data.m
     srun train --dataset imagefolder --data-dir $PROJECT/pets.tar --stage-to $SLURM_TMPDIR \\
         --model resnet50 --init-from resnet50.safetensors --init-reinit-head
 
+A large image folder as tar shards (written once), then trained from:
+    train --dataset imagefolder --data-dir $PROJECT/pets --prepare-data --shards $PROJECT/shards
+    srun train --dataset shards --data-dir $PROJECT/shards --model resnet50
+
 Fetch or check the data only (a login node), and run a recorded run again:
     train --dataset cifar100 --data-dir $PROJECT/data --download --prepare-data
     train --config runs/A/config.json --output-dir runs/B

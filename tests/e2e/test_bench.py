@@ -65,6 +65,15 @@ def test_bench_input_compares_dali_cpu_with_torch_on_an_image_folder(tmp_path, c
     assert results["dali"]["vs_baseline"] > 0 and "x torch" in capsys.readouterr().out
 
 
+def test_bench_input_reads_shards_with_dali_and_torch(shard_folder, tmp_path):
+    out = tmp_path / "input.json"
+    bench_main(["input", "--dataset", "shards", "--data-dir", str(shard_folder), "--device",
+                "cpu", "--image-size", "8", "--batch-size", "8", "--batches", "2",
+                "--rounds", "1", "--workers", "1", "--json", str(out)])
+    results = check_report(json.loads(out.read_text()), "input", {"dali", "torch"})
+    assert results["torch"]["vs_baseline"] == 1
+
+
 def test_bench_train_sweeps_batch_sizes_with_flops(tmp_path, capsys):
     out = tmp_path / "train.json"
     bench_main(["train", *TINY_DATA, *TINY_MODEL, "--batch-sizes", "4,8", "--steps", "1",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import TINY, clean_env, run_train, write_image_folder
-from workload.data import available, choose
+from workload.data import available, build_data, choose
 from workload.errors import UsageError
 
 SYNTHETIC = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes", "4",
@@ -118,3 +118,55 @@ def test_image_folders_are_decoded_by_dali_and_by_torch(backend, tmp_path, capsy
                          "--data-backend", backend], tmp_path / "run")
     assert summary["steps_run"] == 16 // 4 and summary["final_accuracy"] is not None
     assert f"data backend {backend}:" in capsys.readouterr().out
+
+
+def test_dali_and_torch_read_shards_in_the_same_order(shard_folder):
+    """DALI decodes the shards (its CPU pipeline here) in the shard order the torch
+    reader follows: the same samples, and so the same classes, batch by batch."""
+    from workload.config import build_config
+
+    def classes(backend: str, epoch: int) -> tuple[list, list]:
+        cfg = build_config(dict(dataset="shards", data_dir=str(shard_folder), image_size=8,
+                                batch_size=16, workers=0, seed=6, data_backend=backend), "cpu")
+        train = build_data(cfg, CPU).train
+        return ([labels.tolist() for _, labels in train.batches(epoch)],
+                [labels.tolist() for _, labels in train.batches(epoch, start=5)])
+
+    for epoch in (0, 1):
+        whole, rest = classes("dali", epoch)
+        assert (whole, rest) == classes("torch", epoch) and rest == whole[5:]
+        assert len(whole) == 120 // 16
+
+
+@pytest.mark.parametrize("device, backend, why", [
+    (CPU, "torch", "no GPU: shards are read and decoded by DataLoader worker processes"),
+    (GPU, "dali", "shards are read and decoded on the GPU by NVIDIA DALI"),
+])
+def test_auto_choice_for_shards(device, backend, why):
+    assert choose("auto", "shards", device) == (backend, why)
+
+
+def test_dalis_webdataset_reader_reads_our_shards_with_our_index(shard_folder):
+    """The `.idx` beside each shard is what DALI's own reader takes (index_paths)."""
+    import json
+
+    from nvidia.dali import fn, pipeline_def
+
+    name = "val-000003"
+    rows = json.loads((shard_folder / f"{name}.idx.json").read_text())["samples"]
+
+    @pipeline_def(batch_size=len(rows), num_threads=1, device_id=None)
+    def pipeline():
+        images, classes = fn.readers.webdataset(
+            paths=[str(shard_folder / f"{name}.tar")],
+            index_paths=[str(shard_folder / f"{name}.idx")], ext=["jpg", "cls"],
+            random_shuffle=False)
+        return images, classes
+
+    pipe = pipeline()
+    pipe.build()
+    images, classes = pipe.run()
+    assert [bytes(classes.at(i)).decode() for i in range(len(rows))] == \
+        [str(row[4]) for row in rows]
+    tar = (shard_folder / f"{name}.tar").read_bytes()
+    assert bytes(images.at(0)) == tar[rows[0][2]:rows[0][2] + rows[0][3]]

@@ -232,7 +232,8 @@ def test_one_shot_actions_are_not_recorded_and_not_repeated(tmp_path, capsys):
     from workload.config import read_config_file, repeatable
     from workload.config import ONE_SHOT
 
-    assert set(ONE_SHOT) == {"overwrite", "resume", "download", "prepare_data"}
+    assert set(ONE_SHOT) == {"overwrite", "resume", "download", "prepare_data", "shards",
+                             "shard_size"}
     cfg = build_config(dict(overwrite=True, resume="never", download=True), "cpu")
     assert not set(ONE_SHOT) & set(cfg.recorded())
     old = tmp_path / "config.json"  # as written before: one-shot actions in it

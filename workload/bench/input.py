@@ -2,6 +2,7 @@
 per-sample pipeline, on the same data in one process, runs alternating. On an image folder
 (decode + augment) the backends are compared with `torch`, such as DALI on the CPU:
     bench input --dataset imagefolder --data-dir $DATA --device cpu --workers 8
+    bench input --dataset shards --data-dir $SHARDS --device cpu --workers 8
 
 The reference is the Olivia guide's workload, as the baseline: exactly what its
 dataset_utils.py and train_utils.py do, one PIL image at a time through
@@ -65,7 +66,7 @@ class ReferenceLoader:
 
 def chosen_backends(requested: str | None, dataset: str) -> list[str]:
     names = [n for n in ("device", "dali", "torch") if n in available()]
-    if dataset == "imagefolder":
+    if dataset in ("imagefolder", "shards"):
         names.remove("device")  # only for in-memory datasets
     else:
         names.append(REFERENCE)
@@ -110,7 +111,7 @@ def measure(loader, device: torch.device, batches: int, round_index: int) -> flo
 
 def compare(results: dict) -> str:
     """Each backend's rate over the baseline's: the reference pipeline for in-memory data,
-    the torch DataLoader for image folders. The baseline's name."""
+    the torch DataLoader for image folders and shards. The baseline's name."""
     baseline = REFERENCE if REFERENCE in results else "torch"
     base = results.get(baseline, {}).get("images_per_second")
     for result in results.values():

@@ -17,7 +17,8 @@ from workload.config.schema import (FIELDS, FILE_DATASETS, KEYS, MIN_IMAGE_SIZE,
 from workload.errors import UsageError
 
 # The image side each dataset has when --image-size is 0.
-NATURAL_IMAGE_SIZE = {"cifar100": 32, "digits": 32, "synthetic": 32, "imagefolder": 224}
+NATURAL_IMAGE_SIZE = {"cifar100": 32, "digits": 32, "synthetic": 32, "imagefolder": 224,
+                      "shards": 224}
 # Images this large or larger get the ImageNet stem with --stem auto.
 IMAGENET_STEM_FROM_PX = 64
 # torchvision models whose stem can be swapped for the small-image one (conv1 + maxpool).
@@ -197,7 +198,22 @@ def _check_model(c: dict) -> None:
              "--init-reinit-head only goes with --init-from FILE.safetensors")
 
 
+def _check_shards(c: dict) -> None:
+    shards = c["shards"]
+    if not shards:
+        return
+    _require(c["dataset"] == "imagefolder" and c["prepare_data"] and not c["stage_to"],
+             f"--shards {shards} packs an image folder: it goes with --dataset imagefolder "
+             "--data-dir SRC --prepare-data (no --stage-to); train from the shards with "
+             f"--dataset shards --data-dir {shards}")
+    source, dest = (Path(p).expanduser().resolve() for p in (c["data_dir"], shards))
+    _require(not (source == dest or source in dest.parents or dest in source.parents),
+             f"--shards {shards} and --data-dir {c['data_dir']} overlap (one holds the "
+             "other); pass a --shards folder outside the image folder")
+
+
 def _check_data_files(c: dict) -> None:
+    _check_shards(c)
     data_dir, stage_to = c["data_dir"], c["stage_to"]
     is_tar = data_dir.endswith(TAR_SUFFIXES)
     _require(not is_tar or bool(stage_to),

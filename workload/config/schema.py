@@ -17,9 +17,9 @@ from workload.config.values import WEEK, Every, Range, at_least, between
 # against torchvision's registry once torch is imported (workload.models.check_model_name).
 MODELS = ("wrn",)
 STEMS = ("auto", "imagenet", "small")
-DATASETS = ("cifar100", "imagefolder", "synthetic", "digits")
+DATASETS = ("cifar100", "imagefolder", "shards", "synthetic", "digits")
 # The datasets read from --data-dir (the others are made in memory or ship with the package).
-FILE_DATASETS = ("cifar100", "imagefolder")
+FILE_DATASETS = ("cifar100", "imagefolder", "shards")
 # An image folder packed as a tar (--data-dir with --stage-to); longest first, so the
 # staged folder's name drops the whole suffix.
 TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -87,11 +87,12 @@ class Data:
     dataset: str = setting("cifar100", "dataset", choices=DATASETS)
     data_dir: str = setting("data", "dataset folder (cifar100: the folder holding "
                                     "cifar-100-python/; imagefolder: the one holding train/ "
-                                    "and val/)", resumable=True)
+                                    "and val/; shards: the one holding manifest.json)",
+                        resumable=True)
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
                                     "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
-                                 "imagefolder)", bounds=between(0, 2048))
+                                 "imagefolder and shards)", bounds=between(0, 2048))
     synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
                                           "a fifth of that)", bounds=at_least(1))
     num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)",
@@ -106,6 +107,12 @@ class Data:
     prepare_data: bool = setting(False, "only prepare the data (--download, --stage-to) and "
                                         "check it can be read, then exit without training",
                                  one_shot=True)
+    shards: str = setting("", "with --prepare-data and --dataset imagefolder: pack --data-dir "
+                              "into tar shards of about 1,000 images in this folder (train "
+                              "from them with --dataset shards --data-dir DIR)", metavar="DIR",
+                          one_shot=True)
+    shard_size: int = setting(1000, "with --shards: images per shard", bounds=at_least(1),
+                              one_shot=True)
     data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
                                         "folders on a GPU, else torch (the reason is printed)",
                                 choices=DATA_BACKENDS)
@@ -265,7 +272,8 @@ def key_of(f: dataclasses.Field) -> str:
 KEYS = {key_of(f): (section, f.name) for section, cls in SECTIONS.items()
         for f in dataclasses.fields(cls)}
 FIELDS = {key_of(f): f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-# The one-shot actions (--overwrite, --resume, --download, --prepare-data), in field order.
+# The one-shot actions (--overwrite, --resume, --download, --prepare-data, --shards and its
+# --shard-size), in field order.
 ONE_SHOT = tuple(key for key, f in FIELDS.items() if f.metadata["one_shot"])
 # What a resumed run may set otherwise than its checkpoint's config: the resumable fields,
 # the one-shot actions (no settings of the run) and the recipe's name (the values it filled

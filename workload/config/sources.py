@@ -10,7 +10,7 @@ form) and the standard library keeps `train --help` free of heavy imports.
 `train --config FILE`: settings from a JSON (or TOML) file in config.json's flat shape
 (`batch_size = 64`); flags given on the command line override them. A file is data: one
 too deeply nested or not UTF-8 is one usage error, like any other bad file. The one-shot
-actions (--overwrite, --resume, --download, --prepare-data) are not taken from a file:
+actions (--overwrite, --resume, --download, --prepare-data, --shards) are not taken from a file:
 `repeatable` leaves them out and names those that would have acted."""
 
 from __future__ import annotations

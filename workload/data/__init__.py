@@ -10,7 +10,9 @@ first time the registry is consulted, only if `nvidia.dali` imports (NVIDIA
 DeepLearningExamples does the same), so everything else works without DALI and runs that
 never ask pay nothing for importing it.
 
-`stage_data` (staging.py) copies the dataset to node-local storage first (`--stage-to`).
+`stage_data` (staging.py) copies the dataset to node-local storage first (`--stage-to`);
+`write_shards` (shardwrite.py) packs an image folder into tar shards (`--shards`), which
+`--dataset shards` reads (shards.py) through the `torch` or the `dali` backend.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, UNREADABLE, Arr
                                     SplitDataset, eval_transform, load_digits,
                                     load_imagefolder, load_synthetic, open_rgb)
 from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
+from workload.data.shards import StreamSampler, load_shards
+from workload.data.shardwrite import write_shards
 from workload.data.staging import stage_data
 from workload.errors import UsageError
 
@@ -116,8 +120,24 @@ def build_device(req: DataRequest):
                    len(split.train), normalizer)
 
 
+def build_shards(req: DataRequest) -> Loaders:
+    """Shard folders: read by DataLoader workers in the order of shards.StreamSampler."""
+    cfg = req.cfg
+    train, test, names = load_shards(cfg.data.data_dir, req.image_size,
+                                     verify=cfg.data.prepare_data)
+    normalizer = _normalizer(req, None)
+    make = lambda data, is_train: TorchLoader(
+        data, cfg.training.batch_size, req.device, normalizer, train=is_train,
+        workers=req.workers, **req.shard,
+        sampler=StreamSampler(data.counts, train=is_train, **req.shard))
+    return Loaders(make(train, True), make(test, False), len(names), len(train), normalizer,
+                   names)
+
+
 @register("torch")
 def build_torch(req: DataRequest):
+    if req.cfg.data.dataset == "shards":
+        return build_shards(req)
     if req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
@@ -134,17 +154,26 @@ def build_torch(req: DataRequest):
 def build_dali(req: DataRequest):
     from workload.data import dali
 
-    if req.cfg.data.dataset == "imagefolder":
+    if req.cfg.data.dataset == "shards":
+        train, test, names = load_shards(req.cfg.data.data_dir, req.image_size,
+                                         verify=req.cfg.data.prepare_data)
+        sources = tuple(dali.ShardSource(data, StreamSampler(data.counts, train=is_train,
+                                                             **req.shard), req.image_size)
+                        for data, is_train in ((train, True), (test, False)))
+        normalizer, classes, num_train = _normalizer(req, None), len(names), len(train)
+    elif req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
         normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+        num_train = len(train)
     else:
         split, names = read_in_memory(req), None
         sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
         normalizer, classes = _normalizer(req, split), split.train.num_classes
+        num_train = len(split.train)
     loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
                                  max(1, req.workers), **req.shard)
-    return Loaders(*loaders, classes, len(sources[0].labels), normalizer, names)
+    return Loaders(*loaders, classes, num_train, normalizer, names)
 
 
 def available() -> dict[str, Builder]:
@@ -162,24 +191,25 @@ def available() -> dict[str, Builder]:
 
 def choose(requested: str, dataset: str, device: torch.device) -> tuple[str, str]:
     """The backend for this run and the reason, printed at the start of every run."""
-    in_memory = dataset != "imagefolder"
+    in_memory = dataset not in ("imagefolder", "shards")
     if requested == "device" and not in_memory:
         raise UsageError("--data-backend device needs an in-memory dataset (cifar100, digits, "
-                         "synthetic); imagefolder reads files: use --data-backend auto, torch "
+                         f"synthetic); {dataset} reads files: use --data-backend auto, torch "
                          "or dali")
     if requested == "dali" and "dali" not in available():
         raise UsageError(f"--data-backend dali needs NVIDIA DALI, which does not import here "
                          f"({_dali_error}); {DALI_INSTALL_HINT}, or use --data-backend auto")
     if requested != "auto":
         return requested, "chosen with --data-backend"
+    what = "shards are read and" if dataset == "shards" else "image files are"
     if in_memory:
         return "device", (f"the {dataset} dataset fits in memory: it is augmented in "
                           f"batches on {device.type}")
     if device.type == "cuda" and "dali" in available():
-        return "dali", "image files are decoded on the GPU by NVIDIA DALI"
+        return "dali", f"{what} decoded on the GPU by NVIDIA DALI"
     if device.type == "cuda":
         return "torch", f"DALI is not installed ({DALI_INSTALL_HINT} decodes on the GPU)"
-    return "torch", "no GPU: image files are decoded by DataLoader worker processes"
+    return "torch", f"no GPU: {what} decoded by DataLoader worker processes"
 
 
 def build_data(cfg: TrainConfig, device: torch.device, rank: int = 0, world_size: int = 1,
@@ -211,4 +241,4 @@ def no_steps_message(batch_size: int, num_train: int, world_size: int) -> str:
 
 __all__ = ["DATA_BACKENDS", "NATURAL_IMAGE_SIZE", "ArrayDataset", "DataBundle", "DataRequest",
            "Normalizer", "UNREADABLE", "available", "build_data", "choose", "eval_transform",
-           "open_rgb", "read_in_memory", "stage_data"]
+           "open_rgb", "read_in_memory", "stage_data", "write_shards"]

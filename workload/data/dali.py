@@ -10,6 +10,10 @@ from the shared per-batch seed (workload.data.loaders), so DALI draws the augmen
 distribution of the device backend (on the CPU the very same images) and a resumed run
 starts mid-epoch exactly. DALI cuts and mirrors in uint8, a quarter of the bytes of floats;
 normalisation is the `Normalizer` every backend shares.
+
+Shard folders (`ShardSource`): the samples are read by shards.ShardSamples (each one's
+byte range, its tar headers checked) in the order of a shards.StreamSampler, the same
+order as the torch backend's, and DALI decodes them; their classes come with them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from workload.data.augment import PADDING, Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
-from workload.data.loaders import ShardedBatches, batch_seed, batch_slice
+from workload.data.loaders import ShardedBatches, batch_seed, batch_slice, num_batches
 
 # RandomResizedCrop's defaults, as the torch backend uses for image folders.
 RANDOM_AREA = (0.08, 1.0)
@@ -117,6 +121,26 @@ class FileSource:
         return feed
 
 
+class ShardSource:
+    """Samples of a shard folder (shards.ShardSamples) in the order of a
+    shards.StreamSampler: encoded bytes for `file_pipeline`, the classes read with them."""
+
+    pipeline = staticmethod(file_pipeline)
+
+    def __init__(self, samples, sampler, image_size: int):
+        self.samples, self.sampler, self.image_size = samples, sampler, image_size
+        self.read_labels: list[torch.Tensor] = []  # of the batches scheduled, oldest first
+
+    def inputs(self, idx: np.ndarray, generator: torch.Generator | None) -> dict:
+        read = [self.samples.encoded(int(i)) for i in idx]
+        self.read_labels.append(torch.tensor([label for _, label in read]))
+        feed = {"encoded": [np.frombuffer(data, dtype=np.uint8) for data, _ in read]}
+        if generator is not None:
+            flip, _, _ = draw_flips_and_offsets(len(idx), PADDING, generator, torch.device("cpu"))
+            feed["mirror"] = flip.int().numpy()
+        return feed
+
+
 def _to_torch(tensor_list, device: torch.device) -> torch.Tensor:
     dense = tensor_list.as_tensor()
     out = torch.empty(dense.shape(), dtype=torch.uint8, device=device)
@@ -138,7 +162,7 @@ class DaliLoader(ShardedBatches):
         self.source, self.batch_size, self.device = source, batch_size, device
         self.normalize, self.train = normalizer, train
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.labels = source.labels.to(device)
+        self.labels = source.labels.to(device) if hasattr(source, "labels") else None
         on_gpu = device.type == "cuda"
         device_id = (device.index or 0) if on_gpu else None  # None: DALI without a GPU
         self.pipe = source.pipeline(
@@ -158,6 +182,10 @@ class DaliLoader(ShardedBatches):
         self.pipe.schedule_run()
         self.pending += 1
 
+    def _labels(self, indices: np.ndarray, b: int) -> torch.Tensor:
+        idx = torch.from_numpy(batch_slice(indices, b, self.batch_size))
+        return self.labels[idx.to(self.device)]
+
     def _collect(self) -> torch.Tensor:
         (images,) = self.pipe.outputs()
         self.pending -= 1
@@ -173,17 +201,38 @@ class DaliLoader(ShardedBatches):
                 images = self._collect()
                 if b + 1 < count:
                     self._schedule(epoch, b + 1, indices)
-                idx = torch.from_numpy(batch_slice(indices, b, self.batch_size))
                 with batch_work_threads(self.device):
                     images = self.normalize(images)
-                yield images, self.labels[idx.to(self.device)]
+                yield images, self._labels(indices, b)
         finally:
             while self.pending:  # a loop that stopped early must not leave stale batches
                 self._collect()
 
 
+class ShardDaliLoader(DaliLoader):
+    """DaliLoader over a ShardSource: the shard order (shards.StreamSampler) and the
+    classes read from the shards with the images."""
+
+    def _indices(self, epoch: int) -> torch.Tensor:
+        sampler = self.source.sampler
+        sampler.epoch, sampler.start = epoch, 0
+        return torch.tensor([sample for sample, _ in sampler], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return num_batches(self.source.sampler.count(), self.batch_size, self.train)
+
+    def _labels(self, indices: np.ndarray, b: int) -> torch.Tensor:
+        return self.source.read_labels.pop(0).to(self.device)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.source.read_labels.clear()  # those of a pass that stopped early
+        yield from super().batches(epoch, start)
+
+
 def build_loaders(train_source, test_source, batch_size: int, device: torch.device,
                   normalizer: Normalizer, threads: int, **shard) -> tuple[DaliLoader, DaliLoader]:
-    make = lambda source, train: DaliLoader(source, batch_size, device, normalizer,
-                                            train=train, threads=threads, **shard)
+    def make(source, train):
+        kind = ShardDaliLoader if isinstance(source, ShardSource) else DaliLoader
+        return kind(source, batch_size, device, normalizer, train=train, threads=threads,
+                    **shard)
     return make(train_source, True), make(test_source, False)

@@ -198,7 +198,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _transforms(image_size: int, train: bool) -> T.Compose:
+def folder_transforms(image_size: int, train: bool) -> T.Compose:
+    """The transforms of an image folder's samples (and of a shard folder's)."""
     # uint8 tensors leave the workers; normalisation runs batched on the training device.
     if train:
         steps = [T.RandomResizedCrop(image_size, antialias=True), T.RandomHorizontalFlip()]
@@ -223,7 +224,7 @@ def _open_split(root: Path, split: str, image_size: int, train: bool) -> ImageFo
         raise UsageError(f"--data-dir {root} has no {split}/ folder; an image folder dataset "
                          f"needs {root}/train/<class>/*.jpg and {root}/val/<class>/*.jpg")
     try:
-        return CheckedImageFolder(str(folder), transform=_transforms(image_size, train),
+        return CheckedImageFolder(str(folder), transform=folder_transforms(image_size, train),
                                   loader=open_rgb)
     except (FileNotFoundError, PermissionError) as error:
         raise UsageError(f"cannot read images under {folder}: {error}; one sub-folder per "

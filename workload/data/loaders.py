@@ -9,6 +9,7 @@ device, images normalised float tensors. `start` skips batches exactly, for resu
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import torch
 
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
+from workload.errors import UsageError
 from workload.launch.devices import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -34,16 +36,22 @@ def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: 
     """This rank's sample indices for one epoch.
 
     Shuffled with a generator seeded by (seed, epoch), the same on every rank, then dealt
-    round-robin; every rank gets the same count (the remainder is left out this epoch) so
-    that all ranks run the same number of steps.
+    round-robin (`deal`).
     """
     if shuffle:
         generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
         order = torch.randperm(num_samples, generator=generator)
     else:
         order = torch.arange(num_samples)
-    per_rank = num_samples // world_size
-    return order[rank::world_size][:per_rank]
+    return deal(order, rank, world_size)
+
+
+def deal(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's part of an epoch's global order: every world_size-th entry from its
+    rank on, the same count on every rank (the remainder is left out this epoch) so that
+    all ranks run the same number of steps, and step b's global batch is the same entries
+    at any number of ranks."""
+    return order[rank::world_size][:len(order) // world_size]
 
 
 def eval_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
@@ -135,30 +143,59 @@ class ShardSampler(torch.utils.data.Sampler):
     def __iter__(self):
         return iter(self._indices()[self.start:].tolist())
 
+    def count(self) -> int:
+        """This rank's samples in an epoch."""
+        return len(self._indices())
+
     def __len__(self) -> int:
-        return len(self._indices()) - self.start
+        return self.count() - self.start
 
 
 class TorchLoader:
     """A classic DataLoader over decoded images (the fallback for image folders)."""
 
     def __init__(self, dataset, batch_size: int, device: torch.device, normalizer: Normalizer,
-                 *, train: bool, seed: int, rank: int, world_size: int, workers: int):
-        self.sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
+                 *, train: bool, seed: int, rank: int, world_size: int, workers: int,
+                 sampler=None):
+        # `sampler`: another order with ShardSampler's interface (shards.StreamSampler)
+        own_sampler = sampler is not None
+        if sampler is None:
+            sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
+        self.sampler = sampler
         self.batch_size, self.train = batch_size, train
         self.device, self.normalize = device, normalizer
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
             drop_last=train, pin_memory=device.type == "cuda",
             persistent_workers=workers > 0,
+            # A given sampler's items carry their own augmentation seeds: its iterators
+            # then draw their workers' seeds from a generator of their own, not from the
+            # global one that dropout draws from, which a resumed run must find as the
+            # uninterrupted run left it.
+            generator=torch.Generator() if own_sampler else None,
         )
 
     def __len__(self) -> int:
-        return num_batches(len(self.sampler._indices()), self.batch_size, self.train)
+        return num_batches(self.sampler.count(), self.batch_size, self.train)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
-        for images, labels in self.loader:
-            with batch_work_threads(self.device):
-                images = self.normalize(images.to(self.device, non_blocking=True))
-            yield images, labels.to(self.device, non_blocking=True)
+        with one_line_from_workers():
+            for images, labels in self.loader:
+                with batch_work_threads(self.device):
+                    images = self.normalize(images.to(self.device, non_blocking=True))
+                yield images, labels.to(self.device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def one_line_from_workers():
+    """A UsageError raised in a DataLoader worker (a shard refused, too many unreadable
+    images) as its own line: the DataLoader re-raises it with the worker's traceback
+    around the message, which the command would print whole."""
+    try:
+        yield
+    except UsageError as error:
+        text = str(error).strip()
+        if not text.startswith("Caught UsageError in DataLoader worker"):
+            raise
+        raise UsageError(text.splitlines()[-1].partition("UsageError: ")[2]) from None

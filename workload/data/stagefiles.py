@@ -212,6 +212,12 @@ def hold_shared(path: Path) -> int | None:
         return None
 
 
+def try_exclusive(path: Path) -> int | None:
+    """An open descriptor of `path` locked exclusively, or None if another process holds
+    it (NoLocks where the file system has no flock)."""
+    return _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def remove_if_unused(target: Path, mine: int | None = None) -> bool:
     """Remove the staging `target` and its manifest unless another process holds its lock;
     whether it was removed. `mine`: this process's own shared lock of it, made exclusive

@@ -47,7 +47,7 @@ def describe_model(cfg: TrainConfig, num_classes: int, classes: list[str] | None
                                dropout=m.dropout, stem=resolve_stem(cfg), image_size=size),
                 num_classes=num_classes, classes=classes, dataset=cfg.data.dataset,
                 input=dict(image_size=size, mean=list(mean), std=list(std),
-                           resize="resize-crop" if cfg.data.dataset == "imagefolder"
+                           resize="resize-crop" if cfg.data.dataset in ("imagefolder", "shards")
                            else "stretch"))
 
 

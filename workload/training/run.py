@@ -11,8 +11,9 @@ from pathlib import Path
 from workload import checkpoint, distributed
 from workload.checkpoint import Checkpointer, PreemptionFlag
 from workload.config import TrainConfig, describe_stem
-from workload.data import build_data, stage_data
+from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
+from workload.errors import UsageError
 from workload.files import append_jsonl, write_json
 from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_one_run,
                                          enable_dump_on_signal)
@@ -38,6 +39,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
 def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
                    flag: PreemptionFlag | None, started: float) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
+    if cfg.data.shards:
+        return shards_written(cfg, info)
     data_dir = stage_data(cfg, info, flag)
     data = build_data(cfg.replace(data_dir=data_dir), info.device, info.rank, info.world_size,
                       info.local_world_size, for_training=not cfg.data.prepare_data)
@@ -164,6 +167,17 @@ def data_ready(cfg: TrainConfig, data, data_dir: str) -> dict:
                 f"training images, {data.num_classes} classes; --prepare-data: not training")
     return dict(prepared=True, dataset=cfg.data.dataset, data_dir=data_dir,
                 num_train_samples=data.num_train_samples, num_classes=data.num_classes)
+
+
+def shards_written(cfg: TrainConfig, info: DistInfo) -> dict:
+    """--prepare-data --shards: the image folder packed into shards; no training."""
+    if info.world_size > 1:
+        raise UsageError(f"--shards writes from one process, and this is one of "
+                         f"{info.world_size}; run train without torchrun or srun's tasks")
+    said = write_shards(Path(cfg.data.data_dir).expanduser().resolve(),
+                        Path(cfg.data.shards).expanduser().resolve(), cfg.data.shard_size)
+    logger.info(said)
+    return dict(prepared=True, dataset="shards", data_dir=cfg.data.shards)
 
 
 def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> None:

@@ -1,0 +1,101 @@
+"""Tar shards as users make and read them: `train --prepare-data --shards`, then training
+from them on 2 gloo ranks (the same global sample sequence as 1 process) and through a
+kill -9 mid-epoch (the resumed run ends bit-identical with the uninterrupted one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import TESTS, TINY, clean_env
+from tests.helpers.shard_sequence import image_hashes
+from workload.checkpoint.folder import complete_steps
+from workload.config import build_config
+from workload.data import build_data
+
+pytestmark = pytest.mark.slow
+
+ENV = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# 120 training images of 8 px: 15 steps of 8 an epoch in one process.
+TRAIN = [*TINY, "--dataset", "shards", "--image-size", "8", "--epochs", "2", "--seed", "4",
+         "--workers", "1", "--precision", "fp32"]
+
+
+def write_shards_cli(source: Path, dest: Path) -> str:
+    done = subprocess.run([sys.executable, "-m", "workload.train", "--dataset", "imagefolder",
+                           "--data-dir", str(source), "--prepare-data", "--shards", str(dest),
+                           "--shard-size", "25"], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def shards(shard_source, tmp_path_factory) -> Path:
+    """The session's image folder, packed by the command users type."""
+    dest = tmp_path_factory.mktemp("cli") / "shards"
+    log = write_shards_cli(shard_source, dest)
+    assert "images/s, about" in log and "in 10 shards" in log
+    return dest
+
+
+def in_one_process(shards: Path, batch_size: int, epoch: int) -> list[str]:
+    cfg = build_config(dict(dataset="shards", data_dir=str(shards), image_size=8, seed=4,
+                            batch_size=batch_size, workers=0), "cpu")
+    data = build_data(cfg, torch.device("cpu"))
+    return [h for images, _ in data.train.batches(epoch) for h in image_hashes(images)]
+
+
+def test_two_ranks_read_the_global_sequence_of_one_process(shards, tmp_path):
+    record = tmp_path / "seen"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(TESTS / "helpers" / "shard_sequence.py"),
+                           str(record), *TRAIN, "--data-dir", str(shards), "--batch-size", "8",
+                           "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    ranks = [json.loads(Path(f"{record}.rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in (0, 1):
+        dealt = [h for pair in zip(ranks[0][str(epoch)], ranks[1][str(epoch)]) for h in pair]
+        assert len(dealt) == 112  # 7 steps of 2 x 8
+        assert dealt == in_one_process(shards, 16, epoch)[:112]
+    assert ranks[0]["0"] != ranks[0]["1"]
+
+
+def newest_step(root: Path) -> int:
+    steps = complete_steps(root)
+    return steps[-1][0] if steps else 0
+
+
+def train(shards: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workload.train", *TRAIN, "--data-dir",
+                             str(shards), "--batch-size", "8", "--checkpoint-every", "1",
+                             "--output-dir", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV)
+
+
+def finish(proc: subprocess.Popen, out: Path) -> dict:
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, log[-4000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_kill_minus_9_mid_epoch_then_resume_ends_bit_identical(shards, tmp_path):
+    reference = train(shards, tmp_path / "reference")
+    killed = train(shards, tmp_path / "killed")
+    root = tmp_path / "killed" / "checkpoints"
+    while newest_step(root) < 20 and killed.poll() is None:  # epoch 2, its 5th step
+        time.sleep(0.01)
+    assert killed.poll() is None, "the run ended before the kill"
+    killed.kill()
+    killed.wait()
+    assert newest_step(root) < 30
+    resumed = finish(train(shards, tmp_path / "killed"), tmp_path / "killed")
+    expected = finish(reference, tmp_path / "reference")
+    assert resumed["model_sha256"] == expected["model_sha256"]

@@ -1,0 +1,38 @@
+"""Run `train`, recording the training samples each rank's loader yields, in order: one
+short hash per image, per epoch, in RECORD.rank<N>.json.
+
+    torchrun --nproc-per-node=2 tests/helpers/shard_sequence.py RECORD --dataset shards ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+from workload.data.loaders import TorchLoader
+from workload.train import main
+
+original_batches = TorchLoader.batches
+seen: dict[int, list[str]] = {}
+
+
+def image_hashes(images) -> list[str]:
+    return [hashlib.sha256(image.contiguous().numpy().tobytes()).hexdigest()[:16]
+            for image in images.cpu()]
+
+
+def recorded_batches(self, epoch: int, start: int = 0):
+    for images, labels in original_batches(self, epoch, start):
+        if self.train:
+            seen.setdefault(epoch, []).extend(image_hashes(images))
+            rank = os.environ.get("RANK", "0")
+            with open(f"{sys.argv[1]}.rank{rank}.json", "w") as f:
+                json.dump(seen, f)
+        yield images, labels
+
+
+if __name__ == "__main__":
+    TorchLoader.batches = recorded_batches
+    main(sys.argv[2:])

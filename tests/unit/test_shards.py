@@ -1,0 +1,275 @@
+"""Tar shards in one process: writing (deterministic, resumable, refusing another
+dataset), the reader's checks (a damaged shard, hostile members) and the epoch order that
+is the same at any number of ranks and resumes exactly."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from workload.data import shardwrite
+from workload.data.loaders import TorchLoader, deal
+from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, member_header,
+                                       read_manifest, shard_name)
+from workload.data.shards import (StreamSampler, load_shards, stream_order,
+                                  verify_shards)
+from workload.data.shardwrite import write_shards
+from workload.data.staging import data_root, stage_once
+from workload.errors import UsageError
+from workload.files import sha256_file
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != ".lock"}
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+def test_the_same_source_gives_byte_identical_shards(shard_source, shard_folder, tmp_path):
+    said = write_shards(shard_source, tmp_path / "again", shard_size=25)
+    assert "120 training and 120 validation images in 10 shards" in said
+    assert contents(tmp_path / "again") == contents(shard_folder)
+    manifest = read_manifest(shard_folder)
+    assert manifest["classes"] == ["cat", "class2", "dog"]
+    first = manifest["splits"]["train"]["shards"][0]
+    assert first["samples"] == 25 and first["sha256"] == sha256_file(shard_folder / first["name"])
+    with tarfile.open(shard_folder / first["name"]) as tar:
+        names = tar.getnames()[:2]
+        assert {(m.mtime, m.uid, m.gid, m.uname) for m in tar} == {(0, 0, 0, "")}
+    assert names == ["00000000.jpg", "00000000.cls"]
+
+
+def test_each_shard_has_the_index_dalis_wds2idx_makes(shard_folder, tmp_path):
+    name = shard_name("train", 1)
+    done = subprocess.run([str(Path(sys.executable).with_name("wds2idx")),
+                           str(shard_folder / name), str(tmp_path / "theirs.idx")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    theirs = (tmp_path / "theirs.idx").read_text()
+    assert theirs.startswith("v1.2 25\n")
+    assert (shard_folder / dali_index_name(name)).read_text() == theirs
+
+
+def test_an_interrupted_write_resumes_keeping_the_complete_shards(shard_source, shard_folder,
+                                                                   tmp_path, monkeypatch):
+    dest, real = tmp_path / "dest", shardwrite.write_shard
+    written = []
+
+    def stop_after_three(folder, name, chunk):
+        if len(written) == 3:  # as a kill would: the fourth shard half written
+            (folder / f".{name}.partial").write_bytes(b"half")
+            raise KeyboardInterrupt
+        written.append(name)
+        return real(folder, name, chunk)
+
+    monkeypatch.setattr(shardwrite, "write_shard", stop_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(shard_source, dest, shard_size=25)
+    monkeypatch.setattr(shardwrite, "write_shard", real)
+    assert not (dest / MANIFEST).exists()
+    damaged = dest / shard_name("train", 1)
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"x")  # kept only if it still verifies
+    said = write_shards(shard_source, dest, shard_size=25)
+    assert "(2 complete ones kept from an earlier run)" in said
+    assert {k: v for k, v in contents(dest).items() if not k.startswith(".")} == \
+        {k: v for k, v in contents(shard_folder).items() if not k.startswith(".")}
+
+
+def test_a_write_with_another_shard_size_keeps_no_shard_of_the_old_size(shard_source,
+                                                                         shard_folder,
+                                                                         tmp_path):
+    dest = tmp_path / "dest"
+    shutil.copytree(shard_folder, dest)
+    said = write_shards(shard_source, dest, shard_size=50)
+    assert "in 6 shards (0 complete ones kept" in said
+    assert sorted(p.name for p in dest.glob("train-*.tar")) == [
+        shard_name("train", n) for n in range(3)]
+    train, _, _ = load_shards(str(dest), 8, verify=True)
+    assert train.counts == [50, 50, 20]
+
+
+def test_a_folder_of_another_dataset_or_of_other_files_is_refused(shard_source, shard_folder,
+                                                                  tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(shard_source, other)
+    with pytest.raises(UsageError) as error:
+        write_shards(other, shard_folder, shard_size=25)
+    assert f"--shards {shard_folder} holds the shards of another dataset" in one_line(error)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="holds files that train --shards did not write"):
+        write_shards(shard_source, tmp_path / "busy")
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_a_damaged_shard_is_named_in_one_line(shard_folder, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(shard_folder, copy)
+    victim = copy / shard_name("val", 2)
+    data = bytearray(victim.read_bytes())
+    data[700] ^= 0xFF  # inside the first image's bytes
+    victim.write_bytes(bytes(data))
+    with pytest.raises(UsageError) as error:
+        load_shards(str(copy), 8, verify=True)
+    assert f"shard {victim} is damaged (its sha256 is not the one" in one_line(error)
+
+
+def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes) -> tuple[Path, dict]:
+    """A one-sample shard folder whose first member is `member`, its manifest and index
+    consistent with the shard's bytes, so that only the member itself is wrong."""
+    folder, name = tmp_path / "hostile", shard_name("train", 0)
+    folder.mkdir()
+    with tarfile.open(folder / name, "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
+        tar.addfile(member_header("00000000.cls", 1), io.BytesIO(b"0"))
+    entry = dict(name=name, samples=1, bytes=(folder / name).stat().st_size,
+                 sha256=sha256_file(folder / name), index=index_name(name))
+    (folder / index_name(name)).write_text(json.dumps(dict(
+        shard=name, bytes=entry["bytes"], sha256=entry["sha256"],
+        samples=[["00000000", "jpg", 512, len(data), 0]])))
+    manifest = dict(format="hpc-train-shards", format_version=1, classes=["a"],
+                    splits=dict(train=dict(samples=1, shards=[entry]),
+                                val=dict(samples=0, shards=[])))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder, entry
+
+
+def link(name: str) -> tarfile.TarInfo:
+    info = member_header(name, 0)
+    info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    return info
+
+
+@pytest.mark.parametrize("member, why", [
+    (member_header("/00000000.jpg", 4), "has an absolute name"),
+    (member_header("../00000000.jpg", 4), "leads out with '..'"),
+    (link("00000000.jpg"), "is not a regular file"),
+    (member_header("00000000.jpg", 64), "more than the 0 MiB a sample may have"),
+    (member_header("00000007.jpg", 4), "stands where its index names '00000000.jpg'"),
+], ids=["absolute", "dotdot", "link", "huge", "other-name"])
+def test_a_hostile_tar_is_refused_in_one_line(tmp_path, monkeypatch, member, why):
+    monkeypatch.setattr("workload.data.shardformat.MAX_MEMBER_BYTES", 32)
+    folder, entry = hostile_folder(tmp_path, member, b"\xff" * member.size)
+    refused = f"shard {entry['name']} is refused: the member {member.name!r}"
+    with pytest.raises(UsageError) as error:
+        verify_shards(folder, read_manifest(folder))
+    assert refused in one_line(error) and why in one_line(error)
+    train, _, _ = load_shards(str(folder), 8)  # training reads the same headers
+    with pytest.raises(UsageError) as error:
+        train.read(0, 0)
+    assert refused in one_line(error) and why in one_line(error)
+
+
+def test_a_refusal_in_a_dataloader_worker_is_one_line(tmp_path):
+    folder, entry = hostile_folder(tmp_path, member_header("../00000000.jpg", 4), b"1234")
+    train, _, _ = load_shards(str(folder), 8)
+    loader = TorchLoader(train, 1, torch.device("cpu"), lambda x: x.float(), train=True,
+                         seed=0, rank=0, world_size=1, workers=1,
+                         sampler=StreamSampler(train.counts, 0, 0, 1, True))
+    with pytest.raises(UsageError) as error:
+        next(loader.batches(0))
+    assert one_line(error).startswith(f"shard {entry['name']} is refused: the member")
+
+
+def test_the_epoch_order_is_a_pure_function_of_seed_and_epoch():
+    counts = [25, 25, 10, 25]
+    order = stream_order(counts, seed=3, epoch=1, buffer=10)
+    assert sorted(order) == list(range(85)) and order == stream_order(counts, 3, 1, 10)
+    assert order != stream_order(counts, 3, 2, 10) != stream_order(counts, 4, 1, 10)
+    # Shard-level shuffling: over epochs, the sequence starts in different shards.
+    firsts = {next(j for j, s in enumerate([0, 25, 50, 60]) if o[0] < s + counts[j])
+              for o in (stream_order(counts, 3, e, 10) for e in range(12))}
+    assert len(firsts) > 1
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_read_a_partition_of_the_one_global_sequence(world_size):
+    counts = [25, 25, 10, 25]
+    whole = list(StreamSampler(counts, seed=5, rank=0, world_size=1, train=True))
+    parts = [StreamSampler(counts, seed=5, rank=r, world_size=world_size, train=True)
+             for r in range(world_size)]
+    for part in parts:
+        part.epoch = 0
+    dealt = [pair for rows in zip(*(list(p) for p in parts)) for pair in rows]
+    assert dealt == whole[:len(dealt)] and len(dealt) == 85 // world_size * world_size
+    assert len({sample for sample, _ in dealt}) == len(dealt)  # no sample twice
+    order = stream_order(counts, seed=5, epoch=0)
+    assert [s for s, _ in parts[1]] == [order[p] for p in deal(torch.arange(85), 1, world_size)]
+
+
+def test_a_loader_resumed_mid_epoch_yields_exactly_the_rest(shard_folder):
+    train, _, classes = load_shards(str(shard_folder), 8)
+    loader = TorchLoader(train, 16, torch.device("cpu"), lambda x: x.float(), train=True,
+                         seed=2, rank=0, world_size=1, workers=0,
+                         sampler=StreamSampler(train.counts, 2, 0, 1, True))
+    whole = list(loader.batches(epoch=1))
+    rest = list(loader.batches(epoch=1, start=3))
+    assert len(whole) == 120 // 16 and len(rest) == len(whole) - 3
+    for (images, labels), (again, same) in zip(whole[3:], rest):
+        assert torch.equal(images, again) and torch.equal(labels, same)
+    assert not torch.equal(whole[0][0], list(loader.batches(epoch=2))[0][0])
+
+
+def test_a_shard_folder_stages_to_node_local_storage_and_reads_there(shard_folder, tmp_path):
+    target, said = stage_once(shard_folder, tmp_path / "local")
+    assert "staged" in said
+    train, val, classes = load_shards(str(data_root(target)), 8, verify=True)
+    assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
+    assert train[(7, 0)][0].shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize("extra, refused", [
+    ([], "--shards S packs an image folder: it goes with --dataset imagefolder"),
+    (["--prepare-data", "--stage-to", "L"], "goes with --dataset imagefolder"),
+    (["--prepare-data", "--shards", "SRC/shards"], "overlap (one holds the other)"),
+], ids=["no-prepare-data", "stage-to", "inside-the-source"])
+def test_shards_flags_out_of_place_are_refused_before_anything_runs(tmp_path, monkeypatch,
+                                                                    extra, refused):
+    from workload.train import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "SRC").mkdir()
+    args = ["--dataset", "imagefolder", "--data-dir", "SRC", "--device", "cpu"]
+    shards = [] if "--shards" in extra else ["--shards", "S"]
+    with pytest.raises(UsageError, match=refused.replace("(", r"\(").replace(")", r"\)")):
+        parse_config([*args, *shards, *extra])
+
+
+def test_a_process_keeps_only_a_few_shards_open(shard_folder, monkeypatch):
+    monkeypatch.setattr("workload.data.shards.OPEN_SHARDS", 2)
+    train, _, _ = load_shards(str(shard_folder), 8)
+    for sample in (0, 30, 60, 90, 110, 5, 95, 31):
+        alone, _, _ = load_shards(str(shard_folder), 8)  # a fresh reader of that one sample
+        assert torch.equal(train[(sample, 1)][0], alone[(sample, 1)][0])
+        assert len(train._open_shards) <= 2
+
+
+def test_a_file_that_is_no_image_is_left_out_of_the_shards_with_a_warning(shard_source,
+                                                                        tmp_path, caplog):
+    source = tmp_path / "src"
+    shutil.copytree(shard_source, source)
+    (source / "train" / "dog" / "3.jpg").write_text("not an image")
+    said = write_shards(source, tmp_path / "dest", shard_size=25)
+    assert "119 training and 120 validation images" in said
+    assert f"skipping {source / 'train' / 'dog' / '3.jpg'}" in caplog.text
+
+
+def test_a_member_that_is_no_image_stops_the_reader_in_one_line(tmp_path):
+    folder, entry = hostile_folder(tmp_path, member_header("00000000.jpg", 12), b"not an image")
+    train, _, _ = load_shards(str(folder), 8, verify=True)  # well formed, as hashed
+    with pytest.raises(UsageError) as error:
+        train[(0, 0)]
+    assert f"shard {folder / entry['name']} is damaged (sample 00000000 is not a readable " \
+           "image" in one_line(error)

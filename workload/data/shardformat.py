@@ -1,0 +1,181 @@
+"""The layout of a shard folder (`train --prepare-data --shards DIR` writes it, `--dataset
+shards` reads it), and the checks every reader makes of what it finds there.
+
+A shard folder holds:
+
+- `manifest.json`: the classes, and per split (`train`, `val`) the shards in reading
+  order, each with its sample count, size in bytes and sha256, and its index file;
+- `<split>-NNNNNN.tar`: plain (uncompressed, ustar) tar files in the WebDataset layout:
+  per sample `<key>.<ext>` (the image file's bytes as they were, its extension in lower
+  case) followed by `<key>.cls` (the class number as decimal text); the key is the
+  sample's position in the sorted listing of its split, eight digits;
+- `<split>-NNNNNN.idx.json`: per sample its key, extension, the offset and size of the
+  image's bytes in the tar, and its class, so a reader reads one sample without walking
+  the tar; and `<split>-NNNNNN.idx`, the same in the format of DALI's `wds2idx`, for
+  DALI's own webdataset reader.
+
+Nothing in a shard is trusted for more than a byte range: a reader never unpacks a tar or
+follows a name. A member that is not a regular file (a link, a folder), has an absolute
+name or `..`, is larger than MAX_MEMBER_BYTES, or is not the member the index names at
+that place, stops the run with one line naming the shard (`check_member`).
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from pathlib import Path
+
+from workload.errors import UsageError
+from workload.files import read_json_file
+
+MANIFEST = "manifest.json"
+FORMAT = "hpc-train-shards"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+SHARD_NAME = re.compile(r"(train|val)-\d{6}\.tar")
+KEY_DIGITS = 8
+BLOCK = tarfile.BLOCKSIZE  # 512: a ustar header, and the unit member data is padded to
+# The largest member a shard may hold: far above any photograph, far below a size that
+# ends a worker under a memory limit when read whole.
+MAX_MEMBER_BYTES = 256 << 20
+MAX_CLASS_TEXT = 16  # bytes of a .cls member: a decimal class number
+
+
+def shard_name(split: str, number: int) -> str:
+    return f"{split}-{number:06d}.tar"
+
+
+def index_name(shard: str) -> str:
+    return shard.removesuffix(".tar") + ".idx.json"
+
+
+def dali_index_name(shard: str) -> str:
+    return shard.removesuffix(".tar") + ".idx"
+
+
+def dali_index(rows: list[list]) -> str:
+    """The shard's index in the text format of DALI's `wds2idx` (version v1.2, as in
+    nvidia-dali 2.4's wds2idx.py): a line `v1.2 N`, then per sample its members as
+    `ext offset size name`, offset where the member's bytes start; DALI's
+    `fn.readers.webdataset(index_paths=...)` reads the shards with it."""
+    lines = [f"v1.2 {len(rows)}"]
+    for key, ext, offset, size, label in rows:
+        cls_at, cls_size = offset + padded(size) + BLOCK, len(str(label))
+        lines.append(f"{ext} {offset} {size} {key}.{ext} cls {cls_at} {cls_size} {key}.cls")
+    return "\n".join(lines) + "\n"
+
+
+def sample_key(position: int) -> str:
+    return f"{position:0{KEY_DIGITS}d}"
+
+
+def member_header(name: str, size: int) -> tarfile.TarInfo:
+    """A tar header that depends on nothing but the name and size: no time, owner or mode
+    from the source, so the same images always give the same bytes."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o444
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def padded(size: int) -> int:
+    """The bytes a member's data takes in a tar: whole 512-byte blocks."""
+    return -(-size // BLOCK) * BLOCK
+
+
+def check_member(shard: str, member: tarfile.TarInfo, expected: str | None) -> None:
+    """One line naming the shard unless `member` is the regular file `expected` of a
+    sensible size (None: the index names no more members)."""
+    name = member.name
+    if name.startswith("/") or ".." in Path(name).parts:
+        why = f"the member {name!r} has an absolute name or leads out with '..'"
+    elif not member.isreg():
+        why = f"the member {name!r} is not a regular file (a link, a folder or a device)"
+    elif member.size > MAX_MEMBER_BYTES:
+        why = (f"the member {name!r} is {member.size} bytes, more than the "
+               f"{MAX_MEMBER_BYTES >> 20} MiB a sample may have")
+    elif expected is None:
+        why = f"the member {name!r} comes after the last sample its index names"
+    elif name != expected:
+        why = f"the member {name!r} stands where its index names {expected!r}"
+    else:
+        return
+    raise UsageError(f"shard {shard} is refused: {why}; write the shards again with "
+                     "train --dataset imagefolder --data-dir SRC --prepare-data --shards DIR")
+
+
+def damaged(folder: Path, shard: str, why: str) -> UsageError:
+    return UsageError(f"shard {folder / shard} is damaged ({why}); copy it again from where "
+                      "the shards were written, or write them again with --prepare-data "
+                      "--shards")
+
+
+def read_manifest(folder: Path) -> dict:
+    """The folder's manifest, its shape checked (shard names confined to the folder)."""
+    path = folder / MANIFEST
+    try:
+        manifest = read_json_file(path)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--data-dir {folder} has no readable {MANIFEST} ({error}); a shard "
+                         "folder is written by train --dataset imagefolder --data-dir SRC "
+                         f"--prepare-data --shards {folder}") from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise UsageError(f"{path} is not a shard manifest ({problem}); write the shards "
+                         "again with --prepare-data --shards")
+    return manifest
+
+
+def manifest_problem(manifest) -> str | None:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return f"no \"format\": \"{FORMAT}\""
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return f"format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
+    classes = manifest.get("classes")
+    if not isinstance(classes, list) or not classes:
+        return "no classes"
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or set(splits) != set(SPLITS):
+        return f"splits must be {', '.join(SPLITS)}"
+    for split in SPLITS:
+        for entry in splits[split].get("shards", []) if isinstance(splits[split], dict) else []:
+            if entry_problem(entry, split):
+                return f"{split}: {entry_problem(entry, split)}"
+    return None
+
+
+def entry_problem(entry, split: str) -> str | None:
+    if not isinstance(entry, dict) or not SHARD_NAME.fullmatch(str(entry.get("name"))):
+        return f"a shard entry without a name like {shard_name(split, 0)}"
+    if not str(entry["name"]).startswith(split + "-"):
+        return f"{entry['name']} listed under {split}"
+    for field in ("samples", "bytes"):
+        if not isinstance(entry.get(field), int) or entry[field] < 0:
+            return f"{entry['name']}: {field} is not a count"
+    if not re.fullmatch(r"[0-9a-f]{64}", str(entry.get("sha256"))):
+        return f"{entry['name']}: no sha256"
+    return None
+
+
+def read_index(folder: Path, entry: dict) -> list[list]:
+    """A shard's index rows [key, ext, offset, size, class], checked against the
+    manifest's entry."""
+    name = entry["name"]
+    try:
+        index = read_json_file(folder / index_name(name))
+    except (OSError, ValueError) as error:
+        raise damaged(folder, name, f"its index {index_name(name)} cannot be read: "
+                                    f"{error}") from None
+    rows = index.get("samples") if isinstance(index, dict) else None
+    if not isinstance(rows, list) or len(rows) != entry["samples"] or \
+            index.get("sha256") != entry["sha256"]:
+        raise damaged(folder, name, f"its index {index_name(name)} does not match "
+                                    f"{MANIFEST}")
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5 and re.fullmatch(r"\d+", str(row[0]))
+                and re.fullmatch(r"[a-z0-9]{1,8}", str(row[1]))
+                and all(isinstance(v, int) and v >= 0 for v in row[2:])):
+            raise damaged(folder, name, f"its index has a malformed row {row!r}")
+    return rows

@@ -1,0 +1,211 @@
+"""`train --dataset imagefolder --data-dir SRC --prepare-data --shards DEST`: an image
+folder packed into tar shards (the layout: shardformat.py).
+
+The images are listed as the image-folder reader lists them (the same classes, order and
+link rules: datasets.load_imagefolder) and cut into shards of `--shard-size` images in
+that order. The same source always gives byte-identical shards: the tar headers carry
+only names and sizes (shardformat.member_header), never times or owners.
+
+The source is only read. DEST belongs to one state of one source: `.shards-of.json`,
+written first, records the source's identity (stagefiles.identity: its path and every
+file's size and times); a DEST that holds another dataset, or files not written here, is
+refused, and one writer at a time holds `DEST/.lock`. Writing resumes: a shard whose tar
+and indexes are complete and whose bytes match the sha256 its index records is kept; any
+other is written again (to a hidden partial file first, renamed when complete), and
+`manifest.json` is written last, so a folder without it was never finished.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from pathlib import Path
+
+from PIL import Image
+
+from workload.data.datasets import UNREADABLE, bad_file_note, load_imagefolder
+from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
+                                       SHARD_NAME, dali_index, dali_index_name, index_name,
+                                       member_header, sample_key, shard_name)
+from workload.data.stagefiles import NoLocks, identity, try_exclusive
+from workload.errors import UsageError
+from workload.files import read_json_file, sha256_file, unwritable_reason, write_json
+from workload.logs import logger
+
+SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
+OWNER = ".shards-of.json"  # which source state DEST holds
+PROGRESS_EVERY_S = 10.0
+
+
+class Progress:
+    """Progress lines with the rate and the time left, at most every PROGRESS_EVERY_S."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.started = total, 0, time.perf_counter()
+        self.last = self.started
+
+    def add(self, count: int, force: bool = False) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if not force and now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = self.done / max(now - self.started, 1e-9)
+        left = (self.total - self.done) / rate if rate else 0.0
+        logger.info(f"shards: {self.done:,}/{self.total:,} images "
+                    f"({100 * self.done / max(self.total, 1):.0f} %), {rate:,.0f} images/s, "
+                    f"about {left:,.0f} s left")
+
+
+def write_shards(source: Path, dest: Path, shard_size: int = SHARD_SIZE) -> str:
+    """Pack the image folder `source` into shards in `dest`; what was done, in one line."""
+    train, val = load_imagefolder(str(source), 32)  # the listing and its rules only
+    key = identity(source)
+    lock = claim(source, dest, key)
+    try:
+        splits, kept = {}, 0
+        progress = Progress(len(train.samples) + len(val.samples))
+        for split, folder in (("train", train), ("val", val)):
+            entries, kept_here = write_split(dest, split, folder.samples, shard_size, progress)
+            splits[split] = dict(samples=sum(e["samples"] for e in entries), shards=entries)
+            kept += kept_here
+        progress.add(0, force=True)
+        write_json(dest / MANIFEST, dict(format=FORMAT, format_version=FORMAT_VERSION,
+                                         source=str(source), identity=key,
+                                         classes=list(train.classes), splits=splits))
+    finally:
+        if lock is not None:
+            os.close(lock)
+    count = sum(len(s["shards"]) for s in splits.values())
+    return (f"shards of {source} in {dest}: {splits['train']['samples']} training and "
+            f"{splits['val']['samples']} validation images in {count} shards ({kept} "
+            f"complete ones kept from an earlier run); train from them with --dataset "
+            f"shards --data-dir {dest}")
+
+
+def claim(source: Path, dest: Path, key: str) -> int | None:
+    """Make `dest` this source state's shard folder, or refuse; the writer's lock."""
+    if problem := unwritable_reason(dest, create=True):
+        raise UsageError(f"--shards {dest} cannot be written ({problem}); pass a folder you "
+                         "can write to")
+    try:
+        lock = try_exclusive(dest / ".lock")
+    except NoLocks:
+        lock = None  # no flock here: nothing can tell two writers apart
+    else:
+        if lock is None:
+            raise UsageError(f"another train --shards is writing {dest} now; wait for it to "
+                             "end, or pass another --shards folder")
+    try:
+        owner = read_json_file(dest / OWNER)
+    except (OSError, ValueError):
+        owner = None
+    if owner is None:
+        others = [p.name for p in dest.iterdir() if p.name != ".lock"]
+        if others:
+            raise UsageError(f"--shards {dest} holds files that train --shards did not write "
+                             f"({sorted(others)[0]}, ...); pass an empty or new folder")
+        write_json(dest / OWNER, dict(source=str(source), identity=key))
+    elif owner != dict(source=str(source), identity=key):
+        raise UsageError(f"--shards {dest} holds the shards of another dataset "
+                         f"({owner.get('source')}, as it was then) and {source} is not that; "
+                         "pass another --shards folder, or delete this one to write it anew")
+    return lock
+
+
+def write_split(dest: Path, split: str, samples: list, shard_size: int,
+                progress: Progress) -> tuple[list[dict], int]:
+    """The shards of one split: their manifest entries and how many were kept."""
+    entries, kept = [], 0
+    for number, first in enumerate(range(0, len(samples), shard_size)):
+        chunk = [(first + i, path, label) for i, (path, label)
+                 in enumerate(samples[first:first + shard_size])]
+        name = shard_name(split, number)
+        entry = complete_shard(dest, name, [first, len(chunk)])
+        if entry is None:
+            entry = write_shard(dest, name, chunk)
+        else:
+            kept += 1
+        entries.append(entry)
+        progress.add(len(chunk))
+    remove_stale(dest, split, len(entries))
+    return entries, kept
+
+
+def remove_stale(dest: Path, split: str, count: int) -> None:
+    """The shards of this split past `count` that an earlier write (another --shard-size)
+    left: not in the manifest, so no reader would ever open them."""
+    for path in dest.glob(f"{split}-*"):
+        stem = path.name.split(".")[0]
+        if SHARD_NAME.fullmatch(stem + ".tar") and int(stem.split("-")[1]) >= count:
+            path.unlink()
+
+
+def complete_shard(dest: Path, name: str, planned: list[int]) -> dict | None:
+    """The manifest entry of a shard an earlier run finished, if it holds the `planned`
+    images (first position, count) and its bytes still match."""
+    try:
+        index = read_json_file(dest / index_name(name))
+        if index["planned"] == planned and index["bytes"] == (dest / name).stat().st_size \
+                and (dest / dali_index_name(name)).is_file() \
+                and index["sha256"] == sha256_file(dest / name):
+            return entry_of(name, index)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def entry_of(name: str, index: dict) -> dict:
+    return dict(name=name, samples=len(index["samples"]), bytes=index["bytes"],
+                sha256=index["sha256"], index=index_name(name))
+
+
+def write_shard(dest: Path, name: str, chunk: list) -> dict:
+    """One shard: the tar through a partial file, then its index."""
+    partial = dest / f".{name}.partial"
+    rows = []
+    with open(partial, "wb") as raw:
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for position, path, label in chunk:
+                data = readable_image(path)
+                if data is not None:
+                    rows.append(add_sample(tar, position, path, label, data))
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(partial, dest / name)
+    partial.with_suffix(".idx").write_text(dali_index(rows))
+    os.replace(partial.with_suffix(".idx"), dest / dali_index_name(name))
+    index = dict(shard=name, bytes=(dest / name).stat().st_size,
+                 sha256=sha256_file(dest / name), samples=rows,
+                 planned=[chunk[0][0], len(chunk)])
+    write_json(dest / index_name(name), index)
+    return entry_of(name, index)
+
+
+def add_sample(tar: tarfile.TarFile, position: int, path: str, label: int,
+               data: bytes) -> list:
+    """The image and its class as two members; the index row [key, ext, offset, size,
+    class] (offset: where the image's bytes start, after its one 512-byte header)."""
+    key, ext = sample_key(position), Path(path).suffix.lower().lstrip(".")
+    offset = tar.offset + tarfile.BLOCKSIZE
+    tar.addfile(member_header(f"{key}.{ext}", len(data)), io.BytesIO(data))
+    text = str(label).encode()
+    tar.addfile(member_header(f"{key}.cls", len(text)), io.BytesIO(text))
+    return [key, ext, offset, len(data), label]
+
+
+def readable_image(path: str) -> bytes | None:
+    """The file's bytes if it is an image (its structure checked, not decoded), else None
+    with the warning the image-folder reader gives: it is left out of the shards."""
+    try:
+        data = Path(path).read_bytes()
+        if len(data) > MAX_MEMBER_BYTES:
+            raise ValueError(f"{len(data)} bytes, more than {MAX_MEMBER_BYTES >> 20} MiB")
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+        return data
+    except UNREADABLE as error:
+        bad_file_note(path, error)
+        return None
