@@ -4,8 +4,11 @@ fresh objects. (Two gloo ranks, kill -9 and preemption: tests/e2e/test_checkpoin
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +114,11 @@ def test_a_save_resumes_into_fresh_objects_with_its_extra(ckpt):
 def test_an_asynchronous_save_resumes_the_same(tmp_path, capsys):
     with Checkpoints(tmp_path, async_save=True) as ckpt:
         round_trip(ckpt)
+        # The buffer has no name while in use: a kill -9 of either process leaves nothing
+        # behind in /dev/shm (its memory goes with the last process that maps it).
+        named = [p for folder in (Path("/dev/shm"), Path(tempfile.gettempdir()))
+                 for p in folder.glob(f"hpc-train-staging-{os.getpid()}-*")]
+        assert named == []
     assert capsys.readouterr().out.count("checkpoint staging buffer:") == 1
     assert not list(tmp_path.glob("checkpoints/.tmp-*"))
 

@@ -22,7 +22,8 @@ from its start: the loop decides when to stop and waits for the save in flight f
 writer that dies (kill -9, out of memory) leaves only the temporary folder, which is
 never resumed from: the next resume moves it aside with one line and takes the previous
 checkpoint. When the loop's process dies, the writer finishes the save it holds and
-exits at the end of its input, removing the buffer file.
+exits at the end of its input. The buffer's file is unlinked as soon as the loop has mapped
+it (the writer maps it through /proc/<pid>/fd), so no kill leaves it behind.
 """
 
 from __future__ import annotations
@@ -92,18 +93,26 @@ class Stage:
     """The staging buffer: a file mapped into memory, reused while the state fits."""
 
     def __init__(self):
-        self.path: Path | None = None
+        self.fd: int | None = None  # keeps the nameless file reachable for the writer
+        self.id: str | None = None
         self.buffer: torch.Tensor | None = None
 
     def fit(self, size: int) -> None:
         if self.buffer is not None and self.buffer.numel() >= size:
             return
         self.drop()
-        self.path = _reserved_file(max(size, 1))
-        self.buffer = torch.from_file(str(self.path), shared=True, size=max(size, 1),
-                                      dtype=torch.uint8)
+        path = _reserved_file(max(size, 1))
+        try:
+            self.fd = os.open(path, os.O_RDWR)
+            self.buffer = torch.from_file(str(path), shared=True, size=max(size, 1),
+                                          dtype=torch.uint8)
+        finally:
+            # Nameless from here on: its memory goes when both processes let go of it, so
+            # a kill -9 of either leaves nothing behind in /dev/shm.
+            path.unlink()
+        self.id = path.name
         say(f"checkpoint staging buffer: {mib(size)} ({size} bytes) of host memory in "
-            f"{self.path}, reused by every asynchronous save")
+            f"{path.parent}, reused by every asynchronous save")
 
     def copy_in(self, snapshot: Snapshot) -> dict:
         """The snapshot's parts as JSON with tensor references, and where each tensor
@@ -127,13 +136,13 @@ class Stage:
 
         seen: dict = {}
         tree = {part: encode(getattr(snapshot, part), seen, part, put) for part in PARTS}
-        return {"buffer": str(self.path), "size": self.buffer.numel(), "tree": tree,
-                "layout": layout}
+        return {"buffer": f"/proc/{os.getpid()}/fd/{self.fd}", "buffer_id": self.id,
+                "size": self.buffer.numel(), "tree": tree, "layout": layout}
 
     def drop(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-        self.path, self.buffer = None, None
+        if self.fd is not None:
+            os.close(self.fd)
+        self.fd, self.id, self.buffer = None, None, None
 
 
 def _tensors(value):
@@ -213,9 +222,17 @@ class Writer:
 
 # --- the writer process ------------------------------------------------------------------
 
-def _write(request: dict) -> str:
-    buffer = torch.from_file(request["buffer"], shared=True, size=request["size"],
-                             dtype=torch.uint8)
+def _mapped(request: dict, mapped: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loop's staging buffer, mapped once (through /proc: it has no name); a new one
+    (the state outgrew the old) replaces it."""
+    if request["buffer_id"] not in mapped:
+        mapped.clear()
+        mapped[request["buffer_id"]] = torch.from_file(request["buffer"], shared=True,
+                                                       size=request["size"], dtype=torch.uint8)
+    return mapped[request["buffer_id"]]
+
+
+def _write(request: dict, buffer: torch.Tensor) -> str:
     tensors = {}
     for key, (offset, dtype, shape) in request["layout"].items():
         kind = getattr(torch, dtype)
@@ -232,20 +249,17 @@ def serve() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
-    buffers = set()
+    mapped: dict[str, torch.Tensor] = {}
     for line in sys.stdin:
         request = json.loads(line)
-        buffers.add(request["buffer"])
         try:
-            reply = {"saved": _write(request)}
+            reply = {"saved": _write(request, _mapped(request, mapped))}
         except DiskFull as error:
             reply = {"disk_full": str(error)}
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
             reply = {"error": f"{type(error).__name__}: {error}"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-    for path in buffers:  # the loop may have died: its staging files go with the writer
-        Path(path).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
