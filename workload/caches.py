@@ -180,9 +180,22 @@ def private_root(env: MutableMapping[str, str]) -> tuple[Path | None, list[str]]
 
 
 def is_chosen_value(variable: str, env: MutableMapping[str, str]) -> bool:
-    """Whether `variable` is unset or holds the package's own choice (not the user's)."""
+    """Whether `variable` is unset or holds the package's or torch's own choice (not the
+    user's)."""
     value, root = env.get(variable), env.get(ROOT_VARIABLE)
-    return not value or (bool(root) and value == str(Path(root) / CACHE_FOLDERS[variable]))
+    if not value or (root and value == str(Path(root) / CACHE_FOLDERS[variable])):
+        return True
+    return variable == "TORCHINDUCTOR_CACHE_DIR" and is_inductor_default(value)
+
+
+def is_inductor_default(value: str) -> bool:
+    """Inductor's own default, <tmp>/torchinductor_<user>: importing torch._dynamo writes
+    it into os.environ (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()), so every
+    process started by a Python that imported torch inherits it, another uid's included
+    (a launcher, a notebook, a test runner). Torch's choice, not the user's."""
+    path = Path(value)
+    return path.name.startswith("torchinductor_") and str(path.parent) in (
+        tempfile.gettempdir(), "/tmp")
 
 
 def choose_caches(env: MutableMapping[str, str] | None = None) -> CachePlan:

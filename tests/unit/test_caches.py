@@ -85,6 +85,20 @@ def test_the_packages_own_choice_is_not_counted_as_the_users(tmp_path):
     assert user_cache_problems(child) == {}
 
 
+def test_inductors_default_inherited_from_a_python_that_imported_torch_is_replaced(tmp_path):
+    """torch._dynamo's import writes TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user>
+    into its process's environment, and a child run as another uid (a launcher, a test
+    runner) inherits it: not the user's value, and no folder of this user's."""
+    tmp = shared_tmp(tmp_path)
+    env = {"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_someone"}
+    plan = choose_caches(env)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp / f"hpc-train-{UID}" / "inductor")
+    assert plan.yours == {} and user_cache_problems(env) == {}
+    mine = {"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torchinductor_x")}
+    assert choose_caches(mine).yours == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path /
+                                                                        "torchinductor_x")}
+
+
 @pytest.mark.root  # only root can give a folder to another uid
 def test_a_folder_of_another_uid_is_not_used(tmp_path):
     """Someone else made /tmp/hpc-train-<my uid> first: a fresh folder for this job."""
