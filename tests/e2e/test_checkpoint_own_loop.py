@@ -133,7 +133,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(uninterrupted,
 def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupted,
                                                                       tmp_path):
     out, logs = tmp_path / "run", tmp_path / "first"
-    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    # 1 s a step: the second process (a Python importing torch) is refused and the signal
+    # sent while the run still trains, however fast the machine (at 0.3 s, 24 steps
+    # could end first).
+    procs = start_ranks(out, logs, "--step-time", "1.0")
     wait_for(logs, "rank 1: training from step 0", procs)
     second = subprocess.run(
         [sys.executable, str(EXAMPLE), "--steps", "2", "--output-dir", str(out)],
