@@ -36,16 +36,24 @@ def node_tmp():
     for uid in (FIRST, SECOND):
         (top / f"work-{uid}").mkdir()
         os.chown(top / f"work-{uid}", uid, uid)
+    (top / "python").mkdir()
     yield top
     shutil.rmtree(top)
 
 
 def as_user(uid: int, argv: list[str], top: Path) -> subprocess.CompletedProcess:
+    """`python argv` as `uid`. The test's environment is bound at top/python in a mount
+    namespace of the command's own: it may live where only root can read (CI's is under
+    root's 0700 home), while a site's software is readable by every user."""
     env = {k: v for k, v in clean_env().items() if k not in CACHE_KEYS}  # as the image's
     env.update(TMPDIR=str(top / "tmp"), HOME="/nonexistent", USER=f"user{uid}",
                PYTHONPATH=str(REPO))
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                           sys.executable, *argv], env=env, cwd=top / f"work-{uid}",
+    python = top / "python" / Path(sys.executable).relative_to(sys.prefix)
+    bind = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private",
+                           "sh", "-c", bind, "sh", sys.prefix, str(top / "python"),
+                           "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                           str(python), *argv], env=env, cwd=top / f"work-{uid}",
                           capture_output=True, text=True, timeout=300)
 
 

@@ -103,6 +103,22 @@ def test_torchrun_worker_does_not_warn_about_slurm_task_ids(capsys):
     assert status == 0 and err == ""
 
 
+def test_torchrun_worker_s_node_rank_is_its_group_rank_without_a_warning(capsys):
+    """torchrun's c10d rendezvous numbers the nodes in order of arrival: the worker on
+    SLURM's node 1 may be group 0. The NODE_RANK it inherited from the launcher was a
+    hint torchrun ignored; GROUP_RANK replaces it, and nothing tells the user to unset
+    a value they never set (seen on a site page's two-node torchrun step)."""
+    from workload.launch.resolve import resolve
+
+    env = step(per_node="1(x2)", ntasks="2", procid="1", nodeid="1") | TORCHRUN_WORKER | {
+        "NODE_RANK": "1", "GROUP_RANK": "0"}
+    status, out, err = run_cli(env, [], capsys)
+    assert status == 0 and err == "" and parse(out)[1]["NODE_RANK"] == "0"
+    exported = dict(env)
+    resolve(env).export(exported)
+    assert exported["NODE_RANK"] == "0" and exported["RANK"] == "5"
+
+
 def test_torchrun_standalone_worker_keeps_its_rendezvous_without_a_warning(capsys):
     """torchrun --standalone in a SLURM step gives its workers localhost and a free port."""
     env = step(per_node="1(x2)", ntasks="2") | TORCHRUN_WORKER | {

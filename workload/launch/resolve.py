@@ -10,7 +10,9 @@ rank, the node count and the rendezvous (its workers then resolve their own rank
 
 Precedence, per variable:
 1. a value torchrun or the user already set wins and is never overwritten (a warning
-   names any SLURM value that disagrees);
+   names any SLURM value that disagrees). A torchrun worker's NODE_RANK is the one
+   exception: it is torchrun's GROUP_RANK, which its c10d rendezvous assigns in order of
+   arrival, and the NODE_RANK the worker inherited was only torchrun's own (ignored) hint;
 2. otherwise SLURM's step variables (``SLURM_STEP_*``), then the job's;
 3. otherwise the single-process defaults.
 """
@@ -52,14 +54,16 @@ class Resolution:
                                   # not a worker (a torchrun about to start)
     warnings: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)  # facts for `check` and logs
+    replaces: frozenset[str] = frozenset({"OMP_NUM_THREADS"})  # see export()
 
     def export(self, env: MutableMapping[str, str]) -> None:
         """Write the values into `env`, never over one torchrun or the user set (rule 1
-        above). The thread count is the exception only in name: resolve() keeps a user's
-        OMP_NUM_THREADS and replaces only torchrun's placeholder 1 by the worker's share
-        of the task's CPUs."""
+        above), except the `replaces` keys. The thread count is one only in name:
+        resolve() keeps a user's OMP_NUM_THREADS and replaces only torchrun's placeholder
+        1 by the worker's share of the task's CPUs. A torchrun worker's NODE_RANK is the
+        other: torchrun's GROUP_RANK replaces the hint the worker inherited."""
         for key, value in self.values.items():
-            if not env.get(key) or key == "OMP_NUM_THREADS":
+            if not env.get(key) or key in self.replaces:
                 env[key] = value
 
 
@@ -85,10 +89,11 @@ def _rank_values(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
                "LOCAL_WORLD_SIZE": "SLURM_STEP_TASKS_PER_NODE", "NODE_RANK": "SLURM_NODEID"}
     values = {}
     for key, slurm_name in sources.items():
+        if key == "NODE_RANK" and torchrun and env.get("GROUP_RANK"):
+            values[key] = env["GROUP_RANK"]  # rule 1's exception: torchrun's own
+            continue
         slurm_value = None if torchrun and key != "NODE_RANK" else slurm.get(key)
         default = 1 if key.endswith("WORLD_SIZE") else 0
-        if key == "NODE_RANK" and torchrun and env.get("GROUP_RANK"):
-            slurm_value, slurm_name = env["GROUP_RANK"], "GROUP_RANK (torchrun)"
         values[key] = _pick(env, key, slurm_value, slurm_name, default, warnings)
     return values
 
@@ -175,7 +180,9 @@ def resolve(env: Mapping[str, str], visible_gpus: int = 0,
     gpu = _gpu(env, visible_gpus, local_rank, warnings, notes)
     if gpu is not None:
         values[GPU_VARIABLE] = str(gpu)
-    return Resolution(layout, values, gpu, threads, owned, tuple(warnings), notes)
+    replaces = {"OMP_NUM_THREADS"} | ({"NODE_RANK"} if layout == TORCHRUN else set())
+    return Resolution(layout, values, gpu, threads, owned, tuple(warnings), notes,
+                      frozenset(replaces))
 
 
 def _gpu(env: Mapping[str, str], visible: int, local_rank: int, warnings: list[str],
