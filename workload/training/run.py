@@ -21,6 +21,7 @@ from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
+from workload.training.compile_cache import CompileCache
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 from workload.training.stragglers import StragglerWatch
@@ -66,6 +67,7 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
+    compiled = compile_cache(cfg, info, out)
     activity = Activity(state.step)
     watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
@@ -75,15 +77,39 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
     with watching(watchdog), open_board(board_wanted, out, wandb) as board:
-        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
+        packs = [compiled.save] if compiled else []  # after the first step and each epoch
+        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info),
+                                  *map(first_step_only, packs)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
-                                   checkpointer.after_epoch],
+                                   checkpointer.after_epoch, *packs],
                       progress=progress_hooks(cfg, info, out, len(data.train), activity),
                       at_step_limit=[checkpointer.at_step_limit])
         summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(run_facts(cfg, info, state.model, precision))
+    if compiled:
+        summary["compile_cache"] = compiled.facts
     return summary
+
+
+def compile_cache(cfg: TrainConfig, info: DistInfo, out: Path) -> CompileCache | None:
+    """With --compile: the run folder's compile cache, unpacked before the first step."""
+    if not cfg.hardware.compile:
+        return None
+    cache = CompileCache(out, info.device, info.is_main)
+    cache.load()
+    return cache
+
+
+def first_step_only(hook):
+    """An after-step hook that runs after this job's first step only."""
+    pending = [True]
+
+    def after_step() -> None:
+        if pending[0]:
+            pending[0] = False
+            hook()
+    return after_step
 
 
 @contextmanager
@@ -107,15 +133,11 @@ def watching(watchdog: StallWatchdog):
 def shorten_timeout(cfg: TrainConfig, info: DistInfo):
     """The hook that, after this process's first step, moves the collectives from
     --dist-start-timeout to --dist-timeout (start-up, staging and compilation are done)."""
-    pending = [info.world_size > 1]
-
-    def after_step() -> None:
-        if pending[0]:
-            pending[0] = False
-            distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
-            logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
-                        f"(--dist-timeout; --dist-start-timeout until the first step)")
-    return after_step
+    def shorten() -> None:
+        distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
+        logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
+                    f"(--dist-timeout; --dist-start-timeout until the first step)")
+    return first_step_only(shorten if info.world_size > 1 else lambda: None)
 
 
 def diagnostics_folder(cfg: TrainConfig) -> Path:
