@@ -20,6 +20,7 @@ from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
+from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
@@ -59,7 +60,9 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
              flag: PreemptionFlag | None) -> dict:
     """Prepare the run folder, build and resume the state, fit: the summary."""
     checkpoint.prepare(cfg, out, info.is_main)
+    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
+    state.energy = energy
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out, data.num_classes)
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
@@ -78,10 +81,12 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train), activity),
+                      progress=progress_hooks(cfg, info, out, len(data.train), activity,
+                                              energy),
                       at_step_limit=[checkpointer.at_step_limit])
         summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
     save_model(cfg, data, state.model, out, info.is_main)
+    summary.update(summary_fields(energy.record(), state.step))
     summary.update(run_facts(cfg, info, state.model, precision))
     return summary
 
@@ -149,14 +154,15 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
 
 
 def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
-                   activity: Activity) -> list:
-    """Every rank's straggler check (several ranks); rank 0's progress lines
-    (--log-every) and steps.jsonl, with the ranks' spread of step times."""
-    ranks = ([StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
-                             info.is_main)] if info.world_size > 1 else [])
+                   activity: Activity, energy: EnergyAccount) -> list:
+    """Every rank's exchange (the straggler check with several ranks, and the energy);
+    rank 0's progress lines (--log-every) and steps.jsonl, with the ranks' spread of step
+    times and the energy."""
+    ranks = [StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
+                            info.is_main, energy)]
     if not info.is_main:
         return ranks
-    extra = ranks[0].latest_record if ranks else dict
+    extra = ranks[0].latest_record
     return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
                                 info.world_size, info.device, out / "steps.jsonl", extra=extra)]
 

@@ -8,6 +8,10 @@ each, with the rank of each, for the next line of steps.jsonl; a rank more than 
 than the median for PATIENCE exchanges in a row gets one warning naming it and its host.
 The loop only adds to the two sums (`Activity.add_busy`, `Activity.data_s`); on a GPU the
 busy spans are CUDA events, so a slow GPU is seen where the host runs ahead of it.
+
+The same exchange carries each rank's energy of the interval (workload.training.energy),
+so the progress line's energy costs no collective of its own; with one process there is
+no one to compare, and the exchange only reads the energy.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from workload import distributed
 from workload.launch.variables import node_name
 from workload.logs import logger
+from workload.training.energy import EnergyAccount
 from workload.training.trainer import StepDone
 from workload.training.watchdog import COLLECTIVE, Activity
 
@@ -40,7 +45,7 @@ class StragglerWatch:
     """The hook; `latest` is what the next progress line of steps.jsonl adds."""
 
     def __init__(self, activity: Activity, interval: int, world_size: int,
-                 device: torch.device, is_main: bool):
+                 device: torch.device, is_main: bool, energy: EnergyAccount | None = None):
         self.activity, self.interval, self.device = activity, interval or AUTO_STEPS, device
         self.is_main = is_main
         hosts = distributed.gather_objects({"host": node_name()}, world_size)
@@ -48,8 +53,11 @@ class StragglerWatch:
         self.slow_for = [0] * world_size
         self.warned: set[int] = set()
         self.latest: dict = {}
-        if device.type == "cuda":
+        self.energy, self.judging = energy, world_size > 1
+        if device.type == "cuda" and self.judging:
             activity.time_on_gpu()
+        if energy is not None:  # the first interval starts with the training, not before
+            energy.interval()
         self._mark()
 
     def latest_record(self) -> dict:
@@ -60,17 +68,24 @@ class StragglerWatch:
         self.step0 = self.activity.step
 
     def __call__(self, done: StepDone) -> None:
+        if self.energy is not None:
+            self.energy.count(done.images)
         if done.step % self.interval or done.step == self.step0:
             return
         steps = done.step - self.step0
         phase, self.activity.phase = self.activity.phase, COLLECTIVE
+        energy = self.energy.interval() if self.energy is not None else []
         every = distributed.all_gather_floats(
             [(self.activity.busy_total_s() - self.busy0) / steps,
-             (self.activity.data_s - self.data0) / steps], self.device)
+             (self.activity.data_s - self.data0) / steps, *energy], self.device)
         self.activity.phase = phase
         self._mark()
-        if self.is_main:
+        if not self.is_main:
+            return
+        if self.judging:
             self.judge([row[0] for row in every], [row[1] for row in every], done.step)
+        if self.energy is not None:
+            self.latest.update(self.energy.interval_record([row[2:] for row in every]))
 
     def judge(self, busy: list[float], data: list[float], step: int) -> None:
         self.latest = {**spread(busy, "step_busy"), **spread(data, "data_wait"),

@@ -81,6 +81,9 @@ class TrainState:
     step: int = 0
     batch: int = 0  # batches done in the current epoch: where a resumed run continues
     accuracies: list[float] = field(default_factory=list)
+    # The run's energy (workload.training.energy.EnergyAccount): its running total goes
+    # into the checkpoint's trainer state and comes back on resume.
+    energy: object | None = None
 
 
 @dataclass
