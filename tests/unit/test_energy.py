@@ -103,3 +103,13 @@ def test_one_source_per_reason_with_its_ranks():
     assert said == "unavailable: rank 0 and 1 more: lost; rank 3: old"
     every = energy.EnergyAccount._source("gpu", energy.GPU_SOURCE, [{"gpu": "cpu"}] * 2)
     assert every == "unavailable: cpu"
+
+
+def test_the_pages_comparison_with_sacct_cites_slurms_manual():
+    from tests.helpers import REPO
+    page = " ".join((REPO / "docs" / "energy.md").read_text().split())
+    # sacct(1), ConsumedEnergy (doc/man/man1/sacct.1 of SchedMD/slurm at 284c3b95).
+    assert ('"Total energy consumed by all tasks in a job, in joules"' in page)
+    assert ("only in the case of an exclusive job allocation does this value reflect the "
+            "job's real energy consumption\" (https://slurm.schedmd.com/sacct.html, read "
+            "2026-11-26" in page)

@@ -181,7 +181,7 @@ class EnergyAccount:
         self.gpu, self.cpu, self.device, self.world_size = gpu, cpu, device, world_size
         self.earlier = dict(gpu_j=0.0, gpu_source=GPU_SOURCE, cpu_package_j=0.0,
                             cpu_package_source=CPU_SOURCE, images=0, jobs=0)
-        self.images = 0
+        self.probe = None  # the loop's (workload.training.probe): the images trained
         self.mark = (0.0, 0.0, time.perf_counter())
 
     @classmethod
@@ -189,10 +189,6 @@ class EnergyAccount:
         """First readings now: this job's energy counts from here."""
         return cls(gpu_meter(info.device, info.local_rank), cpu_meter(info.local_rank),
                    info.device, info.world_size)
-
-    def count(self, images: int) -> None:
-        """A step's images on this rank (for joules per image)."""
-        self.images += images
 
     def interval(self) -> list[float]:
         """This rank's numbers for the log interval's exchange: GPU joules and watts since
@@ -225,7 +221,8 @@ class EnergyAccount:
         self.gpu.update()
         self.cpu.update()
         rows = distributed.all_gather_floats(
-            [self.gpu.total(), self.cpu.total(), float(self.images)], self.device)
+            [self.gpu.total(), self.cpu.total(),
+             float(self.probe.images if self.probe else 0)], self.device)
         gpu, cpu = ranks_sum([r[0] for r in rows]), ranks_sum([r[1] for r in rows])
         reasons = ([] if gpu is not None and cpu is not None else distributed.gather_objects(
             {"gpu": self.gpu.reason, "cpu": self.cpu.reason}, self.world_size))

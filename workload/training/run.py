@@ -25,7 +25,8 @@ from workload.training.build import build_state, lr_scale, planned_steps, start_
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 from workload.training.stragglers import StragglerWatch
-from workload.training.watchdog import Activity, StallWatchdog, attempt_id
+from workload.training.probe import StepProbe
+from workload.training.watchdog import StallWatchdog, attempt_id
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
@@ -69,8 +70,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
-    activity = Activity(state.step)
-    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
+    probe = energy.probe = StepProbe(state.step)
+    watchdog = StallWatchdog(probe, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
                              attempt_id(info.is_main, info.device))
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
@@ -81,10 +82,10 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train), activity,
+                      progress=progress_hooks(cfg, info, out, len(data.train), probe,
                                               energy),
                       at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
+        summary = Trainer(cfg, info, state, data, precision, hooks, probe).fit()
     save_model(cfg, data, state.model, out, info.is_main)
     summary.update(summary_fields(energy.record(), state.step))
     summary.update(run_facts(cfg, info, state.model, precision))
@@ -154,11 +155,11 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
 
 
 def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
-                   activity: Activity, energy: EnergyAccount) -> list:
+                   probe: StepProbe, energy: EnergyAccount) -> list:
     """Every rank's exchange (the straggler check with several ranks, and the energy);
     rank 0's progress lines (--log-every) and steps.jsonl, with the ranks' spread of step
     times and the energy."""
-    ranks = [StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
+    ranks = [StragglerWatch(probe, cfg.logging.log_every, info.world_size, info.device,
                             info.is_main, energy)]
     if not info.is_main:
         return ranks
