@@ -103,6 +103,10 @@ def test_one_source_per_reason_with_its_ranks():
     assert said == "unavailable: rank 0 and 1 more: lost; rank 3: old"
     every = energy.EnergyAccount._source("gpu", energy.GPU_SOURCE, [{"gpu": "cpu"}] * 2)
     assert every == "unavailable: cpu"
+    # An earlier job's reason is carried on as it was, however many jobs follow.
+    later = energy.EnergyAccount._source("gpu", every, [{"gpu": None}])
+    assert later == "unavailable: not counted in an earlier job of this run (cpu)"
+    assert energy.EnergyAccount._source("gpu", later, [{"gpu": None}]) == later
 
 
 def test_the_pages_comparison_with_sacct_cites_slurms_manual():

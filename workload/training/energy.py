@@ -36,6 +36,7 @@ NOT_COUNTED = ("counted from each job's start of training to its last checkpoint
                "its end; a preemption signal saves at the stop, but a job killed without "
                "one (kill -9, a node failure) loses what it spent after its last checkpoint")
 JOULES_PER_KWH = 3.6e6
+EARLIER = "not counted in an earlier job of this run"
 
 
 class Meter:
@@ -245,8 +246,8 @@ class EnergyAccount:
             return "unavailable: " + "; ".join(
                 f"rank {ranks[0]}{f' and {len(ranks) - 1} more' if len(ranks) > 1 else ''}: "
                 f"{why}" for why, ranks in ranks_by_why.items())
-        if earlier.startswith("unavailable"):
-            return f"unavailable: in an earlier job of this run ({earlier})"
+        if earlier.startswith("unavailable") and EARLIER not in earlier:
+            return f"unavailable: {EARLIER} ({earlier.removeprefix('unavailable: ')})"
         return earlier
 
     def resume_from(self, saved) -> None:
