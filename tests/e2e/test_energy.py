@@ -83,6 +83,7 @@ def test_the_total_is_every_ranks_counter_summed(steady_run):
     assert s["gpu_energy_per_step_j"] == pytest.approx(s["gpu_energy_j"] / s["steps_run"])
     assert s["gpu_energy_per_image_j"] == pytest.approx(s["gpu_energy_j"] / (8 * 2 * 16))
     assert s["energy_jobs"] == 1 and "last checkpoint" in s["energy_not_counted"]
+    assert f"GPU boards {s['gpu_energy_kwh']:.4g} kWh; summary in" in steady_run["text"]
     # The CPU packages are a field of their own, and this machine's RAPL is not readable
     # or absent in the test's container: unavailable, never 0.
     if s["cpu_package_energy_j"] is None:

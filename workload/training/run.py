@@ -222,6 +222,8 @@ def spread_facts(cfg: TrainConfig, info: DistInfo) -> dict:
 
 def write_summary(out: Path, summary: dict) -> None:
     write_json(out / "summary.json", summary)
+    kwh = summary.get("gpu_energy_kwh")
+    energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s; summary in {out / 'summary.json'}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in {out / 'summary.json'}")
