@@ -52,9 +52,11 @@ def test_a_counter_unreadable_from_the_start_is_a_reason_not_a_zero():
     assert meter.reason == "c cannot be read (Not Supported)" and math.isnan(meter.total())
 
 
-def test_a_cpu_rank_reads_no_gpu():
-    assert energy.gpu_meter(torch.device("cpu"), 0).reason in (
-        "the ranks run on the CPU", "nvidia-ml-py (pynvml) is not installed")
+def test_a_cpu_rank_reads_no_gpu_even_told_to_read_a_stand_in(monkeypatch):
+    # The real pynvml (a dependency): the variable alone never makes a CPU rank read a
+    # GPU of the node; only a module that says it is a stand-in does.
+    monkeypatch.setenv(energy.STAND_IN_VARIABLE, "1")
+    assert energy.gpu_meter(torch.device("cpu"), 0).reason == "the ranks run on the CPU"
 
 
 def write_zone(root, name, zone, energy_uj, max_uj=1000_000):
