@@ -181,6 +181,23 @@ def test_ranks_busy_times_from_steps_jsonl_are_drawn(tmp_path):
     assert_png(run / "ranks.png")
 
 
+def test_power_from_steps_jsonl_is_drawn_and_a_run_without_a_counter_has_none(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    steps = [{"step": 4 * i, "gpu_power_w": 650.0 + i, "cpu_package_power_w": 210.0}
+             for i in (1, 2, 3)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {run / 'power.png'}" in done.stdout
+    assert_png(run / "power.png")
+    (run / "power.png").unlink()
+    unavailable = [{"step": 4, "gpu_power_w": None, "cpu_package_power_w": None}]
+    (run / "steps.jsonl").write_text(json.dumps(unavailable[0]) + "\n")
+    assert report_command(run).returncode == 0 and not (run / "power.png").exists()
+
+
 @pytest.mark.parametrize("damage", [b"[" * 100_000 + b"]" * 100_000, b'{"epoch": 2, "x": "\xff"}'],
                          ids=["nested", "not UTF-8"])
 @pytest.mark.parametrize("damaged", ["metrics.jsonl", "steps.jsonl"])

@@ -20,12 +20,14 @@ from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
+from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.compile_cache import CompileCache
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer
 from workload.training.stragglers import StragglerWatch
-from workload.training.watchdog import Activity, StallWatchdog, attempt_id
+from workload.training.probe import StepProbe
+from workload.training.watchdog import StallWatchdog, attempt_id
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
@@ -60,7 +62,9 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
              flag: PreemptionFlag | None) -> dict:
     """Prepare the run folder, build and resume the state, fit: the summary."""
     checkpoint.prepare(cfg, out, info.is_main)
+    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
+    state.energy = energy
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out, data.num_classes)
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
@@ -68,8 +72,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
     compiled = compile_cache(cfg, info, out)
-    activity = Activity(state.step)
-    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
+    probe = energy.probe = StepProbe(state.step)
+    watchdog = StallWatchdog(probe, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
                              attempt_id(info.is_main, info.device))
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
@@ -82,10 +86,12 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
                                   *map(first_step_only, packs)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch, *packs],
-                      progress=progress_hooks(cfg, info, out, len(data.train), activity),
+                      progress=progress_hooks(cfg, info, out, len(data.train), probe,
+                                              energy),
                       at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
+        summary = Trainer(cfg, info, state, data, precision, hooks, probe).fit()
     save_model(cfg, data, state.model, out, info.is_main)
+    summary.update(summary_fields(energy.record(), state.step))
     summary.update(run_facts(cfg, info, state.model, precision))
     if compiled:
         summary["compile_cache"] = compiled.facts
@@ -171,14 +177,15 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
 
 
 def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
-                   activity: Activity) -> list:
-    """Every rank's straggler check (several ranks); rank 0's progress lines
-    (--log-every) and steps.jsonl, with the ranks' spread of step times."""
-    ranks = ([StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
-                             info.is_main)] if info.world_size > 1 else [])
+                   probe: StepProbe, energy: EnergyAccount) -> list:
+    """Every rank's exchange (the straggler check with several ranks, and the energy);
+    rank 0's progress lines (--log-every) and steps.jsonl, with the ranks' spread of step
+    times and the energy."""
+    ranks = [StragglerWatch(probe, cfg.logging.log_every, info.world_size, info.device,
+                            info.is_main, energy)]
     if not info.is_main:
         return ranks
-    extra = ranks[0].latest_record if ranks else dict
+    extra = ranks[0].latest_record
     return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
                                 info.world_size, info.device, out / "steps.jsonl", extra=extra)]
 
@@ -237,6 +244,8 @@ def spread_facts(cfg: TrainConfig, info: DistInfo) -> dict:
 
 def write_summary(out: Path, summary: dict) -> None:
     write_json(out / "summary.json", summary)
+    kwh = summary.get("gpu_energy_kwh")
+    energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s; summary in {out / 'summary.json'}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in {out / 'summary.json'}")
