@@ -143,6 +143,9 @@ class Trainer:
         # What the watchdog, the straggler check and the energy read of the loop.
         self.probe = probe or StepProbe(state.step)
         self.probe.watch_forward(state.model)
+        # This job's first step (a resumed job's too): its warm-up and compilation are
+        # timed apart (first_step_s), never counted into the images per second.
+        self.first_step = state.step + 1
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -189,7 +192,7 @@ class Trainer:
                 hook()
             for hook in self.hooks.progress:
                 hook(StepDone(epoch, batch, state.step, len(labels), loss))
-            if state.step == 1:  # the run's first step: warm-up (and compilation) time
+            if state.step == self.first_step:  # warm-up (and compilation) time
                 sync(device)
                 t_window = time.perf_counter()
                 first_step_s = t_window - t_epoch
