@@ -99,3 +99,49 @@ def test_kill_minus_9_mid_epoch_then_resume_ends_bit_identical(shards, tmp_path)
     resumed = finish(train(shards, tmp_path / "killed"), tmp_path / "killed")
     expected = finish(reference, tmp_path / "reference")
     assert resumed["model_sha256"] == expected["model_sha256"]
+
+
+def traced(trace: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """`train` with every file it opens and every folder it lists (all its processes)
+    written to `trace`, fds shown as their paths."""
+    return subprocess.run(["strace", "-f", "-qq", "-y", "-e", "trace=openat,getdents64",
+                           "-o", str(trace), sys.executable, "-m", "workload.train", *args],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+
+
+def touched(trace: Path, folder: Path) -> tuple[set[str], bool]:
+    """The files of `folder` the traced processes opened, and whether one listed it."""
+    inside = f"{folder}/"
+    lines = trace.read_text().splitlines()
+    opened = {line.split(inside)[1].split('"')[0] for line in lines
+              if line.split("(")[0].endswith("openat") and inside in line}
+    listed = any("getdents64(" in line and f"<{folder}>" in line for line in lines)
+    return opened, listed
+
+
+def test_a_shards_run_with_stage_to_reads_the_staged_copy_and_the_next_job_reuses_it(
+        shards, shard_source, tmp_path):
+    local = tmp_path / "local"
+    common = [*TRAIN, "--batch-size", "8", "--epochs", "1", "--stage-to", str(local),
+              "--output-dir", str(tmp_path / "run")]
+    args = [*common, "--data-dir", str(shards)]
+    first = subprocess.run([sys.executable, "-m", "workload.train", *args, "--prepare-data"],
+                           capture_output=True, text=True, env=ENV, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"staged {shards} to {local}/shards-" in first.stdout + first.stderr
+    [staging] = [p for p in local.iterdir() if p.is_dir()]
+    trace = tmp_path / "trace"
+    second = traced(trace, args)  # the next job on the node: it trains from the staging
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"reusing the staging of {shards} in {staging}" in second.stdout + second.stderr
+    opened, listed = touched(trace, shards)
+    assert opened == {"manifest.json"} and not listed  # the source: its manifest alone
+    opened, _ = touched(trace, staging)
+    assert "manifest.json" in opened and any(name.endswith(".tar") for name in opened)
+    # An image folder is not shards: refused before anything is copied.
+    other = subprocess.run([sys.executable, "-m", "workload.train", *common,
+                            "--data-dir", str(shard_source)],
+                           capture_output=True, text=True, env=ENV, timeout=600)
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert f"--data-dir {shard_source} has no readable manifest.json" in other.stderr
+    assert [p for p in local.iterdir() if p.is_dir()] == [staging]

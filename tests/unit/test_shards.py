@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, me
 from workload.data.shards import (StreamSampler, load_shards, stream_order,
                                   verify_shards)
 from workload.data.shardwrite import write_shards
-from workload.data.staging import data_root, stage_once
+from workload.data.staging import shard_folder_files, stage_once
 from workload.errors import UsageError
 from workload.files import sha256_file
 
@@ -222,12 +223,36 @@ def test_a_loader_resumed_mid_epoch_yields_exactly_the_rest(shard_folder):
     assert not torch.equal(whole[0][0], list(loader.batches(epoch=2))[0][0])
 
 
-def test_a_shard_folder_stages_to_node_local_storage_and_reads_there(shard_folder, tmp_path):
-    target, said = stage_once(shard_folder, tmp_path / "local")
-    assert "staged" in said
-    train, val, classes = load_shards(str(data_root(target)), 8, verify=True)
+def test_a_shard_folder_stages_the_files_its_manifest_names_without_listing_it(
+        shard_folder, tmp_path, monkeypatch):
+    source = tmp_path / "shards"
+    shutil.copytree(shard_folder, source)
+    (source / ".train-000009.tar.partial").write_bytes(b"a writer's partial file")
+    (source / ".lock").touch()
+
+    listed, real = [], os.scandir
+
+    def scandir(path="."):
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr("os.scandir", scandir)  # os.walk, iterdir and glob list with it
+    names = shard_folder_files(source)
+    target, said = stage_once(source, tmp_path / "local", names=names)
+    assert "staged" in said and f"({len(names)} files," in said
+    assert "reusing" in stage_once(source, tmp_path / "local", names=names)[1]
+    monkeypatch.undo()
+    assert not [path for path in listed if path.startswith(str(source))]
+    assert sorted(p.name for p in target.iterdir()) == sorted(names)
+    assert len(names) == 1 + 3 * 10  # the manifest, and each shard with its two indexes
+    train, val, classes = load_shards(str(target), 8, verify=True)
     assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
-    assert train[(7, 0)][0].shape == (3, 8, 8)
+
+
+def test_a_folder_that_is_no_shard_folder_is_refused_before_any_copy(shard_source, tmp_path):
+    with pytest.raises(UsageError) as error:
+        shard_folder_files(shard_source)
+    assert f"--data-dir {shard_source} has no readable manifest.json" in one_line(error)
 
 
 @pytest.mark.parametrize("extra, refused", [
@@ -273,3 +298,14 @@ def test_a_member_that_is_no_image_stops_the_reader_in_one_line(tmp_path):
         train[(0, 0)]
     assert f"shard {folder / entry['name']} is damaged (sample 00000000 is not a readable " \
            "image" in one_line(error)
+
+
+def test_a_tar_given_as_a_shard_folder_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    from workload.train import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards.tar").write_bytes(b"")
+    with pytest.raises(UsageError, match="--dataset shards reads a shard folder, and "
+                                         "--data-dir shards.tar is a tar file"):
+        parse_config(["--dataset", "shards", "--data-dir", "shards.tar", "--stage-to", "L",
+                      "--device", "cpu"])
