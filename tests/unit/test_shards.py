@@ -4,7 +4,9 @@ is the same at any number of ranks and resumes exactly."""
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import json
 import os
 import shutil
@@ -20,8 +22,9 @@ from workload.data import shardwrite
 from workload.data.loaders import TorchLoader, deal
 from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, member_header,
                                        read_manifest, shard_name)
-from workload.data.shards import (StreamSampler, load_shards, stream_order,
-                                  verify_shards)
+from workload.data import shards as shards_module
+from workload.data.shards import (StreamSampler, lanes_read, load_shards, rank_sampler,
+                                  stream_order, verify_shards)
 from workload.data.shardwrite import write_shards
 from workload.data.staging import shard_folder_files, stage_once
 from workload.errors import UsageError
@@ -309,3 +312,41 @@ def test_a_tar_given_as_a_shard_folder_is_refused_before_anything_runs(tmp_path,
                                          "--data-dir shards.tar is a tar file"):
         parse_config(["--dataset", "shards", "--data-dir", "shards.tar", "--stage-to", "L",
                       "--device", "cpu"])
+
+
+def shards_of(samples, counts: list[int]) -> set[int]:
+    ends = list(itertools.accumulate(counts))
+    return {bisect.bisect_right(ends, sample) for sample in samples}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("counts", [[25] * 16, [25] * 15 + [13]], ids=["even", "short-last"])
+def test_each_rank_reads_its_own_stretch_of_the_shards(counts, train):
+    total = sum(counts)
+    for world_size in (1, 2, 4, 8, 16):
+        seen = []
+        for rank in range(world_size):
+            sampler = StreamSampler(counts, seed=7, rank=rank, world_size=world_size,
+                                    train=train)
+            sampler.epoch = 3
+            mine = [sample for sample, _ in sampler]
+            assert len(shards_of(mine, counts)) <= 16 // world_size + 2, (world_size, rank)
+            seen += mine
+        assert len(set(seen)) == len(seen)
+        assert len(seen) == (total // world_size * world_size if train else total)
+    # Where W does not divide the lanes, the sequence is kept and the ranks share shards.
+    assert [lanes_read(counts, w) for w in (1, 2, 3, 12, 64)] == [16, 8, 16, 4, 1]
+
+
+def test_a_ranks_reader_opens_each_of_its_shards_once_an_epoch(shard_folder, monkeypatch):
+    opened = []
+    real = shards_module.read_index
+    monkeypatch.setattr(shards_module, "read_index",
+                        lambda folder, entry: opened.append(entry["name"]) or real(folder, entry))
+    train, _, _ = load_shards(str(shard_folder), 8)
+    loader = TorchLoader(train, 8, torch.device("cpu"), lambda x: x.float(), train=True,
+                         seed=2, rank=1, world_size=2, workers=0,
+                         sampler=rank_sampler(train, True, 2, 1, 2))
+    assert sum(len(images) for images, _ in loader.batches(epoch=1)) == 56
+    # 5 shards of 25 in 4 lanes of 30: this rank reads 2 lanes, 60 samples of 3 shards.
+    assert len(opened) == len(set(opened)) <= 3
