@@ -94,6 +94,18 @@ def test_bench_input_compares_shards_with_their_image_folder_both_staged(
     assert len([p for p in local.iterdir() if p.is_dir()]) == 2
 
 
+def test_bench_input_times_reading_alone_shards_against_their_folder(shard_source,
+                                                                     shard_folder, tmp_path):
+    out = tmp_path / "input.json"
+    bench_main(["input", "--dataset", "shards", "--data-dir", str(shard_folder),
+                "--versus-folder", str(shard_source), "--read-only", "--device", "cpu",
+                "--batch-size", "16", "--batches", "10", "--rounds", "2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    results = check_report(report, "input", {"shards read", "folder read"})
+    assert report["settings"]["baseline"] == "folder read" and report["settings"]["read_only"]
+    assert results["shards read"]["vs_baseline"] > 0  # 10 batches: more than an epoch
+
+
 def test_bench_input_refuses_a_folder_that_is_not_the_shards_source(shard_folder, tmp_path,
                                                                    capsys):
     from tests.helpers import write_image_folder
@@ -153,6 +165,7 @@ def test_flops_per_image_of_the_reference_wide_resnet():
     (["input", "--rounds", "0"], "--rounds"),
     (["input", "--threads", "-1"], "--threads"),
     (["input", "--versus-folder", "F"], "--versus-folder F compares shards"),
+    (["input", "--read-only"], "--read-only times reading image files"),
 ])
 def test_bench_rejects_bad_input_before_measuring(args, named, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -36,6 +36,10 @@ def add_input(p: argparse.ArgumentParser) -> None:
                    help="with --dataset shards: the image folder they were written from, "
                         "read beside them by each backend (with --stage-to, both also "
                         "staged); the baseline is the folder read by torch")
+    p.add_argument("--read-only", action="store_true",
+                   help="with --dataset imagefolder or shards: time reading the training "
+                        "images alone, undecoded, in one thread (the backends' decoding "
+                        "left out)")
 
 
 def add_train(p: argparse.ArgumentParser) -> None:
@@ -64,6 +68,9 @@ def check(args: dict) -> None:
             raise UsageError(f"--{flag} must be 1 or more, got {args[flag]}")
     if args["command"] == "train":
         parse_sizes(args["batch_sizes"])
+    elif args["read_only"] and args["dataset"] not in ("imagefolder", "shards"):
+        raise UsageError(f"--read-only times reading image files; --dataset "
+                         f"{args['dataset']} is in memory: use --dataset imagefolder or shards")
     elif args["versus_folder"] and args["dataset"] != "shards":
         raise UsageError(f"--versus-folder {args['versus_folder']} compares shards with the "
                          "image folder they were written from: it goes with --dataset shards "

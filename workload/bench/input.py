@@ -7,6 +7,8 @@ per-sample pipeline, on the same data in one process, runs alternating. On an im
 Shards against the image folder they were written from, read by each backend, both also
 staged as `train --stage-to` stages them; the baseline is the folder read by `torch`:
     bench input --dataset shards --data-dir $SHARDS --versus-folder $DATA --stage-to $TMPDIR
+With --read-only, the images are read and not decoded (one process, one thread): what
+the file system and the format cost, which decoding hides on a busy CPU.
 
 The reference is the Olivia guide's workload, as the baseline: exactly what its
 dataset_utils.py and train_utils.py do, one PIL image at a time through
@@ -29,11 +31,14 @@ from workload.bench.common import (bench_process, config_from, print_table, summ
 from workload.data import (ArrayDataset, DataRequest, available, build_data, read_in_memory,
                            stage_data)
 from workload.data.datasets import load_imagefolder
+from workload.data.loaders import ShardSampler
 from workload.data.shardformat import SPLITS, folder_files, read_manifest
+from workload.data.shards import load_shards, rank_sampler
 from workload.data.stagefiles import listing
 from workload.errors import UsageError
 
 REFERENCE = "reference"
+READ = "read"  # the encoded images read alone, no decoding (--read-only)
 
 
 class ReferenceImages(torch.utils.data.Dataset):
@@ -73,7 +78,34 @@ class ReferenceLoader:
             yield images.to(self.device), labels.to(self.device)
 
 
-def chosen_backends(requested: str | None, dataset: str) -> list[str]:
+class EncodedReader:
+    """Batches of the training split's encoded images, read in rank 0 of 1's order of an
+    epoch in this process, undecoded: what reading the files costs, alone."""
+
+    def __init__(self, cfg):
+        seed, self.batch_size = cfg.training.seed, cfg.training.batch_size
+        if cfg.data.dataset == "shards":
+            train = load_shards(cfg.data.data_dir, 32)[0]
+            self.sampler = rank_sampler(train, True, seed, 0, 1)
+            self.read = lambda item: train.encoded(item[0])
+        else:
+            paths = [path for path, _ in load_imagefolder(cfg.data.data_dir, 32)[0].samples]
+            self.sampler = ShardSampler(len(paths), seed, 0, 1, True)
+            self.read = lambda i: Path(paths[i]).read_bytes()
+
+    def __len__(self) -> int:
+        return self.sampler.count() // self.batch_size
+
+    def batches(self, epoch: int, start: int = 0):
+        self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
+        items = iter(self.sampler)
+        for _ in range(start, len(self)):
+            yield [self.read(item) for item in itertools.islice(items, self.batch_size)], None
+
+
+def chosen_backends(requested: str | None, dataset: str, read_only: bool = False) -> list[str]:
+    if read_only:
+        return [READ]
     names = [n for n in ("device", "dali", "torch") if n in available()]
     if dataset in ("imagefolder", "shards"):
         names.remove("device")  # only for in-memory datasets
@@ -131,6 +163,8 @@ def check_same_images(cases: dict) -> None:
 
 
 def build_loader(name: str, cfg, device: torch.device):
+    if name == READ:
+        return EncodedReader(cfg)
     if name == REFERENCE:
         split = read_in_memory(DataRequest(cfg, device))
         return ReferenceLoader(split.train, split.mean, split.std, cfg.training.batch_size, device)
@@ -178,7 +212,7 @@ def run(args: dict) -> dict:
 
 def measure_backends(args: dict, cfg, info) -> dict:
     device = info.device
-    names = chosen_backends(args.get("backends"), cfg.data.dataset)
+    names = chosen_backends(args.get("backends"), cfg.data.dataset, args.get("read_only"))
     cases = data_cases(args, cfg, info)
     check_same_images(cases)
     loaders = {f"{label} {name}".strip(): build_loader(name, case, device)
@@ -188,7 +222,8 @@ def measure_backends(args: dict, cfg, info) -> dict:
         for row, loader in loaders.items():  # alternating: load on a shared machine
             rates[row].append(measure(loader, device, args["batches"], round_index))
     results = {row: summarise(r) for row, r in rates.items()}
-    baseline = compare(results, "folder torch" if "folder" in cases else None)
+    baseline = compare(results, f"folder {names[-1]}" if "folder" in cases
+                       else READ if names == [READ] else None)
     print_table(["backend", "images/s (median)", f"x {baseline}", "runs"],
                 [[n, r["images_per_second"], r["vs_baseline"],
                   " ".join(f"{x:,.0f}" for x in r["runs_images_per_second"])]
@@ -197,7 +232,8 @@ def measure_backends(args: dict, cfg, info) -> dict:
                     device=str(device),
                     batches=args["batches"], rounds=args["rounds"], image_size=cfg.data.image_size,
                     workers=cfg.data.workers, torch_threads=torch.get_num_threads(),
-                    baseline=baseline, files=file_counts(cases))
+                    baseline=baseline, files=file_counts(cases),
+                    read_only=bool(args.get("read_only")))
     for label, count in settings["files"].items():
         print(f"{label}: {count:,} files")
     write_report(args.get("json"), "input", settings, results)
