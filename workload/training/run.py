@@ -14,7 +14,7 @@ from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import append_jsonl, write_json
+from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_one_run,
                                          enable_dump_on_signal)
 from workload.logs import logger
@@ -23,8 +23,9 @@ from workload.records import model_sha256, open_board, prepare_output_dir, versi
 from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.compile_cache import CompileCache
+from workload.training.startup import StartupClock, across_ranks, log_startup, record_name
 from workload.training.progress import ProgressLog
-from workload.training.trainer import Hooks, Trainer
+from workload.training.trainer import Hooks, Trainer, sync
 from workload.training.stragglers import StragglerWatch
 from workload.training.probe import StepProbe
 from workload.training.watchdog import StallWatchdog, attempt_id
@@ -33,14 +34,17 @@ from workload.training.watchdog import StallWatchdog, attempt_id
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
+    clock = StartupClock(diagnostics_folder(cfg) / record_name())
+    clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
     with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
             start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
-        return run_in_process(cfg, info, precision, flag, started)
+        clock.mark("process group")
+        return run_in_process(cfg, info, precision, flag, started, clock)
 
 
 def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
-                   flag: PreemptionFlag | None, started: float) -> dict:
+                   flag: PreemptionFlag | None, started: float, clock: StartupClock) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
     if cfg.data.shards:
         return shards_written(cfg, info)
@@ -49,9 +53,10 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
                       info.local_world_size, for_training=not cfg.data.prepare_data)
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
+    clock.mark("data")
     out = prepare_output_dir(cfg.logging.output_dir)
     with checkpoint.lock_run_folder(out, info):  # one writer: before anything is written
-        summary = train_in(out, cfg, info, data, precision, flag)
+        summary = train_in(out, cfg, info, data, precision, flag, clock)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
             write_summary(out, summary)
@@ -59,14 +64,17 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
 
 
 def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
-             flag: PreemptionFlag | None) -> dict:
+             flag: PreemptionFlag | None, clock: StartupClock) -> dict:
     """Prepare the run folder, build and resume the state, fit: the summary."""
+    previous = previous_startup(out) if info.is_main else None
     checkpoint.prepare(cfg, out, info.is_main)
     energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     state.energy = energy
+    clock.mark("model")
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out, data.num_classes)
+    clock.mark("resume")
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
@@ -82,7 +90,10 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     board_wanted = cfg.logging.tensorboard and info.is_main
     with watching(watchdog), open_board(board_wanted, out, wandb) as board:
         packs = [compiled.save] if compiled else []  # after the first step and each epoch
-        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info),
+        started_up = {}
+        hooks = Hooks(after_step=[first_step_only(first_step_done(clock, info, previous,
+                                                                  started_up)),
+                                  checkpointer.after_step, shorten_timeout(cfg, info),
                                   *map(first_step_only, packs)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
                                    checkpointer.after_epoch, *packs],
@@ -95,7 +106,29 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     summary.update(run_facts(cfg, info, state.model, precision))
     if compiled:
         summary["compile_cache"] = compiled.facts
+    summary["startup"] = started_up or None  # None: this job took no step
     return summary
+
+
+def first_step_done(clock: StartupClock, info: DistInfo, previous: dict | None,
+                    found: dict):
+    """The hook that ends the start-up: its phases across ranks, logged (rank 0), into
+    `found` for the summary."""
+    def done() -> None:
+        sync(info.device)
+        clock.mark("first step")
+        found.update(across_ranks(clock, info.device))
+        if info.is_main:
+            log_startup(found, previous)
+    return done
+
+
+def previous_startup(out: Path) -> dict | None:
+    """The start-up of the run's previous job, from the summary.json it left."""
+    try:
+        return read_json_file(out / "summary.json").get("startup")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def compile_cache(cfg: TrainConfig, info: DistInfo, out: Path) -> CompileCache | None:
