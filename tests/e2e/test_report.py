@@ -46,7 +46,7 @@ def assert_png(path):
 def test_report_draws_training_and_throughput_into_the_run(real_run, capsys):
     report_main([str(real_run)])
     printed = capsys.readouterr().out
-    for name in ("training.png", "throughput.png"):
+    for name in ("training.png", "throughput.png", "startup.png"):
         assert_png(real_run / name)
         assert f"report: wrote {real_run / name}" in printed
     assert not (real_run / "scaling.png").exists()  # no bench file given
@@ -57,7 +57,8 @@ def test_report_with_bench_files_draws_scaling_into_out(real_run, tmp_path):
     files = [bench_file(tmp_path / f"bench-{n}.json", n, 1000.0 * n) for n in (1, 2, 4)]
     out = tmp_path / "figures"
     report_main([str(real_run), *map(str, files), "--out", str(out)])
-    assert {p.name for p in out.iterdir()} == {"training.png", "throughput.png", "scaling.png"}
+    assert {p.name for p in out.iterdir()} == {"training.png", "throughput.png", "scaling.png",
+                                               "startup.png"}
     for png in out.iterdir():
         assert_png(png)
 
