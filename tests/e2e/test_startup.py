@@ -43,6 +43,7 @@ def test_a_rank_stuck_in_its_start_is_named_with_its_phase_by_diagnose(tmp_path)
     """Rank 0 of two, rank 1 never started: rank 0 waits in the process group until
     --dist-start-timeout, and diagnose says where its start stopped."""
     out = tmp_path / "run"
+    out.mkdir()  # as a requeued job finds it (train makes it only once the inputs are good)
     done = train(out, local_rank_env(0, 2, free_ports(1)[0]), "--dist-start-timeout", "5")
     assert done.returncode != 0, done.stderr[-3000:]
     verdict = subprocess.run([sys.executable, "-m", "workload.diagnose", str(out)],

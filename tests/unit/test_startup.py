@@ -29,7 +29,7 @@ def test_the_clock_starts_when_the_process_started_not_when_it_asks():
 
 
 def test_phases_follow_the_marks_and_the_job_start_comes_first(tmp_path):
-    clock = StartupClock(tmp_path / "d" / "startup-rank-0.json",
+    clock = StartupClock(tmp_path / "diagnostics" / "startup-rank-0.json",
                          env={"SLURM_JOB_START_TIME": str(int(process_start()) - 7)})
     clock.mark("imports")
     clock.mark("process group")
@@ -37,14 +37,21 @@ def test_phases_follow_the_marks_and_the_job_start_comes_first(tmp_path):
     assert list(phases) == [BEFORE, "imports", "process group"]
     assert 6 <= phases[BEFORE] <= 8
     assert sum(phases.values()) == pytest.approx(clock.marks[-1][1] - clock.job)
-    record = json.loads((tmp_path / "d" / "startup-rank-0.json").read_text())
+    record = json.loads((tmp_path / "diagnostics" / "startup-rank-0.json").read_text())
     assert record["last_phase"] == "process group" and record["since"] == "job start"
+
+
+def test_no_record_is_written_where_the_run_folder_does_not_exist(tmp_path):
+    clock = StartupClock(tmp_path / "run" / "diagnostics" / "startup-rank-0.json")
+    clock.mark("imports")
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_record_is_named_by_the_launch_rank():
     assert record_name({"RANK": "3", "SLURM_PROCID": "1"}) == "startup-rank-3.json"
     assert record_name({"SLURM_PROCID": "5"}) == "startup-rank-5.json"
-    assert record_name({"RANK": "../x"}) == "startup-rank-0.json"
+    for bad in ("../x", "²", "9" * 5000):  # the launch layer names these; not this name
+        assert record_name({"RANK": bad}) == "startup-rank-0.json"
 
 
 def test_a_phase_far_over_the_previous_jobs_is_named_once():

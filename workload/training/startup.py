@@ -7,8 +7,9 @@ batch script's earlier steps) is then the first phase. `run` marks the end of ea
 phase: imports (the interpreter, torch and ours), the process group, the data (download
 check, staging, the datasets), the model (built, wrapped, its optimizer), the resume,
 and the first step (the loader's workers, compilation, the first collectives). Each rank
-writes its marks as they happen to `diagnostics/startup-rank-N.json`, so a job that
-never reached its first step still says which phase it was in. After the first step the
+writes its marks as they happen to `diagnostics/startup-rank-N.json` once the run folder
+exists (a requeued job's from the start), so a job that never reached its first step
+still says which phase it was in. After the first step the
 ranks exchange their phases in one small all-gather; rank 0 logs them with the slowest
 rank of each, keeps them in summary.json (`startup`), and names a phase that took far
 longer than in the run's previous job.
@@ -17,6 +18,7 @@ longer than in the run's previous job.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -45,14 +47,14 @@ def process_start(now: float | None = None) -> float | None:
 
 def job_start(env=os.environ) -> float | None:
     value = env.get("SLURM_JOB_START_TIME", "")
-    return float(value) if value.isdigit() else None
+    return float(value) if re.fullmatch(r"[0-9]{1,12}", value) else None
 
 
 def record_name(env=os.environ) -> str:
     """This process's record, named by its rank before the process group forms
     (torchrun's or srun's)."""
-    rank = next((env[key] for key in ("RANK", "SLURM_PROCID") if env.get(key, "").isdigit()),
-                "0")
+    rank = next((env[key] for key in ("RANK", "SLURM_PROCID")
+                 if re.fullmatch(r"[0-9]{1,7}", env.get(key, ""))), "0")
     return f"{STARTUP_PREFIX}{int(rank)}.json"
 
 
@@ -67,9 +69,11 @@ class StartupClock:
 
     def mark(self, phase: str) -> None:
         self.marks.append((phase, time.time()))
-        if self.record is not None:
+        # Only into a run folder that exists (a requeued job's, or one made for the job):
+        # train creates it once the inputs are checked, and bad input writes nothing.
+        if self.record is not None and self.record.parent.parent.is_dir():
             try:
-                self.record.parent.mkdir(parents=True, exist_ok=True)
+                self.record.parent.mkdir(exist_ok=True)
                 write_json(self.record, self.describe())
             except OSError:  # diagnostics never stop a start (watching() says why)
                 self.record = None
