@@ -63,10 +63,21 @@ def test_small_shm_warns_with_the_container_fix(tmp_path):
 
 
 @pytest.mark.root
-def test_large_shm_is_fine(tmp_path):
-    with tmpfs(tmp_path / "shm", "size=2g") as shm:
-        _, _, _, data = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
-    assert by_check(data, "shm")[0]["status"] == "ok"
+def test_large_shm_is_fine_until_the_data_loaders_need_more(tmp_path):
+    """1,100 MiB (above the 1 GiB rule) holds the loaders of CIFAR-sized batches; 1,024
+    images of 224 px (588 MiB a batch, two ready per worker, at least one worker) do not
+    fit."""
+    with tmpfs(tmp_path / "shm", "size=1100m") as shm:
+        _, _, _, small = doctor(["--device", "cpu", "--shm-path", str(shm)], tmp_path)
+        _, _, _, large = doctor(["--device", "cpu", "--shm-path", str(shm), "--batch-size",
+                                 "1024", "--image-size", "224"], tmp_path)
+    fine, = by_check(small, "shm")
+    assert fine["status"] == "ok" and "the data loaders need about" in fine["detail"]
+    assert "at --batch-size 256, 32 px" in fine["detail"]
+    short, = by_check(large, "shm")
+    assert short["status"] == "warn" and "more than is free" in short["detail"]
+    assert "batches of 588.0 MiB at --batch-size 1024, 224 px" in short["detail"]
+    assert "--shm-size" in short["fix"] and "--workers" in short["fix"]
 
 
 @pytest.mark.root

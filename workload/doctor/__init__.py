@@ -48,6 +48,8 @@ EXIT_FAILED = 1
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(PROG, __doc__)
     add_flags(p, ("hardware",), only={"device"}, field_defaults=True)
+    # train's, to size what its data loaders keep in /dev/shm
+    add_flags(p, ("data", "training"), only={"batch_size", "image_size"}, field_defaults=True)
     p.add_argument("--output-dir", default="runs",
                    help="the folder train will write to; checked for writing (default runs)")
     p.add_argument("--json", metavar="PATH", help="also write the findings as JSON (rank 0)")

@@ -19,7 +19,8 @@ def local_findings(args, info) -> list[Finding]:
     found = [local.gpu_visibility(args.device), driver.driver_check()]
     every_gpu = info.world_size == 1
     found += [local.matmul_check(d) for d in local.devices_to_check(info.device, every_gpu)]
-    found += [local.shm_check(args.shm_path), local.dali_check(), local.tf32_check(),
+    need = local.loader_need(args.batch_size, args.image_size, info.local_world_size)
+    found += [local.shm_check(args.shm_path, need), local.dali_check(), local.tf32_check(),
               local.nccl_check(),
               local.threads_check(info.local_world_size), local.output_dir_check(args.output_dir)]
     plugin = mpi.mpi_check()

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import platform
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from workload.launch import nccl
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 
 SHM_MIN_BYTES = 1 << 30  # below 1 GiB, DataLoader workers and NCCL's SHM transport fail
+PREFETCH = 2  # batches each DataLoader worker keeps ready (torch's default prefetch_factor)
 MATMUL_SIZE = 512
 
 
@@ -78,7 +80,38 @@ def devices_to_check(device: torch.device, every_gpu: bool) -> list[torch.device
 
 
 # ---------------------------------------------------------------- /dev/shm
-def shm_check(path: str = "/dev/shm") -> Finding:
+@dataclass(frozen=True)
+class LoaderNeed:
+    """What train's DataLoader workers hold in /dev/shm on this node at once: each of a
+    node's processes has `workers` workers, each with PREFETCH batches ready (torch's
+    default prefetch factor), float32 batches (the larger of the two pipelines')."""
+
+    processes: int
+    workers: int
+    batch_size: int
+    side: int
+
+    @property
+    def batch_bytes(self) -> int:
+        return self.batch_size * 3 * self.side * self.side * 4
+
+    @property
+    def total(self) -> int:
+        return self.processes * self.workers * PREFETCH * self.batch_bytes
+
+    def __str__(self) -> str:
+        return (f"{self.processes} process(es) x {self.workers} loader workers x {PREFETCH} "
+                f"batches of {_size(self.batch_bytes)} at --batch-size {self.batch_size}, "
+                f"{self.side} px")
+
+
+def loader_need(batch_size: int, image_size: int, processes: int) -> LoaderNeed:
+    from workload.data.loaders import default_workers
+
+    return LoaderNeed(processes, default_workers(processes), batch_size, image_size or 32)
+
+
+def shm_check(path: str = "/dev/shm", need: LoaderNeed | None = None) -> Finding:
     if os.path.exists(path) and not os.path.isdir(path):  # statvfs reads a file's mount
         return Finding("shm", WARN, f"{path} is not a folder, so not a shared-memory mount",
                        "pass --shm-path the mount to check (default /dev/shm)")
@@ -95,6 +128,13 @@ def shm_check(path: str = "/dev/shm") -> Finding:
                        "shared-memory transport fail with bus errors",
                        "docker run --ipc=host (or --shm-size=8g); podman run --shm-size=8g; "
                        "Kubernetes: an emptyDir with medium: Memory on /dev/shm")
+    if need is None:
+        return Finding("shm", OK, detail)
+    detail += f"; the data loaders need about {_size(need.total)} ({need})"
+    if need.total > stats.f_bavail * stats.f_frsize:
+        return Finding("shm", WARN, detail + ": more than is free, so workers fail with bus "
+                       "errors", "a larger /dev/shm (docker run --shm-size, or --ipc=host), "
+                       "or fewer loader workers (train --workers) or a smaller --batch-size")
     return Finding("shm", OK, detail)
 
 
