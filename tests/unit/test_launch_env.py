@@ -58,7 +58,7 @@ def test_the_cpus_a_process_owns(env, cpus, capsys):
 
 
 def test_torchrun_workers_take_their_share_for_data_workers(monkeypatch):
-    from workload.data.loaders import default_workers
+    from workload.launch.devices import default_workers
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     for key, value in (real("torchrun.1.env") | {"SLURM_CPUS_PER_TASK": "16",

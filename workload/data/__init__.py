@@ -29,7 +29,8 @@ from workload.data.cifar import load_cifar100
 from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, UNREADABLE, ArrayDataset,
                                     SplitDataset, eval_transform, load_digits,
                                     load_imagefolder, load_synthetic, open_rgb)
-from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
+from workload.data.loaders import DeviceLoader, TorchLoader
+from workload.launch.devices import default_workers
 from workload.data.shards import load_shards, rank_sampler
 from workload.data.shardwrite import write_shards
 from workload.data.staging import stage_data

@@ -10,7 +10,6 @@ device, images normalised float tensors. `start` skips batches exactly, for resu
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
@@ -18,7 +17,6 @@ import torch
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
 from workload.errors import UsageError
-from workload.launch.devices import process_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -118,12 +116,6 @@ class DeviceLoader(ShardedBatches):
                     images = augment(images, generator)
                 batch = self.normalize(images), self.labels[idx]
             yield batch
-
-
-def default_workers(local_world_size: int = 1) -> int:
-    """DataLoader workers per process: the CPUs it owns (workload.launch.devices: its share
-    of the task's under torchrun), one left for the training loop, at most 8."""
-    return max(0, min(8, process_cpus(os.environ, local_world_size) - 1))
 
 
 class ShardSampler(torch.utils.data.Sampler):

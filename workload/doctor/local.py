@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from workload.caches import CACHE_FOLDERS, COMPILE_CACHES, is_chosen_value
+from workload.launch.devices import default_workers
 from workload.files import unwritable_reason
 from workload.launch import nccl
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
@@ -106,8 +107,6 @@ class LoaderNeed:
 
 
 def loader_need(batch_size: int, image_size: int, processes: int) -> LoaderNeed:
-    from workload.data.loaders import default_workers
-
     return LoaderNeed(processes, default_workers(processes), batch_size, image_size or 32)
 
 
