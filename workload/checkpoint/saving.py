@@ -251,8 +251,8 @@ class Checkpointer:
         snapshot = take_snapshot(self.state, self.settings, self.info.world_size, sharded)
         keep, local = self.cfg.checkpoint.keep_checkpoints, self.local
         if self.saves.enabled and not sharded:
-            path = (self.saves.hand_over(local, snapshot, keep, copy_to=self.root) if local
-                    else self.saves.hand_over(self.root, snapshot, keep))
+            path = self.saves.hand_over(local or self.root, snapshot, keep,
+                                        copy_to=self.root if local else None)
             done = "handed to the writer" if self.saves.in_flight is not None else "saved"
         else:
             self._say_sharded(sharded)
