@@ -2,7 +2,8 @@
 subprocesses: a bad DIR is one line before any work; a synchronous run saves with no
 writer process and copies every checkpoint into the run folder; a job that ended before
 its last copy resumes from the newer local checkpoint, copied and verified first, with
-one line; an asynchronous run (the default) copies in its writer."""
+one line; an asynchronous run (the default) copies in its writer. A full disk met by the
+background writer stops `train` with the synchronous save's one line and status 2."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHECKPOINT_ARGS
+from tests.helpers import CHECKPOINT_ARGS, tmpfs
 from workload.checkpoint.folder import complete_steps, latest_step, replace_latest
 from workload.checkpoint.local import local_root
-from workload.checkpoint.store import MANIFEST
+from workload.checkpoint.store import MANIFEST, verify
 
 
 def train(*args: str) -> subprocess.CompletedProcess:
@@ -62,3 +63,20 @@ def test_local_checkpoints_are_copied_and_a_newer_local_one_is_resumed(tmp_path)
     assert f"resumed from {run_root / 'step-000000006'}: step 6," in text, text[-3000:]
     assert "handed to the writer" in text  # asynchronous: the writer copies too
     assert latest_step(run_root) == 8 and manifests(run_root)[8] == manifests(node)[8]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_full_disk_in_the_writer_stops_train_in_one_line(tmp_path):
+    with tmpfs(tmp_path / "tmpfs", "size=320k") as small:  # one checkpoint and a bit
+        out = small / "run"
+        done = train(*CHECKPOINT_ARGS, "--output-dir", str(out))
+        text = done.stdout + done.stderr
+        assert done.returncode == 2, text[-3000:]
+        [line] = [line for line in done.stderr.splitlines() if "error" in line]
+        assert line.startswith("train: error: no space left to save a checkpoint in "
+                               f"{out / 'checkpoints'}"), text[-3000:]
+        assert "handed to the writer" in text and "done:" not in text
+        left = complete_steps(out / "checkpoints")
+        assert left and latest_step(out / "checkpoints") == left[-1][0]
+        assert verify(left[-1][1]) and not list((out / "checkpoints").glob(".tmp-*"))
