@@ -150,7 +150,7 @@ def root_candidates(env: MutableMapping[str, str]) -> list[tuple[Path, str]]:
     if env.get("SLURM_TMPDIR"):
         found.append((Path(env["SLURM_TMPDIR"]) / "hpc-train-cache",
                       "bind $SLURM_TMPDIR into the container (apptainer exec --bind "
-                      "$SLURM_TMPDIR)"))
+                      "$SLURM_TMPDIR; pyxis: srun --container-mounts=$SLURM_TMPDIR)"))
     for tmp in temp_folders(env):
         found.append((tmp / f"hpc-train-{os.getuid()}",
                       "export TMPDIR=<a node-local folder of yours>"))

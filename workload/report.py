@@ -16,6 +16,10 @@ Figures:
     scaling.png     images/s against the number of devices, one line per configuration,
                     with the ideal linear line from the smallest world size (bench JSON)
     ranks.png       each rank's busy time per step, several ranks (steps.jsonl; hangs.md)
+    power.png       the GPUs' and the nodes' CPU packages' mean power over each log
+                    interval, apart (steps.jsonl; energy.md)
+    startup.png     where the last job's time to its first step went, phase by phase, the
+                    slowest rank's (summary.json's startup; monitoring.md)
 
 Expected bench JSON shape (read defensively; unknown fields are ignored). Every dict
 anywhere in the file that has a numeric `images_per_second` is one result, named by its
@@ -36,6 +40,7 @@ from workload.commands import command_parser, main_of
 from workload.errors import UsageError
 from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records,
                             unwritable_reason)
+from workload.launch.diagnostics import STARTUP_PHASES
 from workload.logs import warn
 
 PROG = "report"
@@ -221,6 +226,47 @@ def plot_ranks(plt, lines: list[dict], path: Path) -> None:
     _save(plt, fig, path)
 
 
+POWER = (("gpu_power_w", "GPUs, all ranks (NVML)"),
+         ("cpu_package_power_w", "CPU packages, whole nodes (RAPL)"))
+
+
+def power_lines(path: Path) -> list[dict]:
+    """steps.jsonl's lines with a mean power of their interval (GPU or CPU packages)."""
+    found = read_jsonl_records(path)[0] if path.is_file() else []
+    return [r for r in found if _number(r.get("step"))
+            and any(_number(r.get(key)) for key, _ in POWER)]
+
+
+def plot_power(plt, lines: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in POWER:
+        if drawn := [r for r in lines if _number(r.get(key))]:
+            ax.plot([r["step"] for r in drawn], [r[key] for r in drawn], "o-", label=label)
+    ax.set(xlabel="step", ylabel="mean power over the log interval (W)", title="Power")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize="small")
+    _save(plt, fig, path)
+
+
+def startup_phases(summary: dict) -> dict[str, float]:
+    """summary.json's start-up phases in their order, the numbers only."""
+    found = summary.get("startup")
+    phases = found.get("phases_s") if isinstance(found, dict) else None
+    if not isinstance(phases, dict):
+        return {}
+    order = [name for name in phases if name not in STARTUP_PHASES] + list(STARTUP_PHASES)
+    return {name: phases[name] for name in order if _number(phases.get(name))}
+
+
+def plot_startup(plt, phases: dict[str, float], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3))
+    names = list(phases)[::-1]  # the first phase on top
+    ax.barh(names, [phases[name] for name in names])
+    ax.set(xlabel="seconds (the slowest rank of each phase)",
+           title=f"Start-up: {sum(phases.values()):.1f} s to the first step")
+    _save(plt, fig, path)
+
+
 def plot_scaling(plt, points: list[BenchPoint], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in sorted({p.name for p in points}):
@@ -284,6 +330,12 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     if ranks := rank_times(run_dir / "steps.jsonl"):
         written.append(out / "ranks.png")
         plot_ranks(plt, ranks, written[-1])
+    if power := power_lines(run_dir / "steps.jsonl"):
+        written.append(out / "power.png")
+        plot_power(plt, power, written[-1])
+    if phases := startup_phases(summary):
+        written.append(out / "startup.png")
+        plot_startup(plt, phases, written[-1])
     return written
 
 

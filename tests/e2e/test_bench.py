@@ -74,6 +74,52 @@ def test_bench_input_reads_shards_with_dali_and_torch(shard_folder, tmp_path):
     assert results["torch"]["vs_baseline"] == 1
 
 
+def test_bench_input_compares_shards_with_their_image_folder_both_staged(
+        shard_source, shard_folder, tmp_path, capsys):
+    out, local = tmp_path / "input.json", tmp_path / "local"
+    bench_main(["input", "--dataset", "shards", "--data-dir", str(shard_folder),
+                "--versus-folder", str(shard_source), "--stage-to", str(local), "--device",
+                "cpu", "--image-size", "8", "--batch-size", "8", "--batches", "1",
+                "--rounds", "1", "--workers", "0", "--json", str(out)])
+    report = json.loads(out.read_text())
+    rows = {f"{staged}{data} {reader}" for staged in ("", "staged ")
+            for data in ("shards", "folder") for reader in ("torch", "dali")}
+    results = check_report(report, "input", rows)
+    assert report["settings"]["baseline"] == "folder torch"
+    assert results["folder torch"]["vs_baseline"] == 1
+    # 240 images: 10 shards of 25, each with two indexes, and the manifest.
+    assert report["settings"]["files"] == {"shards": 31, "folder": 240, "staged shards": 31,
+                                           "staged folder": 240}
+    assert "folder: 240 files" in capsys.readouterr().out
+    assert len([p for p in local.iterdir() if p.is_dir()]) == 2
+
+
+def test_bench_input_times_reading_alone_shards_against_their_folder(shard_source,
+                                                                     shard_folder, tmp_path):
+    out = tmp_path / "input.json"
+    bench_main(["input", "--dataset", "shards", "--data-dir", str(shard_folder),
+                "--versus-folder", str(shard_source), "--read-only", "--device", "cpu",
+                "--batch-size", "16", "--batches", "10", "--rounds", "2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    results = check_report(report, "input", {"shards read", "folder read"})
+    assert report["settings"]["baseline"] == "folder read" and report["settings"]["read_only"]
+    assert results["shards read"]["vs_baseline"] > 0  # 10 batches: more than an epoch
+
+
+def test_bench_input_refuses_a_folder_that_is_not_the_shards_source(shard_folder, tmp_path,
+                                                                   capsys):
+    from tests.helpers import write_image_folder
+
+    other = write_image_folder(tmp_path / "other", classes=2, per_class=3, size=8)
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["input", "--dataset", "shards", "--data-dir", str(shard_folder),
+                    "--versus-folder", str(other), "--device", "cpu", "--image-size", "8",
+                    "--batch-size", "8", "--batches", "1", "--rounds", "1"])
+    assert stop.value.code == 2
+    assert f"--versus-folder {other} holds 12 images and the shards 240; pass the image " \
+           "folder the shards were written from" in capsys.readouterr().err
+
+
 def test_bench_train_sweeps_batch_sizes_with_flops(tmp_path, capsys):
     out = tmp_path / "train.json"
     bench_main(["train", *TINY_DATA, *TINY_MODEL, "--batch-sizes", "4,8", "--steps", "1",
@@ -118,6 +164,8 @@ def test_flops_per_image_of_the_reference_wide_resnet():
     (["input", "--backends", "device,nope"], "nope"),
     (["input", "--rounds", "0"], "--rounds"),
     (["input", "--threads", "-1"], "--threads"),
+    (["input", "--versus-folder", "F"], "--versus-folder F compares shards"),
+    (["input", "--read-only"], "--read-only times reading image files"),
 ])
 def test_bench_rejects_bad_input_before_measuring(args, named, capsys):
     with pytest.raises(SystemExit) as stop:

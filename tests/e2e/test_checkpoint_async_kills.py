@@ -43,9 +43,10 @@ ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-siz
 TRIALS = 10  # per chain: 20 kills in all
 HANDED = re.compile(r"checkpoint \(\w[\w ]*\) at step (\d+): \S+ handed to the writer")
 RESUMED = re.compile(r"resumed from (\S+): step (\d+),")
-# What the uninterrupted run saved at the same step (Python's random state differs
-# between fresh runs, which never draw from it: not compared).
-SAVED = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+# What the uninterrupted run saved at the same step: the model and the optimizer (Python's
+# random state differs between fresh runs, which never draw from it, and trainer.json
+# holds the energy each run measured).
+SAVED = ("model.safetensors", "optimizer.safetensors", "optimizer.json")
 
 
 def start(out: Path) -> tuple:

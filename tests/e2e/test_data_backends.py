@@ -170,3 +170,40 @@ def test_dalis_webdataset_reader_reads_our_shards_with_our_index(shard_folder):
         [str(row[4]) for row in rows]
     tar = (shard_folder / f"{name}.tar").read_bytes()
     assert bytes(images.at(0)) == tar[rows[0][2]:rows[0][2] + rows[0][3]]
+
+
+def test_dalis_own_reader_is_exact_only_at_one_number_of_ranks(shard_folder):
+    """Why shards are fed to DALI by our ShardSource rather than read by DALI's
+    fn.readers.webdataset (dali.py): its reader checkpoint resumes exactly, but ranks
+    (shard_id of num_shards) read contiguous ranges of the samples, so the global batches
+    of 2 ranks are not the sequence 1 rank reads; ours are."""
+    from nvidia.dali import fn, pipeline_def
+
+    tars = sorted(str(p) for p in shard_folder.glob("train-*.tar"))
+
+    @pipeline_def(batch_size=8, num_threads=1, device_id=None)
+    def reader(shard_id, num_shards):
+        images, _ = fn.readers.webdataset(
+            paths=tars, index_paths=[t.removesuffix(".tar") + ".idx" for t in tars],
+            ext=["jpg", "cls"], shard_id=shard_id, num_shards=num_shards,
+            random_shuffle=True, initial_fill=32)
+        return images
+
+    def read(pipe, batches: int) -> list[list[bytes]]:
+        return [[bytes(images.at(i)) for i in range(len(images))]
+                for images in (pipe.run()[0] for _ in range(batches))]
+
+    def built(shard_id=0, num_shards=1, checkpoint=None):
+        pipe = reader(shard_id, num_shards, seed=3, enable_checkpointing=True,
+                      checkpoint=checkpoint)
+        pipe.build()
+        return pipe
+
+    one = [image for batch in read(built(), 6) for image in batch]
+    two = [read(built(rank, 2), 3) for rank in (0, 1)]
+    dealt = [image for pair in zip(*two) for batch in pair for image in batch]
+    assert set(dealt) != set(one)  # other samples in the first 48, not only another order
+    pipe = built()
+    read(pipe, 2)
+    saved = pipe.checkpoint()
+    assert read(pipe, 3) == read(built(checkpoint=saved), 3)

@@ -46,7 +46,7 @@ def assert_png(path):
 def test_report_draws_training_and_throughput_into_the_run(real_run, capsys):
     report_main([str(real_run)])
     printed = capsys.readouterr().out
-    for name in ("training.png", "throughput.png"):
+    for name in ("training.png", "throughput.png", "startup.png"):
         assert_png(real_run / name)
         assert f"report: wrote {real_run / name}" in printed
     assert not (real_run / "scaling.png").exists()  # no bench file given
@@ -57,7 +57,8 @@ def test_report_with_bench_files_draws_scaling_into_out(real_run, tmp_path):
     files = [bench_file(tmp_path / f"bench-{n}.json", n, 1000.0 * n) for n in (1, 2, 4)]
     out = tmp_path / "figures"
     report_main([str(real_run), *map(str, files), "--out", str(out)])
-    assert {p.name for p in out.iterdir()} == {"training.png", "throughput.png", "scaling.png"}
+    assert {p.name for p in out.iterdir()} == {"training.png", "throughput.png", "scaling.png",
+                                               "startup.png"}
     for png in out.iterdir():
         assert_png(png)
 
@@ -179,6 +180,23 @@ def test_ranks_busy_times_from_steps_jsonl_are_drawn(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"wrote {run / 'ranks.png'}" in done.stdout
     assert_png(run / "ranks.png")
+
+
+def test_power_from_steps_jsonl_is_drawn_and_a_run_without_a_counter_has_none(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    steps = [{"step": 4 * i, "gpu_power_w": 650.0 + i, "cpu_package_power_w": 210.0}
+             for i in (1, 2, 3)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    done = report_command(run)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {run / 'power.png'}" in done.stdout
+    assert_png(run / "power.png")
+    (run / "power.png").unlink()
+    unavailable = [{"step": 4, "gpu_power_w": None, "cpu_package_power_w": None}]
+    (run / "steps.jsonl").write_text(json.dumps(unavailable[0]) + "\n")
+    assert report_command(run).returncode == 0 and not (run / "power.png").exists()
 
 
 @pytest.mark.parametrize("damage", [b"[" * 100_000 + b"]" * 100_000, b'{"epoch": 2, "x": "\xff"}'],

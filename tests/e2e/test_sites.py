@@ -125,6 +125,9 @@ def test_the_srun_lines_of_the_site_pages_run_as_written(stubs, page, expected):
     ("pyxis", {"IMAGE": "/images/hpc-train.sqsh"},
      ["--container-image=/images/hpc-train.sqsh", "--container-mounts={pwd},/data",
       "--container-workdir={pwd}"]),
+    # The job's node-local folder too, where SLURM gives one (docs/sites/pyxis.md).
+    ("pyxis", {"IMAGE": "/images/hpc-train.sqsh", "SLURM_TMPDIR": "/localscratch/77"},
+     ["--container-mounts={pwd},/data,/localscratch/77"]),
     ("edf", {"EDF": "/edf/hpc-train.toml"}, ["--environment=/edf/hpc-train.toml"]),
 ])
 @pytest.mark.parametrize("layout", ["per-task", "torchrun"])

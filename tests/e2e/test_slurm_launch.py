@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, sbatch, wait_until_ended
+from tests.helpers import DOCTOR_FAST, REPO, by_check, sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -141,3 +141,23 @@ def test_torchrun_restart_across_two_nodes(slurm_cluster, tmp_path):
     assert done.returncode == 0, log[-4000:]
     assert "rank 1: dying on attempt 0" in log, "rank 1 never died: the test proved nothing"
     assert log.count("all_reduce 3.0") == 2, log[-4000:]
+
+
+@pytest.mark.root  # a mount namespace hides the spool, as a container without the bind
+def test_doctor_checks_the_pmix_plugin_srun_started_and_names_the_bind(slurm_cluster,
+                                                                       tmp_path):
+    """srun --mpi=pmix (the real plugin, Debian's libpmix): doctor finds PMIx's server
+    folder; in a mount namespace where the node's spool is hidden, as in a container that
+    does not bind it, doctor warns and names the folder to bind."""
+    doctor = f"python -m workload.doctor --device cpu {' '.join(DOCTOR_FAST)} --json"
+    hide = 'mount -t tmpfs none "$(dirname "$PMIX_SERVER_TMPDIR")"'
+    script = (f"{doctor} {tmp_path}/seen.json && unshare --mount --propagation private "
+              f"sh -c '{hide} && exec {doctor} {tmp_path}/hidden.json'")
+    done = slurm_cluster.run([*SRUN, "--mpi=pmix", "-N1", "-n1", "bash", "-c", script],
+                             cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [seen], [hidden] = (by_check(json.loads((tmp_path / f"{name}.json").read_text()), "mpi")
+                        for name in ("seen", "hidden"))
+    assert seen["status"] == "ok" and "srun --mpi=pmix" in seen["detail"], seen
+    assert hidden["status"] == "warn" and "is not visible here" in hidden["detail"], hidden
+    assert "apptainer exec --bind " in hidden["fix"] and "--mpi=none" in hidden["fix"]

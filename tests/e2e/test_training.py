@@ -100,7 +100,3 @@ def test_label_smoothing_and_resnet18_train(tmp_path):
                          "8", "--max-steps", "2", "--label-smoothing", "0.1"], tmp_path / "run")
     assert summary["model"] == "resnet18" and summary["steps_run"] == 2
 
-
-def test_compile_trains_and_reports_the_first_step(tmp_path):
-    summary = run_train([*TINY, *SYNTHETIC, "--max-steps", "3", "--compile"], tmp_path / "run")
-    assert summary["steps_run"] == 3 and summary["first_step_s"] > 0

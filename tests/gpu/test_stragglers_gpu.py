@@ -8,13 +8,13 @@ import time
 import pytest
 import torch
 
-from workload.training.watchdog import Activity
+from workload.training.probe import StepProbe
 
 pytestmark = pytest.mark.gpu
 
 
 def test_own_work_on_a_gpu_is_the_gpus_time_not_the_hosts(cuda):
-    activity = Activity()
+    activity = StepProbe()
     activity.time_on_gpu()
     x = torch.randn(4096, 4096, device=cuda)
     x @ x  # cuBLAS starts outside the timed part

@@ -28,7 +28,7 @@ FAST_TIER = " and ".join(f"not {marker}" for marker in HEAVY_MARKERS)
 FIXTURE_MARKERS = {"slurm_cluster": "slurm", "image": "image", "arm64_image": "image",
                    "registry": "image"}
 PROGRAM_MARKERS = {
-    **dict.fromkeys(("torchrun",), "slow"),
+    **dict.fromkeys(("torchrun", "strace"), "slow"),
     **dict.fromkeys(("srun", "sbatch", "salloc", "scancel", "scontrol", "squeue", "sacct",
                      "slurmctld", "slurmd", "munged"), "slurm"),
     **dict.fromkeys(("podman", "buildah", "skopeo", "ch-run", "ch-image", "ch-convert",

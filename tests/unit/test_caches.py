@@ -54,6 +54,8 @@ def test_a_slurm_tmpdir_not_bound_into_the_container_falls_back_with_the_fix(tmp
     assert plan.root == tmp / f"hpc-train-{UID}"
     note, = plan.notes
     assert "not-bound" in note and "--bind $SLURM_TMPDIR" in note
+    # pyxis mounts with its own option (docs/sites/pyxis.md, "The node-local folder").
+    assert "--container-mounts=$SLURM_TMPDIR" in note
 
 
 def test_the_users_own_value_wins_and_is_only_checked(tmp_path):

@@ -64,3 +64,11 @@ def test_ranks_without_nvml_say_once_why_the_checks_did_not_run():
     assert [(f.status, f.detail) for f in found] == [
         (INFO, "NVML checks (clocks, temperature, ECC) did not run: this rank runs on the CPU")]
     assert nvml.read_gpu(__import__("torch").device("cpu")) == reason
+
+
+def test_the_summary_shows_the_power_draw_beside_the_limit():
+    found = nvml.nvml_findings([healthy(power_w=312.4, power_limit_w=700.0),
+                                healthy(power_w=655.0, power_limit_w=700.0)], HOSTS)
+    assert found[0].detail.endswith("°C, power 312-655 W of a 700 W limit")
+    # A GPU or driver without the power queries: the line goes without it.
+    assert "power" not in nvml.nvml_findings([healthy(power_w=None)], HOSTS)[0].detail

@@ -204,13 +204,3 @@ def test_train_called_twice_in_one_process_dumps_into_each_runs_own_folder(tmp_p
                "--max-steps", "1",
            "--output-dir", str(tmp_path / "third")])
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/mine/fr-"
-
-
-def test_own_work_on_the_host_adds_the_spans_between_marks():
-    activity = Activity()
-    start = activity.mark()
-    end = activity.mark()
-    activity.add_busy(start, end)
-    activity.add_busy(1.0, 1.25)
-    assert activity.busy_total_s() == pytest.approx(end - start + 0.25)
-    assert activity.gpu_spans == []

@@ -4,8 +4,11 @@ is the same at any number of ranks and resumes exactly."""
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,10 +22,11 @@ from workload.data import shardwrite
 from workload.data.loaders import TorchLoader, deal
 from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, member_header,
                                        read_manifest, shard_name)
-from workload.data.shards import (StreamSampler, load_shards, stream_order,
-                                  verify_shards)
+from workload.data import shards as shards_module
+from workload.data.shards import (StreamSampler, lanes_read, load_shards, rank_sampler,
+                                  stream_order, verify_shards)
 from workload.data.shardwrite import write_shards
-from workload.data.staging import data_root, stage_once
+from workload.data.staging import shard_folder_files, stage_once
 from workload.errors import UsageError
 from workload.files import sha256_file
 
@@ -222,12 +226,36 @@ def test_a_loader_resumed_mid_epoch_yields_exactly_the_rest(shard_folder):
     assert not torch.equal(whole[0][0], list(loader.batches(epoch=2))[0][0])
 
 
-def test_a_shard_folder_stages_to_node_local_storage_and_reads_there(shard_folder, tmp_path):
-    target, said = stage_once(shard_folder, tmp_path / "local")
-    assert "staged" in said
-    train, val, classes = load_shards(str(data_root(target)), 8, verify=True)
+def test_a_shard_folder_stages_the_files_its_manifest_names_without_listing_it(
+        shard_folder, tmp_path, monkeypatch):
+    source = tmp_path / "shards"
+    shutil.copytree(shard_folder, source)
+    (source / ".train-000009.tar.partial").write_bytes(b"a writer's partial file")
+    (source / ".lock").touch()
+
+    listed, real = [], os.scandir
+
+    def scandir(path="."):
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr("os.scandir", scandir)  # os.walk, iterdir and glob list with it
+    names = shard_folder_files(source)
+    target, said = stage_once(source, tmp_path / "local", names=names)
+    assert "staged" in said and f"({len(names)} files," in said
+    assert "reusing" in stage_once(source, tmp_path / "local", names=names)[1]
+    monkeypatch.undo()
+    assert not [path for path in listed if path.startswith(str(source))]
+    assert sorted(p.name for p in target.iterdir()) == sorted(names)
+    assert len(names) == 1 + 3 * 10  # the manifest, and each shard with its two indexes
+    train, val, classes = load_shards(str(target), 8, verify=True)
     assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
-    assert train[(7, 0)][0].shape == (3, 8, 8)
+
+
+def test_a_folder_that_is_no_shard_folder_is_refused_before_any_copy(shard_source, tmp_path):
+    with pytest.raises(UsageError) as error:
+        shard_folder_files(shard_source)
+    assert f"--data-dir {shard_source} has no readable manifest.json" in one_line(error)
 
 
 @pytest.mark.parametrize("extra, refused", [
@@ -273,3 +301,85 @@ def test_a_member_that_is_no_image_stops_the_reader_in_one_line(tmp_path):
         train[(0, 0)]
     assert f"shard {folder / entry['name']} is damaged (sample 00000000 is not a readable " \
            "image" in one_line(error)
+
+
+def test_a_tar_given_as_a_shard_folder_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    from workload.train import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards.tar").write_bytes(b"")
+    with pytest.raises(UsageError, match="--dataset shards reads a shard folder, and "
+                                         "--data-dir shards.tar is a tar file"):
+        parse_config(["--dataset", "shards", "--data-dir", "shards.tar", "--stage-to", "L",
+                      "--device", "cpu"])
+
+
+def shards_of(samples, counts: list[int]) -> set[int]:
+    ends = list(itertools.accumulate(counts))
+    return {bisect.bisect_right(ends, sample) for sample in samples}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("counts", [[25] * 16, [25] * 15 + [13]], ids=["even", "short-last"])
+def test_each_rank_reads_its_own_stretch_of_the_shards(counts, train):
+    total = sum(counts)
+    for world_size in (1, 2, 4, 8, 16):
+        seen = []
+        for rank in range(world_size):
+            sampler = StreamSampler(counts, seed=7, rank=rank, world_size=world_size,
+                                    train=train)
+            sampler.epoch = 3
+            mine = [sample for sample, _ in sampler]
+            assert len(shards_of(mine, counts)) <= 16 // world_size + 2, (world_size, rank)
+            seen += mine
+        assert len(set(seen)) == len(seen)
+        assert len(seen) == (total // world_size * world_size if train else total)
+    # Where W does not divide the lanes, the sequence is kept and the ranks share shards.
+    assert [lanes_read(counts, w) for w in (1, 2, 3, 12, 64)] == [16, 8, 16, 4, 1]
+
+
+def test_a_ranks_reader_opens_each_of_its_shards_once_an_epoch(shard_folder, monkeypatch):
+    opened = []
+    real = shards_module.read_index
+    monkeypatch.setattr(shards_module, "read_index",
+                        lambda folder, entry: opened.append(entry["name"]) or real(folder, entry))
+    train, _, _ = load_shards(str(shard_folder), 8)
+    loader = TorchLoader(train, 8, torch.device("cpu"), lambda x: x.float(), train=True,
+                         seed=2, rank=1, world_size=2, workers=0,
+                         sampler=rank_sampler(train, True, 2, 1, 2))
+    assert sum(len(images) for images, _ in loader.batches(epoch=1)) == 56
+    # 5 shards of 25 in 4 lanes of 30: this rank reads 2 lanes, 60 samples of 3 shards.
+    assert len(opened) == len(set(opened)) <= 3
+
+
+def test_a_sample_the_writer_wrote_is_read_without_tarfiles_header_parse(shard_folder,
+                                                                        monkeypatch):
+    """tarfile's parse of a header costs more than a folder's open and read of a file:
+    the writer's own headers are checked field by field (hostile ones are parsed whole,
+    and refused, above)."""
+    train, _, _ = load_shards(str(shard_folder), 8)
+    expected = train.encoded(30)
+
+    def parse(*args):
+        raise AssertionError("a header was parsed by tarfile")
+
+    monkeypatch.setattr(tarfile.TarInfo, "frombuf", parse)
+    fresh, _, _ = load_shards(str(shard_folder), 8)
+    assert fresh.encoded(30) == expected and expected[1] == fresh.raw(1, 5)[1]
+
+
+def test_a_samples_augmentation_seeds_the_cpu_generator_alone_and_puts_it_back(
+        shard_folder, monkeypatch):
+    """torch.manual_seed also seeds every other device kind: half a millisecond a sample,
+    a tenth of decoding and augmenting a photograph."""
+    train, _, _ = load_shards(str(shard_folder), 8)
+    torch.manual_seed(11)
+    expected = train[(40, 9)][0]
+    before = torch.get_rng_state()
+
+    def everywhere(seed):
+        raise AssertionError("torch.manual_seed was called")
+
+    monkeypatch.setattr(torch, "manual_seed", everywhere)
+    assert torch.equal(train[(40, 9)][0], expected)
+    assert torch.equal(torch.get_rng_state(), before)

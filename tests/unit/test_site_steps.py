@@ -62,3 +62,28 @@ def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
             assert any(s.startswith("read 2026-") for s in sources), (site, name)
     for name, spec in data["modules"]["available"].items():
         assert spec.get("requires", "") in ("", *data["modules"]["available"]), name
+
+
+SITES = sorted(path.stem for path in TWINS.glob("*.toml"))
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_each_page_names_its_node_local_folder_as_its_twin_cites_it(site):
+    """A page's "The node-local folder" section says the folder a job has on the centre's
+    GPU nodes, what it is, when it is wiped, and where the package's caches go there
+    (workload/caches.py's rule), each as the twin's [node_local] table holds it, next to
+    the pages it was read from and the date."""
+    data = twin_data(site)
+    table = data["node_local"]
+    page = (REPO / data["page"]).read_text()
+    assert page.count("## The node-local folder") == 1, site
+    section = page.split("## The node-local folder", 1)[1].split("\n## ", 1)[0]
+    said = " ".join(section.split())
+    for key in ("folder", "kind", "wiped", "caches"):
+        assert table[key] in said, (site, key, table[key])
+    for source in table["source"]:
+        if source.startswith("https://"):
+            assert source in said, (site, source)
+    read = next(s for s in table["source"] if s.startswith("read 2026-"))
+    assert read.removeprefix("read ") in said, (site, read)
+    assert "cluster.md#cache-folders" in said, site

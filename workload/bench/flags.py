@@ -32,6 +32,14 @@ def add_input(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, default=20, help="timed batches per run (20)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs per backend, alternating between backends (3); the median counts")
+    p.add_argument("--versus-folder", metavar="DIR",
+                   help="with --dataset shards: the image folder they were written from, "
+                        "read beside them by each backend (with --stage-to, both also "
+                        "staged); the baseline is the folder read by torch")
+    p.add_argument("--read-only", action="store_true",
+                   help="with --dataset imagefolder or shards: time reading the training "
+                        "images alone, undecoded, in one thread (the backends' decoding "
+                        "left out)")
 
 
 def add_train(p: argparse.ArgumentParser) -> None:
@@ -60,6 +68,13 @@ def check(args: dict) -> None:
             raise UsageError(f"--{flag} must be 1 or more, got {args[flag]}")
     if args["command"] == "train":
         parse_sizes(args["batch_sizes"])
+    elif args["read_only"] and args["dataset"] not in ("imagefolder", "shards"):
+        raise UsageError(f"--read-only times reading image files; --dataset "
+                         f"{args['dataset']} is in memory: use --dataset imagefolder or shards")
+    elif args["versus_folder"] and args["dataset"] != "shards":
+        raise UsageError(f"--versus-folder {args['versus_folder']} compares shards with the "
+                         "image folder they were written from: it goes with --dataset shards "
+                         "--data-dir SHARDS")
     if args["json"] and (problem := output_file_problem(args["json"])):
         raise UsageError(f"--json {args['json']} cannot be written ({problem}); pass a file "
                          "path in a folder you can write to")

@@ -216,6 +216,9 @@ def _check_data_files(c: dict) -> None:
     _check_shards(c)
     data_dir, stage_to = c["data_dir"], c["stage_to"]
     is_tar = data_dir.endswith(TAR_SUFFIXES)
+    _require(not is_tar or c["dataset"] != "shards",
+             f"--dataset shards reads a shard folder, and --data-dir {data_dir} is a tar "
+             "file; pass the folder that holds manifest.json (--stage-to copies it)")
     _require(not is_tar or bool(stage_to),
              f"--data-dir {data_dir} is a tar file: add --stage-to DIR (e.g. $SLURM_TMPDIR) "
              "to unpack it on each node, or unpack it yourself")

@@ -30,7 +30,7 @@ from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, UNREADABLE, Arr
                                     SplitDataset, eval_transform, load_digits,
                                     load_imagefolder, load_synthetic, open_rgb)
 from workload.data.loaders import DeviceLoader, TorchLoader, default_workers
-from workload.data.shards import StreamSampler, load_shards
+from workload.data.shards import load_shards, rank_sampler
 from workload.data.shardwrite import write_shards
 from workload.data.staging import stage_data
 from workload.errors import UsageError
@@ -129,7 +129,7 @@ def build_shards(req: DataRequest) -> Loaders:
     make = lambda data, is_train: TorchLoader(
         data, cfg.training.batch_size, req.device, normalizer, train=is_train,
         workers=req.workers, **req.shard,
-        sampler=StreamSampler(data.counts, train=is_train, **req.shard))
+        sampler=rank_sampler(data, is_train, **req.shard))
     return Loaders(make(train, True), make(test, False), len(names), len(train), normalizer,
                    names)
 
@@ -157,8 +157,8 @@ def build_dali(req: DataRequest):
     if req.cfg.data.dataset == "shards":
         train, test, names = load_shards(req.cfg.data.data_dir, req.image_size,
                                          verify=req.cfg.data.prepare_data)
-        sources = tuple(dali.ShardSource(data, StreamSampler(data.counts, train=is_train,
-                                                             **req.shard), req.image_size)
+        sources = tuple(dali.ShardSource(data, rank_sampler(data, is_train, **req.shard),
+                                         req.image_size)
                         for data, is_train in ((train, True), (test, False)))
         normalizer, classes, num_train = _normalizer(req, None), len(names), len(train)
     elif req.cfg.data.dataset == "imagefolder":

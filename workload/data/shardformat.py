@@ -66,6 +66,17 @@ def dali_index(rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def folder_files(manifest: dict) -> list[str]:
+    """The files of a shard folder that its readers use, as its manifest names them: the
+    manifest, and per shard the tar and its two indexes (not the writer's lock and
+    ownership record, nor a partial file of a write in progress)."""
+    names = [MANIFEST]
+    for split in SPLITS:
+        for entry in manifest["splits"][split]["shards"]:
+            names += [entry["name"], index_name(entry["name"]), dali_index_name(entry["name"])]
+    return names
+
+
 def sample_key(position: int) -> str:
     return f"{position:0{KEY_DIGITS}d}"
 

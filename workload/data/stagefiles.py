@@ -66,20 +66,45 @@ def scan(folder: Path, flag: PreemptionFlag | None = None
     return folders, files
 
 
+def named(folder: Path, names: list[str], flag: PreemptionFlag | None = None
+          ) -> dict[str, os.stat_result]:
+    """The files `names` of `folder`, found without listing it (a shard folder's manifest
+    names its files: a listing of the folder would add a writer's partial files)."""
+    files = {}
+    for name in names:
+        stop_if_signalled(flag)
+        info = (folder / name).stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{folder / name} is not a regular file, and its folder's "
+                             "manifest names it as one; write the shards again")
+        files[name] = info
+    return files
+
+
+def source_files(source: Path, names: list[str] | None = None,
+                 flag: PreemptionFlag | None = None
+                 ) -> tuple[list[str], dict[str, os.stat_result]]:
+    """The folders and files of a source folder: all of them, or only `names`."""
+    if names is None:
+        return scan(source, flag)
+    return ["."], named(source, names, flag)
+
+
 def listing(folder: Path) -> dict[str, int]:
     """Every regular file under `folder`: relative path -> size."""
     return {name: info.st_size for name, info in scan(folder)[1].items()}
 
 
-def identity(source: Path, flag: PreemptionFlag | None = None) -> str:
+def identity(source: Path, flag: PreemptionFlag | None = None,
+             names: list[str] | None = None) -> str:
     """What tells one state of the source from another, without reading its contents: the
-    path, and of the tar or of every file the size, mtime and ctime in nanoseconds. ctime
-    catches a rewrite that kept the size and put the old mtime back (cp -p, rsync -t):
-    no program can set it."""
+    path, and of the tar or of every file (or of the files `names`) the size, mtime and
+    ctime in nanoseconds. ctime catches a rewrite that kept the size and put the old
+    mtime back (cp -p, rsync -t): no program can set it."""
     if source.is_file():
         stats = {"": source.stat()}
     else:
-        stats = scan(source, flag)[1]
+        stats = source_files(source, names, flag)[1]
     digest = hashlib.sha256(str(source).encode())
     for name in sorted(stats):
         info = stats[name]
@@ -95,15 +120,18 @@ def first_difference(expected: dict[str, int], found: dict[str, int]) -> str | N
     return None
 
 
-def copy_in(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
-    """Copy or unpack `source` into `partial`; the files it holds (path -> size)."""
+def copy_in(source: Path, partial: Path, flag: PreemptionFlag | None,
+            names: list[str] | None = None) -> dict[str, int]:
+    """Copy or unpack `source` into `partial` (of a folder, only the files `names` if
+    given); the files it holds (path -> size)."""
     if source.is_dir():
-        return copy_folder(source, partial, flag)
+        return copy_folder(source, partial, flag, names)
     return unpack_tar(source, partial, flag)
 
 
-def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
-    folders, files = scan(source, flag)
+def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None,
+                names: list[str] | None = None) -> dict[str, int]:
+    folders, files = source_files(source, names, flag)
     for folder in folders:  # empty class folders too: the reader counts them as classes
         (partial / folder).mkdir(parents=True, exist_ok=True)
     for name in sorted(files):

@@ -14,6 +14,12 @@ the older stagings of the same source that no live job holds. `train` removes no
 did not make: a folder without its manifest is refused. Copies go to a private folder
 first, so two stagers on one folder cannot mix their files, and a killed or stopped copy
 never looks complete.
+
+A shard folder (`--dataset shards`) is staged by the same rules, its files being those
+its manifest names (the manifest, each shard and its indexes): the folder is not listed,
+its identity is made from those files alone, and a folder that is not a complete shard
+folder is refused before anything is copied. The ranks then read the staged manifest,
+without listing the staging either.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from workload.config import TrainConfig
+from workload.data import shardformat
 from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_difference,
                                       hold_shared, identity, let_go, listing, lock_path,
                                       remove_if_unused, staged_name)
@@ -50,9 +57,10 @@ def stage_data(cfg: TrainConfig, info: DistInfo, flag: PreemptionFlag | None = N
         return cfg.data.data_dir
     source = Path(cfg.data.data_dir).expanduser().resolve()
     stage_dir = Path(cfg.data.stage_to).expanduser().resolve()
+    shards = cfg.data.dataset == "shards"
     status = None
     if info.local_rank == 0:
-        status = _stage_status(source, stage_dir, flag)
+        status = _stage_status(source, stage_dir, flag, shards)
     statuses = [s for s in _gather(status, info) if s is not None]
     for failed in (s for s in statuses if s["failed"]):
         raise UsageError(failed["text"])
@@ -63,14 +71,17 @@ def stage_data(cfg: TrainConfig, info: DistInfo, flag: PreemptionFlag | None = N
         exit_for_requeue(0, stopped["stopped"])  # every rank: none waits for the others
     for s in statuses:
         logger.info(s["text"])
-    return str(data_root(stage_dir / _node_status(statuses)["staging"]))
+    target = stage_dir / _node_status(statuses)["staging"]
+    return str(target if shards else data_root(target))  # a shard folder: no listing
 
 
-def _stage_status(source: Path, stage_dir: Path, flag: PreemptionFlag | None) -> dict:
+def _stage_status(source: Path, stage_dir: Path, flag: PreemptionFlag | None,
+                  shards: bool) -> dict:
     """What this node's stager did, for every rank: done, failed (why) or stopped."""
     status = dict(node=node_name(), failed=False, stopped=None)
     try:
-        target, status["text"] = stage_once(source, stage_dir, flag)
+        names = shard_folder_files(source) if shards else None
+        target, status["text"] = stage_once(source, stage_dir, flag, names)
         status["staging"] = target.name
     except StagingStopped as stop:
         status.update(stopped=stop.signal_name,
@@ -118,11 +129,18 @@ def read_manifest(target: Path) -> dict | None:
     return recorded if isinstance(recorded.get("files"), dict) else None
 
 
-def stage_once(source: Path, stage_dir: Path,
-               flag: PreemptionFlag | None = None) -> tuple[Path, str]:
+def shard_folder_files(source: Path) -> list[str]:
+    """The files of the shard folder `source` that a staging copies: those its manifest
+    names (a folder that is not a complete shard folder is refused before any copy)."""
+    return shardformat.folder_files(shardformat.read_manifest(source))
+
+
+def stage_once(source: Path, stage_dir: Path, flag: PreemptionFlag | None = None,
+               names: list[str] | None = None) -> tuple[Path, str]:
     """The staging of this state of `source` in `stage_dir` (made unless a complete one is
-    there, and locked for this process's life); what was done."""
-    key = identity(source, flag)
+    there, and locked for this process's life); what was done. `names`: the only files
+    of the source folder to copy (a shard folder's), else all of them."""
+    key = identity(source, flag, names)
     if problem := unwritable_reason(stage_dir, create=True):  # made here
         raise UsageError(f"--stage-to cannot be written ({problem}); pass a folder you can "
                          "write to, such as $SLURM_TMPDIR")
@@ -131,7 +149,7 @@ def stage_once(source: Path, stage_dir: Path,
     if lock not in _held:
         _held[lock] = hold_shared(lock)
     try:
-        text = _reuse_or_stage(source, target, key, flag, _held[lock])
+        text = _reuse_or_stage(source, target, key, flag, _held[lock], names)
     except BaseException:
         let_go(target, _held.pop(lock))
         raise
@@ -139,7 +157,7 @@ def stage_once(source: Path, stage_dir: Path,
 
 
 def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
-                    mine: int | None) -> str:
+                    mine: int | None, names: list[str] | None) -> str:
     started = time.perf_counter()
     recorded = read_manifest(target)
     if recorded is None and os.path.lexists(target):
@@ -152,11 +170,11 @@ def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag |
         return (f"{node_name()}: reusing the staging of {source} in {target} "
                 f"({len(recorded['files'])} files verified in "
                 f"{time.perf_counter() - started:.1f} s)")
-    return _stage_anew(source, target, key, flag, mine, started)
+    return _stage_anew(source, target, key, flag, mine, started, names)
 
 
 def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
-               mine: int | None, started: float) -> str:
+                mine: int | None, started: float, names: list[str] | None) -> str:
     if os.path.lexists(target):  # ours, but damaged (a file of it deleted)
         if mine is None:  # no locks to tell whether another job reads it: replaced
             shutil.rmtree(target)
@@ -166,7 +184,7 @@ def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | Non
                              "--stage-to folder")
     partial = target.with_name(f".{target.name}.partial-{socket.gethostname()}-{os.getpid()}")
     try:
-        expected = copy_in(source, partial, flag)
+        expected = copy_in(source, partial, flag, names)
         problem = first_difference(expected, listing(partial))
         if problem:
             raise UsageError(f"the staged copy differs from the source ({problem})")

@@ -15,14 +15,15 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workload.diagnose.records import MAX_RANKS, Skipped, flight, heartbeat, last_dump, shown
+from workload.diagnose.records import (MAX_RANKS, Skipped, flight, heartbeat, last_dump,
+                                       shown, startup)
 from workload.errors import UsageError
-from workload.launch.diagnostics import DIAGNOSTICS, FR_PREFIX
+from workload.launch.diagnostics import DIAGNOSTICS, FR_PREFIX, STARTUP_PREFIX
 
 # Ranks in plain ASCII digits (re.ASCII: "\d" would take other scripts' digits), as many
 # as MAX_RANKS needs, no leading zero.
-_RANK_FILE = re.compile(r"(heartbeat-|rank-|fr-rank-)(0|[1-9][0-9]{0,6})(\.json|\.txt)?",
-                        re.ASCII)
+_RANK_FILE = re.compile(r"(heartbeat-|rank-|fr-rank-|startup-rank-)(0|[1-9][0-9]{0,6})"
+                        r"(\.json|\.txt)?", re.ASCII)
 HEARTBEAT_BYTES = 64 << 10   # a heartbeat is a few hundred bytes
 RECORD_BYTES = 16 << 20      # fr-rank-<N>.json: 100 collectives with their stacks
 DUMP_TAIL_BYTES = 256 << 10  # rank-<N>.txt grows with every dump: its end is the latest
@@ -103,7 +104,8 @@ def read_rank_file(fd: int, name: str, match: re.Match, found: Folder) -> None:
         return
     readers = {("heartbeat-", ".json"): (HEARTBEAT_BYTES, False, heartbeat),
                ("rank-", ".txt"): (DUMP_TAIL_BYTES, True, last_dump),
-               (FR_PREFIX, ".json"): (RECORD_BYTES, False, flight)}
+               (FR_PREFIX, ".json"): (RECORD_BYTES, False, flight),
+               (STARTUP_PREFIX, ".json"): (HEARTBEAT_BYTES, False, startup)}
     if (kind, suffix) == (FR_PREFIX, None):
         found.pickled.append(name)
         return

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from workload.files import strict_json
-from workload.launch.diagnostics import STALL_MARK
+from workload.launch.diagnostics import STALL_MARK, STARTUP_PHASES
 
 MAX_RANKS = 1 << 20          # a world size or rank beyond this is not a real job's
 TEXT_CHARS = 120             # a printed string is at most this long
@@ -61,6 +61,16 @@ def heartbeat(data: bytes, rank: int) -> dict:
         raise Skipped(f"rank {rank} is not below its world size {beat['world_size']}")
     return {key: shown(beat[key]) if isinstance(beat[key], str) else beat[key]
             for key in HEARTBEAT_KEYS if key in beat}
+
+
+def startup(data: bytes, rank: int) -> dict:
+    """train's start-up record: the last phase this rank finished, and when."""
+    record = json_object(data)
+    last, at = record.get("last_phase"), record.get("at")
+    if last not in (None, *STARTUP_PHASES) or not isinstance(at, _NUMBER) \
+            or isinstance(at, bool):
+        raise Skipped("not a start-up record (last_phase or at)")
+    return {"startup_last": last, "startup_at": at}
 
 
 def last_dump(data: bytes, rank: int) -> dict:

@@ -3,8 +3,10 @@ the newest attempt (a resumed run leaves its earlier attempts' heartbeats behind
 
 from __future__ import annotations
 
+import time
+
 from workload.diagnose.records import HEARTBEAT_KEYS
-from workload.launch.diagnostics import FINISHED
+from workload.launch.diagnostics import FINISHED, STARTUP_PHASES
 
 LISTED = 20  # rank groups named in a line; the rest counted
 
@@ -98,4 +100,17 @@ def describe(r: dict) -> str:
         line += f", waiting in {r['waiting_in']}"
     if r.get("frames"):
         line += f"; main thread in {r['frames'][0]}"
+    if "startup_at" in r and "step" not in r:
+        line += "; " + start_up(r["startup_last"], r["startup_at"])
     return line
+
+
+def start_up(last: str | None, at: float) -> str:
+    """Where a rank that never took a step was in its start (train's marks)."""
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(at))
+    if last is None:
+        return f"started at {when}, finished no start-up phase"
+    if last == STARTUP_PHASES[-1]:
+        return f"took its first step at {when}"
+    following = STARTUP_PHASES[STARTUP_PHASES.index(last) + 1]
+    return f"start-up: finished {last} at {when}, then in {following}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.doctor import driver, local, nvml, pairs, ranks, storage, sweep
+from workload.doctor import driver, local, mpi, nvml, pairs, ranks, storage, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
 
@@ -22,7 +22,8 @@ def local_findings(args, info) -> list[Finding]:
     found += [local.shm_check(args.shm_path), local.dali_check(), local.tf32_check(),
               local.nccl_check(),
               local.threads_check(info.local_world_size), local.output_dir_check(args.output_dir)]
-    return found + local.cache_checks() + storage.storage_checks()
+    plugin = mpi.mpi_check()
+    return found + local.cache_checks() + storage.storage_checks() + ([plugin] if plugin else [])
 
 
 def join(args):

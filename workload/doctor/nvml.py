@@ -30,20 +30,13 @@ def read_gpu(device) -> dict | str:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
         return f"NVML did not start ({error})"
+    from workload.training.energy import gpu_handle  # torch: only where there is a GPU
     try:
         return readings(pynvml, gpu_handle(pynvml, device))
     except pynvml.NVMLError as error:
         return f"NVML could not read the GPU ({error})"
     finally:
         pynvml.nvmlShutdown()
-
-
-def gpu_handle(pynvml, device):
-    """NVML numbers GPUs regardless of CUDA_VISIBLE_DEVICES: find ours by PCI address."""
-    import torch
-    props = torch.cuda.get_device_properties(device)
-    address = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-    return pynvml.nvmlDeviceGetHandleByPciBusId(address)
 
 
 def optional(query, *args):
@@ -53,6 +46,10 @@ def optional(query, *args):
         return query(*args)
     except pynvml.NVMLError:
         return None
+
+
+def watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000
 
 
 def readings(pynvml, handle) -> dict:
@@ -72,7 +69,9 @@ def readings(pynvml, handle) -> dict:
                                  pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                  pynvml.NVML_VOLATILE_ECC),
         retired_pending=optional(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle),
-        remap_pending=None if remapped is None else bool(remapped[2] or remapped[3]))
+        remap_pending=None if remapped is None else bool(remapped[2] or remapped[3]),
+        power_w=watts(optional(pynvml.nvmlDeviceGetPowerUsage, handle)),
+        power_limit_w=watts(optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)))
 
 
 def throttled_by(bits: int) -> list[str]:
@@ -131,4 +130,13 @@ def summary(good: list[dict]) -> str:
     temps = [r["temperature_c"] for r in good]
     return (f"{len(good)} GPU(s) not throttled, no uncorrected ECC errors; SM clock "
             f"{min(clocks)}-{max(clocks)} of {max(r['sm_clock_max_mhz'] for r in good)} MHz, "
-            f"{min(temps)}-{max(temps)} °C")
+            f"{min(temps)}-{max(temps)} °C{power(good)}")
+
+
+def power(good: list[dict]) -> str:
+    """The boards' power draw beside their enforced limit, where NVML reads both."""
+    draws = [r["power_w"] for r in good if r.get("power_w") is not None]
+    limits = [r["power_limit_w"] for r in good if r.get("power_limit_w") is not None]
+    if not draws or not limits:
+        return ""
+    return f", power {min(draws):.0f}-{max(draws):.0f} W of a {min(limits):.0f} W limit"

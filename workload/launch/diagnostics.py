@@ -25,6 +25,9 @@ from collections.abc import MutableMapping
 
 DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
 FR_PREFIX = "fr-rank-"           # torch appends the rank: fr-rank-0, fr-rank-1, ...
+STARTUP_PREFIX = "startup-rank-"  # train's start-up marks: startup-rank-<N>.json
+# The phases of a start, in order (workload.training.startup marks each one's end).
+STARTUP_PHASES = ("imports", "process group", "data", "model", "resume", "first step")
 FR_BUFFER_ENTRIES = "2000"       # torch's own default once enabled (FlightRecorder.hpp)
 # The on-demand dump: not one of the preemption signals (workload/launch/preemption.py
 # handles SIGTERM, SIGINT, SIGUSR2 and SIGHUP; torchrun forwards SIGQUIT).

@@ -166,8 +166,13 @@ def runtime_commands(env, jobs_dir, names):
         return [], [], [os.path.join(jobs_dir, "..", "entrypoint.sh")]
     if runtime == "pyxis":
         # pyxis starts in the image's WORKDIR and skips its ENTRYPOINT: start in this
-        # folder (mounted at the same path) so relative paths stay on the host.
-        return (["--container-image=" + image, "--container-mounts=" + cwd + "," + data_dir,
+        # folder (mounted at the same path) so relative paths stay on the host. enroot
+        # gives the container its own /tmp: the job's node-local folder, where SLURM
+        # gives one, is mounted too, for the caches and --stage-to (workload/caches.py).
+        mounts = [cwd, data_dir]
+        if setting(env, "SLURM_TMPDIR"):
+            mounts.append(plain_path("SLURM_TMPDIR", env["SLURM_TMPDIR"], runtime))
+        return (["--container-image=" + image, "--container-mounts=" + ",".join(mounts),
                  "--container-workdir=" + cwd], [], [entrypoint])
     edf = setting(env, "EDF")
     if not edf:

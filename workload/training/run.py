@@ -14,30 +14,37 @@ from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import append_jsonl, write_json
+from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_one_run,
                                          enable_dump_on_signal)
 from workload.logs import logger
 from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
+from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
+from workload.training.compile_cache import CompileCache
+from workload.training.startup import StartupClock, across_ranks, log_startup, record_name
 from workload.training.progress import ProgressLog
-from workload.training.trainer import Hooks, Trainer
+from workload.training.trainer import Hooks, Trainer, sync
 from workload.training.stragglers import StragglerWatch
-from workload.training.watchdog import Activity, StallWatchdog, attempt_id
+from workload.training.probe import StepProbe
+from workload.training.watchdog import StallWatchdog, attempt_id
 
 
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
+    clock = StartupClock(diagnostics_folder(cfg) / record_name())
+    clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
     with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
             start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
-        return run_in_process(cfg, info, precision, flag, started)
+        clock.mark("process group")
+        return run_in_process(cfg, info, precision, flag, started, clock)
 
 
 def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
-                   flag: PreemptionFlag | None, started: float) -> dict:
+                   flag: PreemptionFlag | None, started: float, clock: StartupClock) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
     if cfg.data.shards:
         return shards_written(cfg, info)
@@ -46,9 +53,10 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
                       info.local_world_size, for_training=not cfg.data.prepare_data)
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
+    clock.mark("data")
     out = prepare_output_dir(cfg.logging.output_dir)
     with checkpoint.lock_run_folder(out, info):  # one writer: before anything is written
-        summary = train_in(out, cfg, info, data, precision, flag)
+        summary = train_in(out, cfg, info, data, precision, flag, clock)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
             write_summary(out, summary)
@@ -56,18 +64,24 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
 
 
 def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
-             flag: PreemptionFlag | None) -> dict:
+             flag: PreemptionFlag | None, clock: StartupClock) -> dict:
     """Prepare the run folder, build and resume the state, fit: the summary."""
+    previous = previous_startup(out) if info.is_main else None
     checkpoint.prepare(cfg, out, info.is_main)
+    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
+    state.energy = energy
+    clock.mark("model")
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out, data.num_classes)
+    clock.mark("resume")
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
-    activity = Activity(state.step)
-    watchdog = StallWatchdog(activity, diagnostics_folder(cfg), info.rank, info.world_size,
+    compiled = compile_cache(cfg, info, out)
+    probe = energy.probe = StepProbe(state.step)
+    watchdog = StallWatchdog(probe, diagnostics_folder(cfg), info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
                              attempt_id(info.is_main, info.device))
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
@@ -77,15 +91,66 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     # The checkpointer's end commits the save in flight: before the final model, the
     # summary and the lock's release, and before a preempted run's exit.
     with watching(watchdog), open_board(board_wanted, out, wandb) as board, checkpointer:
-        hooks = Hooks(after_step=[checkpointer.after_step, shorten_timeout(cfg, info)],
+        packs = [compiled.save] if compiled else []  # after the first step and each epoch
+        started_up = {}
+        hooks = Hooks(after_step=[first_step_only(first_step_done(clock, info, previous,
+                                                                  started_up)),
+                                  checkpointer.after_step, shorten_timeout(cfg, info),
+                                  *map(first_step_only, packs)],
                       after_epoch=[*epoch_records(cfg, info, out, board),
-                                   checkpointer.after_epoch],
-                      progress=progress_hooks(cfg, info, out, len(data.train), activity),
+                                   checkpointer.after_epoch, *packs],
+                      progress=progress_hooks(cfg, info, out, len(data.train), probe,
+                                              energy),
                       at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks, activity).fit()
+        summary = Trainer(cfg, info, state, data, precision, hooks, probe).fit()
     save_model(cfg, data, state.model, out, info.is_main)
+    summary.update(summary_fields(energy.record(), state.step))
     summary.update(run_facts(cfg, info, state.model, precision))
+    if compiled:
+        summary["compile_cache"] = compiled.facts
+    summary["startup"] = started_up or None  # None: this job took no step
     return summary
+
+
+def first_step_done(clock: StartupClock, info: DistInfo, previous: dict | None,
+                    found: dict):
+    """The hook that ends the start-up: its phases across ranks, logged (rank 0), into
+    `found` for the summary."""
+    def done() -> None:
+        sync(info.device)
+        clock.mark("first step")
+        found.update(across_ranks(clock, info.device))
+        if info.is_main:
+            log_startup(found, previous)
+    return done
+
+
+def previous_startup(out: Path) -> dict | None:
+    """The start-up of the run's previous job, from the summary.json it left."""
+    try:
+        return read_json_file(out / "summary.json").get("startup")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def compile_cache(cfg: TrainConfig, info: DistInfo, out: Path) -> CompileCache | None:
+    """With --compile: the run folder's compile cache, unpacked before the first step."""
+    if not cfg.hardware.compile:
+        return None
+    cache = CompileCache(out, info.device, info.is_main)
+    cache.load()
+    return cache
+
+
+def first_step_only(hook):
+    """An after-step hook that runs after this job's first step only."""
+    pending = [True]
+
+    def after_step() -> None:
+        if pending[0]:
+            pending[0] = False
+            hook()
+    return after_step
 
 
 @contextmanager
@@ -109,15 +174,11 @@ def watching(watchdog: StallWatchdog):
 def shorten_timeout(cfg: TrainConfig, info: DistInfo):
     """The hook that, after this process's first step, moves the collectives from
     --dist-start-timeout to --dist-timeout (start-up, staging and compilation are done)."""
-    pending = [info.world_size > 1]
-
-    def after_step() -> None:
-        if pending[0]:
-            pending[0] = False
-            distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
-            logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
-                        f"(--dist-timeout; --dist-start-timeout until the first step)")
-    return after_step
+    def shorten() -> None:
+        distributed.set_collective_timeout(cfg.distributed.dist_timeout_s)
+        logger.info(f"collective timeout now {cfg.distributed.dist_timeout_s:g} s "
+                    f"(--dist-timeout; --dist-start-timeout until the first step)")
+    return first_step_only(shorten if info.world_size > 1 else lambda: None)
 
 
 def diagnostics_folder(cfg: TrainConfig) -> Path:
@@ -151,14 +212,15 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
 
 
 def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
-                   activity: Activity) -> list:
-    """Every rank's straggler check (several ranks); rank 0's progress lines
-    (--log-every) and steps.jsonl, with the ranks' spread of step times."""
-    ranks = ([StragglerWatch(activity, cfg.logging.log_every, info.world_size, info.device,
-                             info.is_main)] if info.world_size > 1 else [])
+                   probe: StepProbe, energy: EnergyAccount) -> list:
+    """Every rank's exchange (the straggler check with several ranks, and the energy);
+    rank 0's progress lines (--log-every) and steps.jsonl, with the ranks' spread of step
+    times and the energy."""
+    ranks = [StragglerWatch(probe, cfg.logging.log_every, info.world_size, info.device,
+                            info.is_main, energy)]
     if not info.is_main:
         return ranks
-    extra = ranks[0].latest_record if ranks else dict
+    extra = ranks[0].latest_record
     return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
                                 info.world_size, info.device, out / "steps.jsonl", extra=extra)]
 
@@ -217,6 +279,8 @@ def spread_facts(cfg: TrainConfig, info: DistInfo) -> dict:
 
 def write_summary(out: Path, summary: dict) -> None:
     write_json(out / "summary.json", summary)
+    kwh = summary.get("gpu_energy_kwh")
+    energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s; summary in {out / 'summary.json'}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in {out / 'summary.json'}")

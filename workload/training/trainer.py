@@ -27,8 +27,8 @@ from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.logs import Progress, logger
 from workload.precision import autocast
-from workload.training.watchdog import (CHECKPOINT, COLLECTIVE, COMPUTE, DATA, EVALUATION,
-                                        OPTIMIZER, Activity)
+from workload.training.probe import StepProbe
+from workload.training.watchdog import CHECKPOINT, COLLECTIVE, EVALUATION
 
 
 # Steps between two reads of the summed training loss (one host synchronisation each).
@@ -81,6 +81,9 @@ class TrainState:
     step: int = 0
     batch: int = 0  # batches done in the current epoch: where a resumed run continues
     accuracies: list[float] = field(default_factory=list)
+    # The run's energy (workload.training.energy.EnergyAccount): its running total goes
+    # into the checkpoint's trainer state and comes back on resume.
+    energy: object | None = None
 
 
 @dataclass
@@ -130,47 +133,35 @@ def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: floa
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, info: DistInfo, state: TrainState, data,
-                 precision: str, hooks: Hooks | None = None, activity: Activity | None = None):
+                 precision: str, hooks: Hooks | None = None, probe: StepProbe | None = None):
         self.cfg = cfg
         self.info = info
         self.state = state
         self.data = data
         self.precision = precision
         self.hooks = hooks or Hooks()
-        # Where the loop is, for the stall watchdog: plain attribute writes, nothing more.
-        self.activity = activity or Activity(state.step)
+        # What the watchdog, the straggler check and the energy read of the loop.
+        self.probe = probe or StepProbe(state.step)
+        self.probe.watch_forward(state.model)
+        # This job's first step (a resumed job's too): its warm-up and compilation are
+        # timed apart (first_step_s), never counted into the images per second.
+        self.first_step = state.step + 1
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
-        # DDP's forward first broadcasts rank 0's buffers (BatchNorm's), a wait for the
-        # slowest rank: a rank's own work starts when its module's forward does.
-        self.forward_started = 0.0
-        inner = getattr(state.model, "module", None)
-        self.stamped_by_hook = isinstance(inner, nn.Module)
-        if self.stamped_by_hook:
-            inner.register_forward_pre_hook(self.stamp_forward)
-
-    def stamp_forward(self, *_) -> None:
-        self.forward_started = self.activity.mark()
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        state, activity = self.state, self.activity
-        if not self.stamped_by_hook:  # one mark a step: on a GPU each is an event
-            self.forward_started = activity.mark()
-        activity.phase = COMPUTE  # DDP's gradient all-reduce runs inside backward
+        state, probe = self.state, self.probe
+        probe.forward_start()
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
         state.optimizer.zero_grad(set_to_none=True)
-        backward = activity.mark()
+        probe.backward_start()
         state.scaler.scale(loss).backward()
-        activity.phase = OPTIMIZER
-        optimizer = activity.mark()
+        probe.optimizer_start()
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.schedule.step()
         state.step += 1
-        activity.step = state.step
-        # Its own work: the step less backward, where DDP waits for the other ranks.
-        activity.add_busy(self.forward_started, backward)
-        activity.add_busy(optimizer, activity.mark())
+        probe.step_end(state.step, len(labels))
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
@@ -182,35 +173,34 @@ class Trainer:
         timed_images = 0
         first_step_s = None
         t_epoch = t_window = time.perf_counter()
-        self.activity.phase = DATA
-        fetching = time.perf_counter()
+        probe = self.probe
+        probe.step_start()
         for batch, (images, labels) in enumerate(self.data.train.batches(epoch, start_batch),
                                                   start=start_batch + 1):
             if self.done_stepping():
                 break
-            self.activity.data_s += time.perf_counter() - fetching
+            probe.data_ready()
             loss = self.train_step(images, labels)
             loss_sum += loss
             steps += 1
             state.batch = batch
             if steps % FINITE_CHECK_EVERY == 0:  # before the hooks: no save of a diverged run
-                self.activity.phase = COLLECTIVE
+                probe.enter(COLLECTIVE)
                 self.check_loss(distributed.all_reduce_sum(loss_sum).item())
-            self.activity.phase = CHECKPOINT
+            probe.enter(CHECKPOINT)
             for hook in self.hooks.after_step:
                 hook()
             for hook in self.hooks.progress:
                 hook(StepDone(epoch, batch, state.step, len(labels), loss))
-            if state.step == 1:  # the run's first step: warm-up (and compilation) time
+            if state.step == self.first_step:  # warm-up (and compilation) time
                 sync(device)
                 t_window = time.perf_counter()
                 first_step_s = t_window - t_epoch
             else:
                 timed_images += len(labels)
             progress.update(batch)
-            self.activity.phase = DATA
-            fetching = time.perf_counter()
-        self.activity.phase = COLLECTIVE
+            probe.step_start()
+        probe.enter(COLLECTIVE)
         sync(device)
         progress.close()
         t_end = time.perf_counter()
@@ -235,7 +225,7 @@ class Trainer:
 
     def evaluate(self) -> tuple[float, float]:
         """Accuracy and mean loss over the whole test set, summed across ranks."""
-        self.activity.phase = EVALUATION
+        self.probe.enter(EVALUATION)
         result = evaluate_model(self.state.model, self.data.test, self.precision,
                                 self.info.device)
         return result.accuracy, result.loss
@@ -269,7 +259,7 @@ class Trainer:
         while state.epoch < cfg.epochs and not self.done_stepping():
             stats = self.train_epoch(state.epoch, state.batch)
             partway = self.stopped_partway()
-            self.activity.phase = CHECKPOINT
+            self.probe.enter(CHECKPOINT)
             for hook in self.hooks.at_step_limit if partway else []:
                 hook()  # before the evaluation: the position an uninterrupted run passes
             final, test_loss = self.evaluate()
@@ -281,7 +271,7 @@ class Trainer:
             timed_images += stats.timed_images
             timed_seconds += stats.timed_seconds
             first_step_s = first_step_s or stats.first_step_s
-            self.activity.phase = CHECKPOINT
+            self.probe.enter(CHECKPOINT)
             for hook in self.hooks.after_epoch:
                 hook(record)
             if not partway and self.reached_target():

@@ -1,9 +1,9 @@
 """The stall watchdog of every rank of `train` (docs/hangs.md).
 
-The loop says where it is by two attribute writes on an `Activity` (the step count and
-the phase): no clock read, no syscall, no lock per step. A daemon thread looks at it every
-few seconds (every second until it has seen a step done): it learns the step time from
-how fast the count moves, writes the rank's heartbeat
+The loop's probe (workload.training.probe) says where it is in an `Activity` (the step
+count and the phase): attribute writes, no syscall, no lock per step. A daemon thread
+looks at it every few seconds (every second until it has seen a step done): it learns
+the step time from how fast the count moves, writes the rank's heartbeat
 (``diagnostics/heartbeat-<rank>.json``: step, phase, host, pid, the attempt) when
 something changed or every HEARTBEAT_EVERY seconds, and a last one when the run ends. Once
 it has seen a step done, when no step completes within the stall timeout
@@ -44,45 +44,13 @@ FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N
 
 
 class Activity:
-    """Where this rank is: written by the loop, read by the watchdog thread; and the
-    seconds it spent on its own work and waiting for data (the straggler check's).
+    """What the watchdog reads of a rank: its step count and its phase (the loop's
+    probe, workload.training.probe.StepProbe, writes them)."""
 
-    Own work is timed by the host's clock, except on a GPU that the straggler check
-    times (`time_on_gpu`): the host runs ahead of a GPU, so a slow GPU would show in host
-    time only where something waits for it, mostly in backward's all-reduce, which is not
-    counted. There the spans are CUDA events, read when the check asks (`busy_total_s`)."""
-
-    __slots__ = ("step", "phase", "busy_s", "data_s", "on_gpu", "gpu_spans")
+    __slots__ = ("step", "phase")
 
     def __init__(self, step: int = 0):
         self.step, self.phase = step, STARTUP
-        self.busy_s = self.data_s = 0.0
-        self.on_gpu, self.gpu_spans = False, []
-
-    def time_on_gpu(self) -> None:
-        self.on_gpu = True
-
-    def mark(self):
-        """Now, for one end of a span of own work: a clock reading, or a recorded event."""
-        if not self.on_gpu:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def add_busy(self, start, end) -> None:
-        if self.on_gpu:
-            self.gpu_spans.append((start, end))
-        else:
-            self.busy_s += end - start
-
-    def busy_total_s(self) -> float:
-        """busy_s with the GPU's spans so far (this waits for the GPU to reach them)."""
-        if self.gpu_spans:
-            self.gpu_spans[-1][1].synchronize()
-            self.busy_s += sum(a.elapsed_time(b) for a, b in self.gpu_spans) / 1000
-            self.gpu_spans.clear()
-        return self.busy_s
 
 
 class StallWatchdog:

@@ -1,0 +1,81 @@
+"""The compile cache artifact is code the job will run: read only when it is the user's
+own file that no one else may write, and unpacked only when every member stays inside the
+two cache folders as a file or a folder."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from workload.training.compile_cache import checked_members, trust_problem, unpack
+
+
+def tar_with(path, *members: tarfile.TarInfo, data: bytes = b"kernel") -> None:
+    with tarfile.open(path, "w") as tar:
+        for member in members:
+            member.size = len(data) if member.isfile() else 0
+            tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+
+
+def member(name: str, kind=tarfile.REGTYPE, target: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, target, 0o644
+    return info
+
+
+@pytest.fixture
+def folders(tmp_path):
+    return {"inductor": tmp_path / "inductor", "triton": tmp_path / "triton"}
+
+
+@pytest.mark.parametrize("bad, says", [
+    (member("../inductor/x"), "outside the cache folders"),
+    (member("/etc/passwd"), "outside the cache folders"),
+    (member("inductor/../../x"), "outside the cache folders"),
+    (member("home/.bashrc"), "outside the cache folders"),
+    (member("inductor/link", tarfile.SYMTYPE, "/etc/passwd"), "not a file or a folder"),
+    (member("triton/hard", tarfile.LNKTYPE, "inductor/a"), "not a file or a folder"),
+    (member("inductor/dev", tarfile.CHRTYPE), "not a file or a folder"),
+])
+def test_a_hostile_member_refuses_the_whole_file_before_anything_is_written(
+        tmp_path, folders, bad, says):
+    path = tmp_path / "a.tar"
+    tar_with(path, member("inductor/a"), bad)
+    with tarfile.open(path) as tar, pytest.raises(ValueError, match=says):
+        checked_members(tar, folders)
+    assert not any(folder.exists() for folder in folders.values())
+
+
+def test_good_members_land_in_their_folders_and_a_present_file_is_kept(tmp_path, folders):
+    path = tmp_path / "a.tar"
+    tar_with(path, member("inductor/fx/a"), member("triton/k/b.so"))
+    (folders["triton"] / "k").mkdir(parents=True)
+    (folders["triton"] / "k" / "b.so").write_bytes(b"mine")
+    with tarfile.open(path) as tar:
+        assert unpack(tar, checked_members(tar, folders), folders) == 1
+    assert (folders["inductor"] / "fx" / "a").read_bytes() == b"kernel"
+    assert (folders["triton"] / "k" / "b.so").read_bytes() == b"mine"
+
+
+def test_a_file_others_may_write_or_a_link_is_not_read(tmp_path):
+    path = tmp_path / "compile-cache-x.tar"
+    tar_with(path, member("inductor/a"))
+    path.chmod(0o644)
+    assert trust_problem(path) is None
+    path.chmod(0o664)
+    assert "others may write it" in trust_problem(path)
+    link = tmp_path / "link.tar"
+    link.symlink_to(path)
+    assert trust_problem(link) == "it is not a regular file"
+
+
+@pytest.mark.root  # chown to another uid
+def test_another_users_file_is_not_read(tmp_path):
+    path = tmp_path / "compile-cache-x.tar"
+    tar_with(path, member("inductor/a"))
+    path.chmod(0o644)
+    os.chown(path, 65533, 65533)
+    assert trust_problem(path) == "it belongs to uid 65533, not to you"

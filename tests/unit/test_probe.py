@@ -1,0 +1,82 @@
+"""The loop's probe on its own: the phases the named points set, the data wait and own
+work it adds up, the steps and images; and that the loop writes nothing else (its call
+sites are the probe's methods). The CUDA path: tests/gpu/test_stragglers_gpu.py."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+import torch.nn as nn
+
+from workload.training.probe import StepProbe
+from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, OPTIMIZER, STARTUP,
+                                        Activity)
+
+
+def test_the_named_points_set_the_phase_and_add_up_data_wait_and_own_work():
+    probe = StepProbe(step=7)
+    assert isinstance(probe, Activity) and (probe.step, probe.phase) == (7, STARTUP)
+    probe.step_start()
+    assert probe.phase == DATA
+    time.sleep(0.02)
+    probe.data_ready()
+    probe.forward_start()
+    assert probe.phase == COMPUTE
+    time.sleep(0.02)  # forward: own work
+    probe.backward_start()
+    time.sleep(0.05)  # backward: DDP's all-reduce waits here, not own work
+    probe.optimizer_start()
+    assert probe.phase == OPTIMIZER
+    time.sleep(0.01)
+    probe.step_end(8, images=16)
+    assert (probe.step, probe.images) == (8, 16)
+    assert 0.02 <= probe.data_s < 0.05
+    assert 0.03 <= probe.busy_total_s() < 0.06  # forward and optimizer, not backward
+    assert probe.enter(CHECKPOINT) == OPTIMIZER and probe.phase == CHECKPOINT
+
+
+def test_intervals_are_read_as_differences_of_the_running_sums():
+    probe = StepProbe()
+    for step in (1, 2, 3):
+        probe.step_start()
+        probe.data_ready()
+        probe.forward_start()
+        probe.backward_start()
+        probe.optimizer_start()
+        probe.step_end(step, images=4)
+    first = probe.busy_total_s()
+    assert first >= 0 and probe.busy_total_s() == first  # a read adds nothing
+    assert (probe.step, probe.images) == (3, 12)
+
+
+def test_under_ddp_the_modules_forward_hook_marks_the_forward():
+    wrapper = nn.Module()
+    wrapper.module = nn.Linear(2, 2)
+    probe = StepProbe()
+    probe.watch_forward(wrapper)
+    probe.forward_start()  # the hook's to mark, not this call's
+    assert probe._forward is None
+    wrapper.module(__import__("torch").zeros(1, 2))
+    assert probe._forward is not None
+
+
+def test_the_loop_writes_nothing_but_the_probes_points():
+    import inspect
+
+    from workload.training import trainer
+    source = inspect.getsource(trainer)
+    assert not re.search(r"probe\.\w+\s*=[^=]", source), "a field written by the loop"
+    assert "activity" not in source.lower()
+
+
+def test_own_work_on_the_host_adds_the_spans_between_marks():
+    activity = StepProbe()
+    start = activity.mark()
+    end = activity.mark()
+    activity.add_busy(start, end)
+    activity.add_busy(1.0, 1.25)
+    assert activity.busy_total_s() == pytest.approx(end - start + 0.25)
+    assert activity.gpu_spans == []

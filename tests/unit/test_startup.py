@@ -1,0 +1,65 @@
+"""Start-up phases: the clock starts at the process's start (or the job's), the phases
+follow the marks, a slow phase against the previous job is named, and diagnose reads a
+rank's record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import REPO
+from workload.diagnose.records import Skipped, startup
+from workload.diagnose.verdict import start_up
+from workload.training.startup import (BEFORE, StartupClock, process_start, record_name,
+                                       slower_phases)
+
+
+def test_the_clock_starts_when_the_process_started_not_when_it_asks():
+    """A child that sleeps before asking still reports the moment it was started."""
+    before = time.time()
+    done = subprocess.run([sys.executable, "-c", "import time; time.sleep(1.5); "
+                           "from workload.training.startup import process_start; "
+                           "print(process_start())"], capture_output=True, text=True,
+                          check=True, cwd=REPO)
+    assert abs(float(done.stdout) - before) < 0.5, (done.stdout, before)
+
+
+def test_phases_follow_the_marks_and_the_job_start_comes_first(tmp_path):
+    clock = StartupClock(tmp_path / "d" / "startup-rank-0.json",
+                         env={"SLURM_JOB_START_TIME": str(int(process_start()) - 7)})
+    clock.mark("imports")
+    clock.mark("process group")
+    phases = clock.phases()
+    assert list(phases) == [BEFORE, "imports", "process group"]
+    assert 6 <= phases[BEFORE] <= 8
+    assert sum(phases.values()) == pytest.approx(clock.marks[-1][1] - clock.job)
+    record = json.loads((tmp_path / "d" / "startup-rank-0.json").read_text())
+    assert record["last_phase"] == "process group" and record["since"] == "job start"
+
+
+def test_the_record_is_named_by_the_launch_rank():
+    assert record_name({"RANK": "3", "SLURM_PROCID": "1"}) == "startup-rank-3.json"
+    assert record_name({"SLURM_PROCID": "5"}) == "startup-rank-5.json"
+    assert record_name({"RANK": "../x"}) == "startup-rank-0.json"
+
+
+def test_a_phase_far_over_the_previous_jobs_is_named_once():
+    previous = {"phases_s": {"data": 20.0, "model": 1.0, "imports": "x"}}
+    lines = slower_phases({"data": 95.0, "model": 5.0, "imports": 50.0}, previous)
+    assert lines == ["start-up: data took 95.0s, 5x the 20.0s of this run's previous job"]
+    assert slower_phases({"data": 95.0}, None) == []
+    assert slower_phases({"data": 95.0}, {"phases_s": [1]}) == []
+
+
+def test_diagnose_reads_the_record_and_names_the_phase_after_the_last():
+    data = json.dumps({"last_phase": "data", "at": 0}).encode()
+    assert startup(data, 0) == {"startup_last": "data", "startup_at": 0}
+    assert start_up("data", 0) == "start-up: finished data at 00:00:00 UTC, then in model"
+    for bad in ({"last_phase": "lunch", "at": 0}, {"last_phase": "data", "at": "noon"},
+                {"last_phase": "data", "at": True}):
+        with pytest.raises(Skipped):
+            startup(json.dumps(bad).encode(), 0)

@@ -1,0 +1,133 @@
+"""Start-up phases: where each rank's time to its first step goes.
+
+The clock starts where the process started (read from /proc: the interpreter's start, not
+the first line of ours), or where the job started when SLURM says
+(`SLURM_JOB_START_TIME`): the time before this process (srun, the container's start, the
+batch script's earlier steps) is then the first phase. `run` marks the end of each later
+phase: imports (the interpreter, torch and ours), the process group, the data (download
+check, staging, the datasets), the model (built, wrapped, its optimizer), the resume,
+and the first step (the loader's workers, compilation, the first collectives). Each rank
+writes its marks as they happen to `diagnostics/startup-rank-N.json`, so a job that
+never reached its first step still says which phase it was in. After the first step the
+ranks exchange their phases in one small all-gather; rank 0 logs them with the slowest
+rank of each, keeps them in summary.json (`startup`), and names a phase that took far
+longer than in the run's previous job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from workload.files import write_json
+from workload.launch.diagnostics import STARTUP_PHASES as PHASES
+from workload.launch.diagnostics import STARTUP_PREFIX
+from workload.logs import logger
+
+BEFORE = "before this process"
+# A phase is named when it took this many times its previous job's and this much longer.
+SLOWER_FACTOR, SLOWER_BY_S = 3.0, 10.0
+
+
+def process_start(now: float | None = None) -> float | None:
+    """When this process started (epoch seconds, to the kernel's clock tick), or None
+    where /proc does not say."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_ticks = int(after_name[19])  # field 22 of stat(5), counted after ")"
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    age = uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    return (time.time() if now is None else now) - age
+
+
+def job_start(env=os.environ) -> float | None:
+    value = env.get("SLURM_JOB_START_TIME", "")
+    return float(value) if value.isdigit() else None
+
+
+def record_name(env=os.environ) -> str:
+    """This process's record, named by its rank before the process group forms
+    (torchrun's or srun's)."""
+    rank = next((env[key] for key in ("RANK", "SLURM_PROCID") if env.get(key, "").isdigit()),
+                "0")
+    return f"{STARTUP_PREFIX}{int(rank)}.json"
+
+
+class StartupClock:
+    """The marks of one rank; `record` writes them where diagnose reads them."""
+
+    def __init__(self, record: Path | None = None, env=os.environ):
+        self.origin = process_start() or time.time()
+        self.job = job_start(env)
+        self.record = record
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.time()))
+        if self.record is not None:
+            try:
+                self.record.parent.mkdir(parents=True, exist_ok=True)
+                write_json(self.record, self.describe())
+            except OSError:  # diagnostics never stop a start (watching() says why)
+                self.record = None
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase, in order, from the process's (or the job's) start."""
+        # max: the job's start is slurmctld's clock, the process's this node's
+        found = {BEFORE: max(0.0, self.origin - self.job)} if self.job is not None else {}
+        last = self.origin
+        for phase, at in self.marks:
+            found[phase] = at - last
+            last = at
+        return found
+
+    def describe(self) -> dict:
+        return {"since": "job start" if self.job is not None else "process start",
+                "phases_s": self.phases(),
+                "last_phase": self.marks[-1][0] if self.marks else None,
+                "at": self.marks[-1][1] if self.marks else self.origin}
+
+
+def across_ranks(clock: StartupClock, device) -> dict:
+    """Every rank's phases (one all-gather of a few numbers, every rank calls it): the
+    summary's `startup`, with the slowest rank of each phase."""
+    from workload import distributed  # here: the clock itself is read before torch is
+
+    names = [BEFORE, *PHASES] if clock.job is not None else list(PHASES)
+    mine = clock.phases()
+    every = distributed.all_gather_floats([mine.get(name, 0.0) for name in names], device)
+    slowest = {name: max(range(len(every)), key=lambda rank: every[rank][i])
+               for i, name in enumerate(names)}
+    return {"since": clock.describe()["since"],
+            "phases_s": {name: every[slowest[name]][i] for i, name in enumerate(names)},
+            "slowest_rank": slowest, "to_first_step_s": sum(mine.values())}
+
+
+def log_startup(found: dict, previous: dict | None) -> None:
+    """One line of the phases (the slowest rank's), and one per phase far over its share
+    in the run's previous job."""
+    parts = [f"{name} {seconds:.1f}s" + (f" (rank {found['slowest_rank'][name]})"
+                                         if found["slowest_rank"][name] else "")
+             for name, seconds in found["phases_s"].items()]
+    logger.info(f"start-up since {found['since']}: {', '.join(parts)}; first step "
+                f"{found['to_first_step_s']:.1f}s after the {found['since']}")
+    for line in slower_phases(found["phases_s"], previous):
+        logger.warning(line)
+
+
+def slower_phases(phases: dict[str, float], previous: dict | None) -> list[str]:
+    """A line for each phase that took SLOWER_FACTOR times its previous job's and
+    SLOWER_BY_S longer (what the previous job's summary.json says, checked)."""
+    before = previous.get("phases_s") if isinstance(previous, dict) else None
+    lines = []
+    for name, seconds in phases.items():
+        usual = before.get(name) if isinstance(before, dict) else None
+        if isinstance(usual, (int, float)) and not isinstance(usual, bool) and \
+                seconds > SLOWER_FACTOR * usual and seconds - usual > SLOWER_BY_S:
+            lines.append(f"start-up: {name} took {seconds:.1f}s, "
+                         f"{seconds / max(usual, 0.1):.0f}x the {usual:.1f}s of this run's "
+                         "previous job")
+    return lines
