@@ -10,6 +10,9 @@ page cache treat both alike:
   async     the same state saved by workload.checkpoint.Checkpoints(async_save=True):
             the time its save() blocks (the copy into the staging buffer) and the time
             until the writer process has committed the checkpoint (save() to wait());
+  train     train's own saves (workload.checkpoint.Checkpointer, the snapshot included),
+            with --no-checkpoint-async (blocked until committed) and with
+            --checkpoint-async, its default (blocked, and until the writer committed);
   baseline  the same files' bytes, already serialised, written and fsynced.
 
 and prints the median of each and the ratios to the bare I/O. The writer process starts
@@ -32,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint import Checkpoints, save_checkpoint, take_snapshot
+from workload.checkpoint import (Checkpointer, Checkpoints, PreemptionFlag, save_checkpoint,
+                                 take_snapshot)
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.training.build import build_state
@@ -61,6 +65,22 @@ def timed_async(ckpt: Checkpoints, state, step: int) -> tuple[float, float]:
     ckpt.save(step, model=state.model, optimizer=state.optimizer, scheduler=state.schedule)
     blocked = time.perf_counter() - start
     ckpt.wait()
+    return blocked, time.perf_counter() - start
+
+
+def checkpointer(cfg, state, out: Path, async_save: bool) -> Checkpointer:
+    cfg = cfg.replace(checkpoint_async=async_save, keep_checkpoints=1)
+    return Checkpointer(cfg, DistInfo.alone(torch.device("cpu")), state, out, 10,
+                        PreemptionFlag(), num_classes=100)
+
+
+def timed_train(saver: Checkpointer, state, step: int) -> tuple[float, float]:
+    """(blocked, committed): train's save at a new step, and until it is committed."""
+    state.step = step
+    start = time.perf_counter()
+    saver.save("bench")
+    blocked = time.perf_counter() - start
+    saver.settle()
     return blocked, time.perf_counter() - start
 
 
@@ -98,33 +118,40 @@ def main() -> None:
         first = work / "first"
         timed_save(first, snapshot)  # warm-up; its files are the baseline's bytes
         contents = saved_bytes(next(p for p in first.iterdir() if p.name.startswith("step-")))
-        saves, writes, asyncs = [], [], []
-        with Checkpoints(work / "async", keep=1, async_save=True) as ckpt:
+        times: dict[str, list] = {"saves": [], "writes": [], "asyncs": [],
+                                  "train_sync": [], "train_async": []}
+        with Checkpoints(work / "async", keep=1, async_save=True) as ckpt, \
+                checkpointer(cfg, state, work / "train-sync", False) as sync, \
+                checkpointer(cfg, state, work / "train-async", True) as background:
             timed_async(ckpt, state, 0)  # warm-up: starts the writer, sizes the buffer
+            timed_train(background, state, 0)  # the same for train's writer
             for round_ in range(args.repeats):
-                saves.append(timed_save(work / f"save-{round_}", snapshot))
-                asyncs.append(timed_async(ckpt, state, round_ + 1))
-                writes.append(timed_write(work / f"write-{round_}", contents))
-        report(contents, saves, writes, asyncs, args)
+                times["saves"].append(timed_save(work / f"save-{round_}", snapshot))
+                times["asyncs"].append(timed_async(ckpt, state, round_ + 1))
+                times["train_sync"].append(timed_train(sync, state, round_ + 1))
+                times["train_async"].append(timed_train(background, state, round_ + 1))
+                times["writes"].append(timed_write(work / f"write-{round_}", contents))
+        report(contents, times, args)
     finally:
         shutil.rmtree(work)
 
 
-def report(contents: dict[str, bytes], saves: list[float], writes: list[float],
-           asyncs: list[tuple[float, float]], args) -> None:
+def report(contents: dict[str, bytes], times: dict[str, list], args) -> None:
     size = sum(len(data) for data in contents.values()) / 1e6
-    save, write = statistics.median(saves), statistics.median(writes)
-    blocked = [b for b, _ in asyncs]
-    committed = [c for _, c in asyncs]
+    write = statistics.median(times["writes"])
+    rows = [("save_checkpoint: blocked", times["saves"]),
+            ("Checkpoints async: blocked", [b for b, _ in times["asyncs"]]),
+            ("Checkpoints async: committed", [c for _, c in times["asyncs"]]),
+            ("train sync: blocked", [b for b, _ in times["train_sync"]]),
+            ("train async: blocked", [b for b, _ in times["train_async"]]),
+            ("train async: committed", [c for _, c in times["train_async"]]),
+            ("write + fsync, same bytes", times["writes"])]
     print(f"checkpoint of the Wide ResNet (width {args.width}): {len(contents)} files, "
           f"{size:.1f} MB; median of {args.repeats} rounds")
-    for label, values in (("sync save: blocked", saves), ("async save: blocked", blocked),
-                          ("async save: committed", committed),
-                          ("write + fsync, same bytes", writes)):
-        print(f"{label:26}{statistics.median(values):7.3f} s   "
-              f"(min {min(values):.3f}, max {max(values):.3f})")
-    print(f"sync save / write         {save / write:7.2f}x")
-    print(f"async committed / write   {statistics.median(committed) / write:7.2f}x")
+    for label, values in rows:
+        median = statistics.median(values)
+        print(f"{label:30}{median:7.3f} s   (min {min(values):.3f}, max {max(values):.3f})"
+              f"   {median / write:5.2f}x the write")
 
 
 if __name__ == "__main__":

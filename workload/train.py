@@ -31,6 +31,7 @@ import errno
 import sys
 
 from workload.caches import use_private_caches
+from workload.checkpoint import check_local
 from workload.commands import command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
@@ -60,6 +61,8 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     if args.config:
         values = {**settings_of(args.config), **values}
     build_config(values)  # validates what was given over the plain defaults
+    check_local(values.get("checkpoint_local") or "",
+                values.get("output_dir") or TrainConfig().logging.output_dir)
     # Before torch is imported: torchvision's import fixes Inductor's cache folder.
     use_private_caches(PROG)
     from workload.distributed import resolve_device

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (REPO, TESTS, clean_env, free_ports, local_rank_env,
-                           pickles_and_zips)
+                           pickles_and_zips, writer_of)
 from workload.checkpoint.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
@@ -171,20 +171,6 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
         "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
         "rank-00001.safetensors"]
     assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
-
-
-def writer_of(parent: int) -> int | None:
-    """The PID of the background checkpoint writer that `parent` started, if it runs."""
-    for proc in Path("/proc").iterdir():
-        try:
-            stat = (proc / "stat").read_text()
-            argv = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
-                b"workload.checkpoint.background" in argv:
-            return int(proc.name)
-    return None
 
 
 def wait_for_writer(procs: list) -> int:

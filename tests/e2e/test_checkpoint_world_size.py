@@ -52,12 +52,16 @@ def newest(out: Path) -> Path:
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
 def test_resume_across_a_change_of_world_size(strategy, before, after, tmp_path):
     out = tmp_path / "run"
-    train(out, before, "--strategy", strategy)
+    _, log = train(out, before, "--strategy", strategy)
     assert pickles_and_zips(out) == [], "every file is safetensors, JSON or text"
     saved = newest(out)
     manifest = json.loads((saved / "MANIFEST.json").read_text())
     assert manifest["world_size"] == before
     assert manifest["sharded"] == (strategy == "fsdp" and before > 1)
+    # Asynchronous saves (the default), but FSDP's shards synchronously, said once.
+    said = log.count("per-rank checkpoint shards are saved synchronously")
+    assert (said, "handed to the writer" in log) == \
+        ((1, False) if manifest["sharded"] else (0, True)), log[-4000:]
     full = read_checkpoint(saved).model  # FSDP: every rank's shard joined
     step = 8 // before
     again = tmp_path / "again"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY
+from tests.helpers import TINY, writer_of
 from workload.checkpoint.folder import KEEP_ASIDE, complete_steps
 
 # 8 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
@@ -85,15 +85,19 @@ def wait_for_step(proc: subprocess.Popen, root: Path, step: int) -> None:
 
 
 def catch_mid_save(proc: subprocess.Popen, root: Path, rng: random.Random) -> None:
-    """Freeze the run (SIGSTOP) at random instants until one falls inside a save, i.e. a
-    temporary checkpoint folder exists while the process cannot move: the kill that follows
-    then surely lands mid-save, however fast saves are on this machine."""
+    """Freeze the run and its background checkpoint writer (SIGSTOP) at random instants
+    until one falls inside a save, i.e. a temporary checkpoint folder exists while neither
+    can move: the kill that follows (the writer dies with the run) then surely lands
+    mid-save, however fast saves are on this machine."""
     deadline = time.monotonic() + 30
     while proc.poll() is None and time.monotonic() < deadline:
-        proc.send_signal(signal.SIGSTOP)
+        frozen = [pid for pid in (proc.pid, writer_of(proc.pid)) if pid is not None]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         if any(root.glob(".tmp-step-*")):
             return
-        proc.send_signal(signal.SIGCONT)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
         time.sleep(rng.uniform(0, 0.005))
 
 

@@ -255,3 +255,17 @@ def vfat(path: Path, image: Path):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+def writer_of(parent: int) -> int | None:
+    """The PID of the background checkpoint writer that `parent` started, if it runs."""
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            argv = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
+                b"workload.checkpoint.background" in argv:
+            return int(proc.name)
+    return None

@@ -18,6 +18,10 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
     lock.py      one writer per run folder (train.lock, stale-lock detection)
     loop.py      Checkpoints: the same saves and resumes for a user's own training loop
     background.py  asynchronous saves: the staging buffer and the writer process
+    handover.py  the hand-over of a save to the writer and every rank's agreement on its
+                 outcome, for train's Checkpointer and Checkpoints alike
+    local.py     the node-local tier (--checkpoint-local): written there first, copied
+                 into the run folder with the same commit, the newer one resumed from
 
 The public API is what this module exports; code outside the package uses nothing else.
 """
@@ -29,6 +33,7 @@ import importlib
 # first lines, and the --help of every command that imports it).
 _HOMES = {
     "Checkpoints": "loop",
+    "check_local": "local",
     "checkpoints_dir": "folder", "step_name": "folder",
     "lock_run_folder": "lock",
     "prepare": "resuming", "resume": "resuming",

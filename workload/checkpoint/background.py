@@ -21,8 +21,10 @@ The writer ignores the preemption signals (a job step's SIGTERM reaches every pr
 from its start: the loop decides when to stop and waits for the save in flight first. A
 writer that dies (kill -9, out of memory) leaves only the temporary folder, which is
 never resumed from: the next resume moves it aside with one line and takes the previous
-checkpoint. When the loop's process dies, the writer finishes the save it holds and
-exits at the end of its input. The buffer's file is unlinked as soon as the loop has mapped
+checkpoint. When the loop's process dies, its writer is killed with it (the kernel's
+parent-death signal): a save it held is left unfinished, moved aside at the next resume,
+and a new run on the folder never meets a writer of the old one still renaming folders
+and replacing `latest`. The buffer's file is unlinked as soon as the loop has mapped
 it (the writer maps it through /proc/<pid>/fd), so no kill leaves it behind.
 """
 
@@ -40,8 +42,10 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint.formats import decode, encode
+from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.saving import DiskFull, commit, mib, tensor_bytes
 from workload.checkpoint.store import Snapshot
+from workload.errors import UsageError
 from workload.logs import say
 
 PARTS = ("model", "optimizer", "trainer", "rng", "config")
@@ -52,8 +56,9 @@ IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
 
 
-class WriterFailed(RuntimeError):
-    """The background writer died or failed; str() is one line."""
+class WriterFailed(UsageError):
+    """The background writer died or failed; str() is one line (train: its error line and
+    exit status 2, as a full disk)."""
 
 
 class NoStagingRoom(OSError):
@@ -165,14 +170,18 @@ class Writer:
         self.proc: subprocess.Popen | None = None
         self.in_flight: int | None = None  # the step being written
 
-    def submit(self, root: Path, tmp: Path, snapshot: Snapshot, keep: int) -> None:
-        """Stage the snapshot and hand it to the writer (the previous save is done)."""
+    def submit(self, root: Path, tmp: Path, snapshot: Snapshot, keep: int,
+               copy_to: Path | None = None) -> None:
+        """Stage the snapshot and hand it to the writer (the previous save is done);
+        `copy_to`: the run folder's checkpoints, where the writer copies the committed
+        checkpoint (--checkpoint-local)."""
         request = self.stage.copy_in(snapshot)
-        request.update(root=str(root), tmp=str(tmp), keep=keep)
+        request.update(root=str(root), tmp=str(tmp), keep=keep,
+                       copy_to=None if copy_to is None else str(copy_to))
         if self.proc is None:
             before = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED)
             try:
-                self.proc = subprocess.Popen([sys.executable, "-m", __name__],
+                self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              text=True)
             finally:
@@ -239,7 +248,21 @@ def _write(request: dict, buffer: torch.Tensor) -> str:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=kind).element_size()
         tensors[key] = buffer[offset:offset + nbytes].view(kind).view(shape)
     snapshot = Snapshot(**{part: decode(request["tree"][part], tensors) for part in PARTS})
-    return str(commit(Path(request["root"]), Path(request["tmp"]), snapshot, request["keep"]))
+    final = commit(Path(request["root"]), Path(request["tmp"]), snapshot, request["keep"])
+    if request.get("copy_to"):
+        final = copy_to_run(final, Path(request["copy_to"]), request["keep"])
+    return str(final)
+
+
+def die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` ends (Linux's PR_SET_PDEATHSIG), and now if it
+    already has."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def serve() -> None:
@@ -263,4 +286,5 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
+    die_with(int(sys.argv[1]))
     serve()

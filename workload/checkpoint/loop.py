@@ -34,7 +34,7 @@ from pathlib import Path
 from workload.checkpoint.lock import lock_run_folder
 from workload.errors import UsageError
 from workload.files import unwritable_reason
-from workload.logs import logger, shown
+from workload.logs import shown
 
 # How the lock's messages name the folder (train names its --output-dir).
 NAMED = "Checkpoints(folder)"
@@ -83,9 +83,9 @@ class Checkpoints:
         from workload.distributed import DistInfo
 
         self.folder, self.keep = _folder(folder), _keep(keep)
-        self.async_save, self._writer = _switch(async_save), None
-        self._staging_refused = False  # rank 0: no room for the staging buffer (_staged)
+        self.async_save = _switch(async_save)
         self.root, self.info = checkpoints_dir(self.folder), DistInfo.of_group()
+        self._saves = _saves(self.info, self.async_save)
         self.extra: dict = {}
         if self.info.is_main:
             _make(self.folder)
@@ -136,7 +136,7 @@ class Checkpoints:
         snapshot = take_snapshot(state, _settings(state), self.info.world_size, sharded)
         snapshot.trainer["extra"] = extra
         if self.async_save and not sharded:
-            return self._hand_over(snapshot)
+            return self._saves.hand_over(self.root, snapshot, self.keep)
         return save_checkpoint(self.root, snapshot, self.keep, self.info.is_main,
                                state if sharded else None)
 
@@ -169,69 +169,16 @@ class Checkpoints:
         try:
             if agree:
                 self._settle()
-            elif self._writer is not None:
-                self._wait_quietly()
+            else:
+                self._saves.wait_quietly()
         finally:
-            if self._writer is not None:
-                self._writer.stop()
-                self._writer = None
+            self._saves.stop()
             self._held.close()
             self._held = None
 
-    def _wait_quietly(self) -> None:
-        """Leaving on an exception: the save in flight is committed or not, and a failure
-        of it is a warning, not an error in place of the one the loop raised."""
-        try:
-            self._writer.wait()
-        except Exception as error:  # noqa: BLE001 (the loop's own exception goes on)
-            logger.warning(f"the checkpoint save in flight failed too: {error}")
-
-    def _hand_over(self, snapshot) -> Path:
-        """Rank 0 stages the snapshot and hands it to the writer process."""
-        from workload.checkpoint.folder import step_name
-        from workload.checkpoint.saving import commit, start_save
-
-        if self.info.is_main:
-            tmp = start_save(self.root, snapshot, sharded=False)
-            if self._staging_refused or not self._staged(tmp, snapshot):
-                commit(self.root, tmp, snapshot, self.keep)  # rank 0 alone: no collective
-        return self.root / step_name(snapshot.trainer["step"])
-
-    def _staged(self, tmp: Path, snapshot) -> bool:
-        """Handed to the writer; False (said once) where no folder has room for the
-        staging buffer, and from then on rank 0 saves synchronously. Only rank 0 knows:
-        the others' steps (and _settle's all-reduce) stay the same."""
-        from workload.checkpoint.background import NoStagingRoom, Writer
-
-        self._writer = self._writer or Writer()
-        try:
-            self._writer.submit(self.root, tmp, snapshot, self.keep)
-            return True
-        except NoStagingRoom as error:
-            self._staging_refused = True
-            logger.warning(f"{error}: saving synchronously instead (a larger /dev/shm, "
-                           f"e.g. docker run --shm-size, makes the saves asynchronous)")
-            return False
-
     def _settle(self) -> None:
-        """Wait for the save in flight (rank 0's writer); with a process group every rank
-        learns whether it failed (one all-reduce), so that all stop together."""
-        failure = None
-        if self._writer is not None:
-            try:
-                self._writer.wait()
-            except Exception as error:  # noqa: BLE001 (raised below, on every rank)
-                failure = error
-        failed = failure is not None
-        if self.async_save and self.info.world_size > 1:
-            from workload.distributed import any_rank
-
-            failed = any_rank([failed], self.info.device)[0]
-        if failure is not None:
-            raise failure
-        if failed:
-            raise UsageError("rank 0's checkpoint save failed (see its error); the last "
-                             "committed checkpoint is where a new run resumes")
+        """Wait for the save in flight; every rank learns whether it failed."""
+        self._saves.settle()
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -246,6 +193,12 @@ class Checkpoints:
 
 
 # --- the arguments ----------------------------------------------------------------------
+
+def _saves(info, enabled: bool):
+    from workload.checkpoint.handover import AsyncSaves
+
+    return AsyncSaves(info, enabled)
+
 
 def _folder(folder) -> Path:
     if not isinstance(folder, (str, os.PathLike)) or not str(folder):

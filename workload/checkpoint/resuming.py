@@ -16,6 +16,7 @@ from workload import distributed
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
                                         roll_back, step_name, written_by_train)
+from workload.checkpoint.local import local_root, promote_newer, remove_local
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
                                        old_format_message)
@@ -58,6 +59,7 @@ def prepare(cfg, out: Path, is_main: bool) -> None:
                 path.unlink()
         for name in RECORDS:
             (out / name).unlink(missing_ok=True)
+        remove_local(cfg.checkpoint.checkpoint_local, out)
 
 
 def resume(cfg, info, state, out: Path, num_classes: int) -> None:
@@ -70,6 +72,9 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
         snapshot = _read_explicit(path, current, state)
     else:
         root = checkpoints_dir(out)
+        local = cfg.checkpoint.checkpoint_local
+        if local and info.is_main:  # the others wait in newest_on_every_rank's collective
+            promote_newer(local_root(local, out), root, cfg.checkpoint.keep_checkpoints)
         step, snapshot = newest_on_every_rank(
             root, lambda p: _read_auto(p, current, state), info)
         if step is None:

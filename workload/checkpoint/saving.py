@@ -36,6 +36,7 @@ import torch
 
 from workload import distributed
 from workload.checkpoint.folder import checkpoints_dir, complete_steps, move_aside, step_name
+from workload.checkpoint.local import copy_to_run, local_root
 from workload.checkpoint.snapshot import is_sharded, run_settings, save_shards, take_snapshot
 from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint
 from workload.errors import UsageError
@@ -124,6 +125,14 @@ def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
                                   lambda: shutil.rmtree(tmp, ignore_errors=True))
 
 
+def guarded_copy(root: Path, tmp: Path, source: Path):
+    """Copy a committed checkpoint (--checkpoint-local) into `root`: a full disk as for a
+    save, in one line, the partial copy removed."""
+    return _full_disk_is_one_line(
+        root, lambda: sum(p.stat().st_size for p in source.rglob("*") if p.is_file()),
+        "copy a checkpoint into the run folder", lambda: shutil.rmtree(tmp, ignore_errors=True))
+
+
 def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
                     sharded_state=None) -> Path:
     """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
@@ -185,10 +194,15 @@ class Preempted(Exception):
 
 class Checkpointer:
     """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
-    preemption."""
+    preemption; with --checkpoint-async (the default) rank 0's writer process commits each
+    save in the background (workload.checkpoint.handover). Used as a context manager: its
+    end waits for the save in flight and commits it, on leaving normally; on an exception
+    it waits too, with no collective."""
 
     def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
                  flag: PreemptionFlag, num_classes: int):
+        from workload.checkpoint.handover import AsyncSaves
+
         self.cfg, self.info, self.state, self.flag = cfg, info, state, flag
         self.settings = run_settings(cfg, num_classes)
         self.saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch)
@@ -196,6 +210,10 @@ class Checkpointer:
         self.every_steps, self.every_s = every.steps, every.seconds
         self.root, self.batches_per_epoch = checkpoints_dir(out), batches_per_epoch
         self.last_save = time.monotonic()
+        self.saves = AsyncSaves(info, cfg.checkpoint.checkpoint_async)
+        self.said_sharded = False
+        local = cfg.checkpoint.checkpoint_local
+        self.local = local_root(local, out) if local else None  # written first, then copied
 
     def after_step(self) -> None:
         state = self.state
@@ -206,6 +224,7 @@ class Checkpointer:
             preempt, due_time = distributed.any_rank([preempt, due_time], self.info.device)
         if preempt:
             self.save("preemption")
+            self.settle(say=True)  # committed before any rank leaves
             why = self.flag.signal_name or "a signal to another rank"
             request_requeue(state.step, why)  # every rank, before any of them exits
             raise Preempted(state.step, why)
@@ -226,11 +245,53 @@ class Checkpointer:
         position = (state.step, state.epoch, state.batch)
         if position == self.saved_at:  # saved already (a periodic save at the step limit)
             return
+        self.settle()  # at most one save in flight: the one before is committed first
         started = time.perf_counter()
         sharded = is_sharded(self.state.model)
         snapshot = take_snapshot(self.state, self.settings, self.info.world_size, sharded)
-        path = save_checkpoint(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
-                               self.info.is_main, self.state if sharded else None)
-        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} "
+        keep, local = self.cfg.checkpoint.keep_checkpoints, self.local
+        if self.saves.enabled and not sharded:
+            path = self.saves.hand_over(local or self.root, snapshot, keep,
+                                        copy_to=self.root if local else None)
+            done = "handed to the writer" if self.saves.in_flight is not None else "saved"
+        else:
+            self._say_sharded(sharded)
+            first = local if local and not sharded else self.root
+            path = save_checkpoint(first, snapshot, keep, self.info.is_main,
+                                   self.state if sharded else None)
+            if first != self.root and self.info.is_main:
+                path = copy_to_run(path, self.root, keep)
+            done = "saved"
+        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
                     f"in {time.perf_counter() - started:.2f}s")
         self.last_save, self.saved_at = time.monotonic(), position
+
+    def _say_sharded(self, sharded: bool) -> None:
+        wanted = [flag for flag, on in (("--checkpoint-async", self.saves.enabled),
+                                        ("--checkpoint-local", bool(self.local))) if on]
+        if sharded and wanted and not self.said_sharded:
+            self.said_sharded = True
+            logger.info("FSDP's per-rank checkpoint shards are saved synchronously into the "
+                        "run folder (every rank writes its own; the background writer and the "
+                        f"node-local tier take rank 0's state only): {' and '.join(wanted)} "
+                        "apply to DDP and one-process runs")
+
+    def settle(self, say: bool = False) -> None:
+        """Every rank: the save in flight committed (its failure raised on every rank);
+        `say`: with a line (the run's last save)."""
+        step = self.saves.in_flight
+        self.saves.settle()
+        if say and step is not None:
+            logger.info(f"checkpoint at step {step} committed by the background writer")
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        try:
+            if kind is None:
+                self.settle(say=True)
+            else:
+                self.saves.wait_quietly()
+        finally:
+            self.saves.stop()

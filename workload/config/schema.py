@@ -196,6 +196,14 @@ class Checkpoint:
     keep_checkpoints: int = setting(3, "complete checkpoints kept; older ones are pruned "
                                        "only after a new one is complete", bounds=at_least(1),
                                        resumable=True)
+    checkpoint_async: bool = setting(True, "save in the background: training waits only "
+                                           "while the state is copied to host memory, a "
+                                           "writer process commits it (FSDP saves stay "
+                                           "synchronous)", resumable=True)
+    checkpoint_local: str = setting("", "write each checkpoint to this node-local folder "
+                                        "first (e.g. $SLURM_TMPDIR), then copy it into the "
+                                        "run folder; a resume takes the newer of the two",
+                                    metavar="DIR", resumable=True)
     preempt_signal: str = setting("USR2", "signal that asks for a checkpoint and the requeue "
                                           "exit status 75 (SIGTERM always does)",
                                   choices=PREEMPT_SIGNALS, resumable=True)

@@ -88,7 +88,9 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
         enable_dump_on_signal(watchdog.folder, info.rank)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
-    with watching(watchdog), open_board(board_wanted, out, wandb) as board:
+    # The checkpointer's end commits the save in flight: before the final model, the
+    # summary and the lock's release, and before a preempted run's exit.
+    with watching(watchdog), open_board(board_wanted, out, wandb) as board, checkpointer:
         packs = [compiled.save] if compiled else []  # after the first step and each epoch
         started_up = {}
         hooks = Hooks(after_step=[first_step_only(first_step_done(clock, info, previous,

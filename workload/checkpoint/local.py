@@ -1,0 +1,122 @@
+"""The node-local tier (--checkpoint-local DIR, e.g. $SLURM_TMPDIR or a node's NVMe): each
+checkpoint is committed there first, then copied into the run folder, where it is taken
+only once complete and verified.
+
+Both places follow the same commit protocol (workload.checkpoint.store and folder): the
+local save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest
+of the run folder's absolute path, so that runs sharing a node's disk never mix), and the
+copy goes into the run folder's `.tmp-step-N`, every file fsynced, is verified against
+its manifest, renamed into place, then `latest` replaced and the oldest pruned. With
+--checkpoint-async the background writer does both; without, rank 0 does.
+
+A resume (--resume auto) first looks at the local tier: a verified checkpoint there newer
+than the run folder's (the job ended before its copy did) is copied into the run folder
+the same way, with one line, and the resume then reads the run folder as always, on every
+rank. Only what this job can see counts: another node's local disk is not.
+
+Importing this module imports no torch (train checks DIR before any work); the copy and
+the resume import the checkpoint modules when called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from workload.errors import UsageError
+from workload.files import unwritable_reason
+from workload.logs import logger
+
+FLAG = "--checkpoint-local"
+
+
+def local_root(local: str, out: str | Path) -> Path:
+    """This run's checkpoints folder in the local tier."""
+    run = Path(out).expanduser().absolute()
+    digest = hashlib.sha256(str(run).encode()).hexdigest()[:12]
+    return Path(local).expanduser().absolute() / f"hpc-train-{run.name}-{digest}" / "checkpoints"
+
+
+def check_local(local: str, out: str) -> None:
+    """A usable DIR, before any work: a folder this process can write, outside the run
+    folder (UsageError in one line otherwise)."""
+    if not local:
+        return
+    folder, run = Path(local).expanduser().absolute(), Path(out).expanduser().absolute()
+    if folder.resolve().is_relative_to(run.resolve()):
+        raise UsageError(f"{FLAG} {local} is inside the run folder {out}; pass a folder on "
+                         f"a node-local disk outside it, e.g. {FLAG} $SLURM_TMPDIR, or leave "
+                         "the flag out")
+    reason = unwritable_reason(folder, create=True)
+    if reason:
+        raise UsageError(f"{FLAG} {local}: {reason}; pass a folder this job can write on a "
+                         f"node-local disk, e.g. {FLAG} $SLURM_TMPDIR, or leave the flag out")
+
+
+def copy_to_run(path: Path, run_root: Path, keep: int) -> Path:
+    """Copy the committed checkpoint `path` into the run folder with the same commit; a
+    full disk there in one line (workload.checkpoint.saving)."""
+    from workload.checkpoint.folder import move_aside, publish
+    from workload.checkpoint.saving import guarded_copy
+    from workload.checkpoint.store import verify
+
+    final = run_root / path.name
+    tmp = run_root / f".tmp-{path.name}"
+    run_root.mkdir(parents=True, exist_ok=True)
+    if tmp.exists() or tmp.is_symlink():  # left by a job that ended while copying
+        move_aside(tmp, "incomplete")
+    with guarded_copy(run_root, tmp, path):
+        _copy_durably(path, tmp)
+        verify(tmp)  # the copy is what the manifest says, before it takes its place
+        publish(tmp, final, keep, int(path.name.removeprefix("step-")))
+    return final
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    from workload.checkpoint.formats import fsync_dir
+
+    target.mkdir()
+    for file in sorted(source.rglob("*")):
+        dest = target / file.relative_to(source)
+        if file.is_dir():
+            dest.mkdir()
+            continue
+        shutil.copyfile(file, dest)
+        with open(dest, "rb+") as copied:
+            os.fsync(copied.fileno())
+    for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+        fsync_dir(folder)
+
+
+def promote_newer(local: Path, run_root: Path, keep: int) -> None:
+    """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
+    than the run folder's `latest`, copied into the run folder (one line)."""
+    from workload.checkpoint.folder import latest_step, newest_loadable, step_name
+    from workload.checkpoint.store import verify
+
+    if not local.is_dir():
+        return
+    found = newest_loadable(local, lambda path: (path, verify(path)))
+    head = latest_step(run_root)
+    if found is None:
+        return
+    path = found[0]
+    step = int(path.name.removeprefix("step-"))
+    if head is not None and step <= head:
+        return
+    where = f"step {head}" if head is not None else "none"
+    copy_to_run(path, run_root, keep)
+    logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
+                   f"({where}): the job ended before its copy did; copied into {run_root} "
+                   f"as {step_name(step)}, verified, and resuming from it")
+
+
+def remove_local(local: str, out: str | Path) -> None:
+    """--overwrite: the local tier's checkpoints of this run folder go with its own."""
+    from workload.checkpoint.folder import remove_tree
+
+    root = local_root(local, out).parent if local else None
+    if root is not None and root.is_dir():
+        remove_tree(root)
