@@ -79,3 +79,26 @@ def test_another_users_file_is_not_read(tmp_path):
     path.chmod(0o644)
     os.chown(path, 65533, 65533)
     assert trust_problem(path) == "it belongs to uid 65533, not to you"
+
+
+def test_a_file_of_other_versions_is_left_alone_with_one_line(tmp_path, monkeypatch, caplog):
+    """A run folder carried to another torch or device: its file is not read, not removed,
+    and the job compiles from scratch."""
+    import torch
+
+    from workload.training.compile_cache import CompileCache
+
+    for var, name in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        monkeypatch.setenv(var, str(tmp_path / name))
+    run = tmp_path / "run"
+    run.mkdir()
+    foreign = run / "compile-cache-000000000000.tar"
+    tar_with(foreign, member("inductor/a"))
+    foreign.chmod(0o644)
+    cache = CompileCache(run, torch.device("cpu"), is_main=True)
+    with caplog.at_level("INFO", logger="workload"):
+        cache.load()
+    lines = [r.getMessage() for r in caplog.records if "compile cache" in r.getMessage()]
+    assert len(lines) == 1 and "made for other versions" in lines[0], lines
+    assert cache.facts["files_loaded"] == 0 and foreign.exists()
+    assert not (tmp_path / "inductor").exists()
