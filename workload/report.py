@@ -40,7 +40,7 @@ from workload.commands import command_parser, main_of
 from workload.errors import UsageError
 from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records,
                             unwritable_reason)
-from workload.launch.diagnostics import STARTUP_PHASES
+from workload.launch.diagnostics import STARTUP_ORDER
 from workload.logs import warn
 
 PROG = "report"
@@ -254,8 +254,7 @@ def startup_phases(summary: dict) -> dict[str, float]:
     phases = found.get("phases_s") if isinstance(found, dict) else None
     if not isinstance(phases, dict):
         return {}
-    order = [name for name in phases if name not in STARTUP_PHASES] + list(STARTUP_PHASES)
-    return {name: phases[name] for name in order if _number(phases.get(name))}
+    return {name: phases[name] for name in STARTUP_ORDER if _number(phases.get(name))}
 
 
 def plot_startup(plt, phases: dict[str, float], path: Path) -> None:

@@ -63,6 +63,9 @@ def test_the_first_job_compiles_saves_one_file_and_writes_nothing_in_home(jobs):
     facts = summary["compile_cache"]
     assert facts["files_loaded"] == 0 and facts["graphs_compiled"] > 0, facts
     assert f"files saved to {facts['artifact']}" in text
+    phases = summary["startup"]["phases_s"]  # the compilers' share of the first step
+    assert phases["compile"] > 0 and phases["compile"] + phases["first step"] > 0
+    assert sum(phases.values()) == pytest.approx(summary["startup"]["to_first_step_s"])
     assert list((top / "home").iterdir()) == []
     run = top / "run"
     own = [p.relative_to(run).as_posix() for p in run.rglob("*")

@@ -70,3 +70,20 @@ def test_diagnose_reads_the_record_and_names_the_phase_after_the_last():
                 {"last_phase": "data", "at": True}):
         with pytest.raises(Skipped):
             startup(json.dumps(bad).encode(), 0)
+
+
+def test_the_compilers_share_is_split_out_of_the_first_step(monkeypatch):
+    from workload.training import startup as module
+
+    monkeypatch.setattr(module, "compile_seconds", lambda: 0.02)
+    clock = StartupClock()
+    clock.mark("resume")
+    time.sleep(0.1)
+    clock.mark("first step")
+    phases = clock.phases()
+    assert list(phases)[-3:] == ["resume", "compile", "first step"]
+    assert phases["compile"] == 0.02 and phases["first step"] >= 0.07
+    assert sum(phases.values()) == pytest.approx(clock.marks[-1][1] - clock.origin)
+    monkeypatch.setattr(module, "compile_seconds", lambda: 1e9)  # never more than the step
+    clock.mark("first step")
+    assert clock.phases()["first step"] == 0.0
