@@ -113,7 +113,17 @@ def xdist_group(item: pytest.Item, slurm_modules: list[str]) -> str | None:
         return "image-arm64" if any(name in needs for name in ARM64_FIXTURES) else "image"
     if "slurm" in markers:
         return f"slurm-{slurm_modules.index(item.module.__name__) % SLURM_WORKERS}"
+    if takes_a_module_fixture(item):
+        return f"module-{item.module.__name__}"
     return None
+
+
+def takes_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test takes a module-scoped fixture (a shared training run): xdist makes
+    such a fixture once per worker, so the tests that share it go to one worker, where it
+    is made once (the compile-cache module's two cold compiles ran twice otherwise)."""
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(defs and defs[-1].scope == "module" for defs in fixtures.values())
 
 
 def group_for_workers(items: list[pytest.Item]) -> None:
