@@ -53,6 +53,7 @@ PARTS = ("model", "optimizer", "trainer", "rng", "config")
 # and the stack dump's. They are blocked from before its start (a blocked mask survives
 # exec) until it ignores them, so one sent while it imports torch cannot kill it either.
 IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
+STOP = {"stop": True}  # the request that ends the writer (see Writer.stop)
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
 
 
@@ -221,9 +222,16 @@ class Writer:
                            "from the newest committed one)")
 
     def stop(self) -> None:
-        """End the writer (after `wait`) and remove the staging buffer."""
+        """End the writer (after `wait`) and remove the staging buffer. The writer is told
+        to stop in so many words: the end of its input is not enough, since processes
+        forked after it started (DataLoader workers) hold the pipe's other end too, and
+        it would wait for them while this process waits for it."""
         if self.proc is not None:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write(json.dumps(STOP) + "\n")
+                self.proc.stdin.close()
+            except OSError:  # the writer is gone already
+                pass
             self.proc.wait()
             self.proc = None
         self.stage.drop()
@@ -266,7 +274,8 @@ def die_with(parent: int) -> None:
 
 
 def serve() -> None:
-    """Answer each request line with one JSON line, until the input ends."""
+    """Answer each request line with one JSON line, until told to stop (or the input
+    ends: the loop died)."""
     for number in IGNORED:
         signal.signal(number, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
@@ -275,6 +284,8 @@ def serve() -> None:
     mapped: dict[str, torch.Tensor] = {}
     for line in sys.stdin:
         request = json.loads(line)
+        if request == STOP:
+            return
         try:
             reply = {"saved": _write(request, _mapped(request, mapped))}
         except DiskFull as error:
