@@ -67,7 +67,10 @@ def test_a_frozen_rank_is_named_and_the_run_resumes(slurm_cluster, tmp_path):
                          for r in range(4)), "the on-demand dumps", log)
 
     # Rank 3 (on the second node) freezes once a checkpoint is there.
-    wait_for(lambda: (out / "checkpoints" / "latest").exists(), "a checkpoint", log)
+    # Not while it is stalled itself: the first asynchronous save (its writer starting)
+    # may hold every rank past the stall timeout on a loaded machine.
+    wait_for(lambda: (out / "checkpoints" / "latest").exists()
+             and not heartbeat(diagnostics, 3).get("stalled"), "a checkpoint", log)
     frozen = heartbeat(diagnostics, 3)
     os.kill(frozen["pid"], signal.SIGSTOP)
     try:
