@@ -50,11 +50,10 @@ def process_cpus(env: Mapping[str, str], local_processes: int = 1,
 
 
 
-def default_workers(local_world_size: int = 1, env: Mapping[str, str] | None = None) -> int:
+def default_workers(local_world_size: int = 1) -> int:
     """DataLoader workers per process: the CPUs it owns (its share of the task's under
     torchrun), one left for the training loop, at most 8."""
-    return max(0, min(8, process_cpus(os.environ if env is None else env,
-                                      local_world_size) - 1))
+    return max(0, min(8, process_cpus(os.environ, local_world_size) - 1))
 
 def thread_count(env: Mapping[str, str], owned: int, local_processes: int = 1) -> int | None:
     """Threads per process: the user's OMP_NUM_THREADS, else the CPUs it owns when SLURM
