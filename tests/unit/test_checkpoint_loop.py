@@ -110,7 +110,6 @@ def test_a_save_resumes_into_fresh_objects_with_its_extra(ckpt):
     round_trip(ckpt)
 
 
-@pytest.mark.slow  # starts the writer process (a Python that imports torch)
 def test_an_asynchronous_save_resumes_the_same(tmp_path, capsys):
     with Checkpoints(tmp_path, async_save=True) as ckpt:
         round_trip(ckpt)

@@ -12,8 +12,8 @@ import torch
 
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
 from workload.checkpoint.folder import complete_steps, move_aside, prune, step_name
-from workload.checkpoint.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
-                                       finish_checkpoint, verify)
+from workload.checkpoint.saving import commit
+from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, OldFormat, Snapshot, verify
 from workload.files import sha256_file
 
 
@@ -28,8 +28,7 @@ def save(root, step: int, keep: int = 3, model: dict | None = None):
     root.mkdir(exist_ok=True)
     tmp = root / f".tmp-{step_name(step)}"
     tmp.mkdir()
-    finish_checkpoint(tmp, root / step_name(step), snapshot(step, model), keep)
-    return root / step_name(step)
+    return commit(root, tmp, snapshot(step, model), keep)
 
 
 def test_a_save_is_complete_verified_and_pointed_to(tmp_path):

@@ -204,6 +204,12 @@ def test_the_checkpoint_api_for_a_users_loop_imports_no_torch():
                          "from workload.checkpoint import Checkpoints") == []
 
 
+def test_the_checkpoint_writer_process_imports_no_torch():
+    # It starts at a run's first asynchronous save, a preemption's within SLURM's grace
+    # time: torch's import would take seconds of it (workload/checkpoint/writer.py).
+    assert heavy_imports("import workload.checkpoint.writer") == []
+
+
 @pytest.mark.parametrize("command, argv", [
     ("workload.train", ["--help"]),
     ("workload.train", ["--version"]),

@@ -1,8 +1,10 @@
 """Checkpoints: atomic, verified saves of the whole training state, exact resume, and
 preemption (a signal -> one checkpoint -> exit status 75 -> the job script requeues).
 
-    formats.py   the file formats: state trees as JSON + safetensors, pickles refused,
-                 the strict JSON and safetensors readers and the durable write
+    formats.py   the file formats: state trees as JSON + safetensors, the safetensors
+                 reader
+    durable.py   a checkpoint's files as bytes, torch-free: the durable write, the
+                 strict JSON reader, pickles and zips refused
     store.py     one checkpoint: its layout, atomic save with a manifest, verify
     folder.py    the run's checkpoints folder and its timeline: the steps it holds,
                  `latest`, pruning, moving bad ones aside, rollbacks, what --overwrite
@@ -12,12 +14,14 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
     snapshot.py  the live training state <-> a checkpoint (take, read, restore), FSDP2
                  shards joined for any world size, the random states
     saving.py    when to save (Checkpointer), the collective save, preemption's save
-                 and agreement across ranks, a save that runs out of disk space
+                 and agreement across ranks
+    diskfull.py  a save that runs out of disk space: one line, the partial files removed
     resuming.py  which checkpoint a run continues from (--resume, --overwrite), and
                  whether one fits this run
     lock.py      one writer per run folder (train.lock, stale-lock detection)
     loop.py      Checkpoints: the same saves and resumes for a user's own training loop
-    background.py  asynchronous saves: the staging buffer and the writer process
+    background.py  asynchronous saves: the staging buffer and the requests to the writer
+    writer.py    the writer process (torch-free: it starts at once)
     handover.py  the hand-over of a save to the writer and every rank's agreement on its
                  outcome, for train's Checkpointer and Checkpoints alike
     local.py     the node-local tier (--checkpoint-local): written there first, copied
@@ -38,7 +42,7 @@ _HOMES = {
     "lock_run_folder": "lock",
     "prepare": "resuming", "resume": "resuming",
     "REQUEUE_EXIT_STATUS": "saving", "Checkpointer": "saving", "Preempted": "saving",
-    "PreemptionFlag": "saving", "guarded_final_model": "saving",
+    "PreemptionFlag": "saving", "guarded_final_model": "diskfull",
     "request_requeue": "saving", "save_checkpoint": "saving", "tensor_bytes": "saving",
     "take_snapshot": "snapshot",
     "CorruptCheckpoint": "store",

@@ -41,19 +41,15 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint.formats import decode, encode
-from workload.checkpoint.local import copy_to_run
-from workload.checkpoint.saving import DiskFull, commit, mib, tensor_bytes
-from workload.checkpoint.store import Snapshot
+from workload.checkpoint import writer
+from workload.checkpoint.diskfull import DiskFull, mib
+from workload.checkpoint.folder import step_name
+from workload.checkpoint.saving import snapshot_bytes
+from workload.checkpoint.snapshot import checkpoint_files
+from workload.checkpoint.store import Snapshot, header
 from workload.errors import UsageError
 from workload.logs import say
 
-PARTS = ("model", "optimizer", "trainer", "rng", "config")
-# Ignored by the writer: preemption's (a job step's SIGTERM reaches every process), Ctrl-C
-# and the stack dump's. They are blocked from before its start (a blocked mask survives
-# exec) until it ignores them, so one sent while it imports torch cannot kill it either.
-IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
-STOP = {"stop": True}  # the request that ends the writer (see Writer.stop)
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
 
 
@@ -121,12 +117,12 @@ class Stage:
             f"{path.parent}, reused by every asynchronous save")
 
     def copy_in(self, snapshot: Snapshot) -> dict:
-        """The snapshot's parts as JSON with tensor references, and where each tensor
-        lies in the buffer; the tensors copied (the state may change once this returns)."""
-        size = tensor_bytes([getattr(snapshot, part) for part in PARTS])
-        count = sum(1 for _ in _tensors([getattr(snapshot, p) for p in PARTS]))
-        self.fit(size + ALIGN * count)
-        layout, offset = {}, 0
+        """The checkpoint's files for the writer: JSON as text, each safetensors file as
+        where its tensors lie in the buffer, copied there (the state may change once this
+        returns)."""
+        parts = [snapshot.model, snapshot.optimizer, snapshot.trainer, snapshot.rng]
+        self.fit(snapshot_bytes(snapshot) + ALIGN * sum(1 for _ in _tensors(parts)))
+        offset = 0
 
         def put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
             nonlocal offset
@@ -135,15 +131,17 @@ class Stage:
             nbytes = tensor.numel() * tensor.element_size()
             view = self.buffer[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
             view.copy_(tensor.detach())
-            tensors[key] = view
-            layout[key] = [offset, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+            tensors[key] = [offset, str(tensor.dtype).removeprefix("torch."),
+                            list(tensor.shape), nbytes]
             offset += -(-nbytes // ALIGN) * ALIGN
             return key
 
-        seen: dict = {}
-        tree = {part: encode(getattr(snapshot, part), seen, part, put) for part in PARTS}
+        files = [[name, {"json": content.decode()} if isinstance(content, bytes)
+                  else {"tensors": content}]
+                 for name, content in checkpoint_files(snapshot, put)]
         return {"buffer": f"/proc/{os.getpid()}/fd/{self.fd}", "buffer_id": self.id,
-                "size": self.buffer.numel(), "tree": tree, "layout": layout}
+                "size": self.buffer.numel(), "files": files, "header": header(snapshot),
+                "final": step_name(snapshot.trainer["step"])}
 
     def drop(self) -> None:
         if self.fd is not None:
@@ -180,9 +178,10 @@ class Writer:
         request.update(root=str(root), tmp=str(tmp), keep=keep,
                        copy_to=None if copy_to is None else str(copy_to))
         if self.proc is None:
-            before = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED)
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
             try:
-                self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())],
+                self.proc = subprocess.Popen([sys.executable, "-m", writer.__name__,
+                                              str(os.getpid())],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              text=True)
             finally:
@@ -228,74 +227,10 @@ class Writer:
         it would wait for them while this process waits for it."""
         if self.proc is not None:
             try:
-                self.proc.stdin.write(json.dumps(STOP) + "\n")
+                self.proc.stdin.write(json.dumps(writer.STOP) + "\n")
                 self.proc.stdin.close()
             except OSError:  # the writer is gone already
                 pass
             self.proc.wait()
             self.proc = None
         self.stage.drop()
-
-
-# --- the writer process ------------------------------------------------------------------
-
-def _mapped(request: dict, mapped: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loop's staging buffer, mapped once (through /proc: it has no name); a new one
-    (the state outgrew the old) replaces it."""
-    if request["buffer_id"] not in mapped:
-        mapped.clear()
-        mapped[request["buffer_id"]] = torch.from_file(request["buffer"], shared=True,
-                                                       size=request["size"], dtype=torch.uint8)
-    return mapped[request["buffer_id"]]
-
-
-def _write(request: dict, buffer: torch.Tensor) -> str:
-    tensors = {}
-    for key, (offset, dtype, shape) in request["layout"].items():
-        kind = getattr(torch, dtype)
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=kind).element_size()
-        tensors[key] = buffer[offset:offset + nbytes].view(kind).view(shape)
-    snapshot = Snapshot(**{part: decode(request["tree"][part], tensors) for part in PARTS})
-    final = commit(Path(request["root"]), Path(request["tmp"]), snapshot, request["keep"])
-    if request.get("copy_to"):
-        final = copy_to_run(final, Path(request["copy_to"]), request["keep"])
-    return str(final)
-
-
-def die_with(parent: int) -> None:
-    """SIGKILL this process when `parent` ends (Linux's PR_SET_PDEATHSIG), and now if it
-    already has."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def serve() -> None:
-    """Answer each request line with one JSON line, until told to stop (or the input
-    ends: the loop died)."""
-    for number in IGNORED:
-        signal.signal(number, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
-    replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
-    mapped: dict[str, torch.Tensor] = {}
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request == STOP:
-            return
-        try:
-            reply = {"saved": _write(request, _mapped(request, mapped))}
-        except DiskFull as error:
-            reply = {"disk_full": str(error)}
-        except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-
-
-if __name__ == "__main__":
-    die_with(int(sys.argv[1]))
-    serve()

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workload.checkpoint.formats import read_json
+from workload.checkpoint.durable import read_json
 from workload.checkpoint.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
 from workload.distributed import unwrap
 from workload.logs import shown

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from workload.checkpoint.formats import CorruptCheckpoint, fsync_dir, write_durably
+from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir, write_durably
 from workload.logs import logger
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")

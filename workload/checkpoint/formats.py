@@ -21,29 +21,18 @@ parser refuses it does the message say that it looks like a pickle or a zip.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from workload.files import strict_json
+from workload.checkpoint.durable import (CorruptCheckpoint, json_bytes, read_json, sniff,
+                                        write_durably)
 
 PART_FORMAT = 2
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
-# First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
-# start with the PROTO opcode 0x80) and a zip archive (torch.save since 1.6).
-PICKLE_MAGIC, ZIP_MAGIC = b"\x80", b"PK\x03\x04"
-# The deepest a checkpoint's JSON is nested is about 8 (optimizer state, shard layouts);
-# anything much deeper is not a checkpoint, and would exhaust Python's recursion limit.
-MAX_DEPTH = 32
-
-
-class CorruptCheckpoint(Exception):
-    """A checkpoint that is incomplete, altered or unsafe; the message says which file."""
 
 
 @dataclass
@@ -52,20 +41,6 @@ class Shard:
     tensor: torch.Tensor
     offset: int
     shape: list[int]
-
-
-def sniff(file: Path, safetensors_too: bool = False) -> None:
-    """CorruptCheckpoint when `file` starts like a pickle or a zip (torch.save) archive.
-    A safetensors file is left to its parser unless `safetensors_too` (after the parser
-    refused it): its first bytes are its header's length, 0x80 as likely as any."""
-    if file.suffix == ".safetensors" and not safetensors_too:
-        return
-    with open(file, "rb") as f:
-        head = f.read(4)
-    if head.startswith(PICKLE_MAGIC) or head == ZIP_MAGIC:
-        kind = "a pickle" if head.startswith(PICKLE_MAGIC) else "a zip (torch.save) archive"
-        raise CorruptCheckpoint(f"{file.parent.name}/{file.name} is {kind}, which a "
-                                "checkpoint never holds; refusing to read it")
 
 
 def _is_dtensor(value) -> bool:
@@ -83,12 +58,12 @@ def _shard_entry(value, key: str, tensors: dict) -> dict:
     mesh, rows = value.device_mesh, value.shape[0]
     chunk = -(-rows // mesh.size())
     local = value.to_local()
-    key = _put(tensors, key, local)
+    key = cpu_copy(tensors, key, local)
     return {"__shard__": key, "shape": list(value.shape),
             "offset": min(mesh.get_local_rank() * chunk, rows), "length": local.shape[0]}
 
 
-def _put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
+def cpu_copy(tensors: dict, key: str, tensor: torch.Tensor) -> str:
     """A copy of `tensor` on the CPU into `tensors`, under `key` or a unique variant."""
     while key in tensors:  # {"a.b": x} and {"a": {"b": y}} would both be "t.a.b"
         key += "~"
@@ -96,7 +71,7 @@ def _put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
     return key
 
 
-def encode(value, tensors: dict, key: str = "t", put=_put):
+def encode(value, tensors: dict, key: str = "t", put=cpu_copy):
     """`value` as JSON-ready data; its tensors go into `tensors` under unique keys (`put`
     copies each there: a CPU copy, or a slice of an asynchronous save's staging buffer)."""
     if _is_dtensor(value):
@@ -194,35 +169,26 @@ def assemble(trees: list):
     return first
 
 
-def write_durably(path: Path, data: bytes) -> dict:
-    """Write `data`, fsync, and return the file's manifest entry, hashed from the bytes in
-    memory: a save never reads its files back (the load verifies them against it)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+def part_files(name: str, value, put=cpu_copy) -> list[tuple[str, bytes | dict]]:
+    """A part's files in writing order: `<name>.safetensors` (its tensors, each where `put`
+    placed it; absent when the part holds none), then `<name>.json` (the tree, tensors as
+    references), as bytes."""
+    tensors: dict = {}
+    data = json_bytes(dict(format=PART_FORMAT, data=encode(value, tensors, put=put)))
+    return [*([(f"{name}.safetensors", tensors)] if tensors else []), (f"{name}.json", data)]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def as_bytes(files) -> Iterator[tuple[str, bytes]]:
+    """Each (name, content) of `files` with its content as bytes: a dict of tensors made a
+    safetensors file, one file at a time (a save holds one file's bytes at once)."""
+    for name, content in files:
+        yield name, content if isinstance(content, bytes) else safetensors_bytes(content)
 
 
 def write_part(folder: Path, name: str, value) -> dict:
-    """`<name>.json` (the tree, tensors as references) and, when it holds tensors,
-    `<name>.safetensors`; their manifest entries by file name."""
-    tensors: dict = {}
-    data = dict(format=PART_FORMAT, data=encode(value, tensors))
-    files = {}
-    if tensors:
-        files[f"{name}.safetensors"] = write_durably(folder / f"{name}.safetensors",
-                                                     safetensors_bytes(tensors))
-    files[f"{name}.json"] = write_durably(folder / f"{name}.json", json_bytes(data))
-    return files
+    """`part_files` written; their manifest entries by file name."""
+    return {file: write_durably(folder / file, data)
+            for file, data in as_bytes(part_files(name, value))}
 
 
 def read_part(folder: Path, name: str):
@@ -239,41 +205,11 @@ def read_part(folder: Path, name: str):
                                 f"(with {file.name}): {error}") from None
 
 
-def json_bytes(data) -> bytes:
-    return (json.dumps(data, indent=1, allow_nan=False) + "\n").encode()
-
-
 def safetensors_bytes(tensors: dict) -> bytes:
     """A safetensors file's bytes, in memory (write_durably hashes them as it writes)."""
     from safetensors.torch import save
 
     return save(tensors, metadata={"format": "pt"})
-
-
-def _too_deep(data) -> bool:
-    """Nested deeper than MAX_DEPTH (walked without recursion)."""
-    level = [data]
-    for _ in range(MAX_DEPTH):
-        level = [v for item in level if isinstance(item, (dict, list))
-                 for v in (item.values() if isinstance(item, dict) else item)]
-        if not level:
-            return False
-    return True
-
-
-def read_json(file: Path):
-    """Strict JSON (no NaN or Infinity, no number beyond a float's range, nested at most
-    MAX_DEPTH), or CorruptCheckpoint naming the file."""
-    sniff(file)
-    where = f"{file.parent.name}/{file.name}"
-    try:
-        data = strict_json(file.read_bytes().decode())
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
-        raise CorruptCheckpoint(f"{where} is not readable JSON ({str(error)[:200]})") from None
-    if _too_deep(data):
-        raise CorruptCheckpoint(f"{where} is nested deeper than {MAX_DEPTH} levels, which "
-                                "no checkpoint file is")
-    return data
 
 
 def read_tensors(file: Path) -> dict[str, torch.Tensor]:

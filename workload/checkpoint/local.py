@@ -57,9 +57,9 @@ def check_local(local: str, out: str) -> None:
 
 def copy_to_run(path: Path, run_root: Path, keep: int) -> Path:
     """Copy the committed checkpoint `path` into the run folder with the same commit; a
-    full disk there in one line (workload.checkpoint.saving)."""
+    full disk there in one line (workload.checkpoint.diskfull)."""
     from workload.checkpoint.folder import move_aside, publish
-    from workload.checkpoint.saving import guarded_copy
+    from workload.checkpoint.diskfull import guarded_copy
     from workload.checkpoint.store import verify
 
     final = run_root / path.name
@@ -75,7 +75,7 @@ def copy_to_run(path: Path, run_root: Path, keep: int) -> Path:
 
 
 def _copy_durably(source: Path, target: Path) -> None:
-    from workload.checkpoint.formats import fsync_dir
+    from workload.checkpoint.durable import fsync_dir
 
     target.mkdir()
     for file in sorted(source.rglob("*")):

@@ -271,7 +271,7 @@ def _read(path: Path, current: dict, state: _LoopState):
     """One checkpoint, verified; when it is this loop's, it must fit the live objects
     (CorruptCheckpoint: moved aside, the one before is tried)."""
     from workload.checkpoint.content import check_fits
-    from workload.checkpoint.formats import CorruptCheckpoint
+    from workload.checkpoint.durable import CorruptCheckpoint
     from workload.checkpoint.snapshot import read_checkpoint
 
     snapshot = read_checkpoint(path)

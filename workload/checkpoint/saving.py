@@ -16,42 +16,30 @@ single rank stops all of them at the same step and none is left waiting in a col
 The trainer then saves one checkpoint and exits with REQUEUE_EXIT_STATUS; the batch script
 sees it and runs `scontrol requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
 
-A full disk: a writer need not report it as OSError(ENOSPC) (torch.save's zip writer
-raised a RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a
-look at the free space: when it is less than a checkpoint needs, the failure is a full
-disk, the partial folder is removed and one line names the folder and the space. The final
-model's write (model.safetensors) gets the same treatment.
+A full disk: one line that names the folder and the space, the partial folder removed
+(workload.checkpoint.diskfull).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from workload import distributed
-from workload.checkpoint.folder import checkpoints_dir, complete_steps, move_aside, step_name
+from workload.checkpoint.diskfull import guarded_save
+from workload.checkpoint.folder import checkpoints_dir, move_aside, step_name
+from workload.checkpoint.formats import as_bytes
 from workload.checkpoint.local import copy_to_run, local_root
-from workload.checkpoint.snapshot import is_sharded, run_settings, save_shards, take_snapshot
-from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint
-from workload.errors import UsageError
+from workload.checkpoint.snapshot import (checkpoint_files, is_sharded, run_settings,
+                                          save_shards, take_snapshot)
+from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
 # The flag and the requeue request live in the launch layer (torch-free), where a user's
 # own script can use them too; this module adds what needs torch.
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-exported)
                                         PreemptionFlag, request_requeue)
 from workload.logs import logger
-
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-class DiskFull(UsageError):
-    """No space (or no quota) left for a checkpoint; the partial save is gone."""
-
 
 def tensor_bytes(value) -> int:
     """The bytes of every tensor in nested dicts and lists."""
@@ -64,73 +52,9 @@ def tensor_bytes(value) -> int:
     return 0
 
 
-def needed_bytes(root: Path, snapshot: Snapshot) -> int:
-    """About what one checkpoint takes: the newest complete one's size, or the tensors'."""
-    estimate = tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer,
-                             snapshot.rng])
-    steps = complete_steps(root)
-    if steps:
-        on_disk = sum(p.stat().st_size for p in steps[-1][1].rglob("*") if p.is_file())
-        estimate = max(estimate, on_disk)
-    return estimate
-
-
-def free_bytes(folder: Path) -> int:
-    stats = os.statvfs(folder)
-    return stats.f_bavail * stats.f_frsize
-
-
-def mib(count: int) -> str:
-    return f"{count / 2**20:.1f} MiB"
-
-
-def full_disk(error: Exception, free: int, need: int) -> bool:
-    """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
-    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
-    space than the write needs."""
-    own = any(f"(os error {number})" in str(error) for number in _FULL)
-    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
-
-
-@contextmanager
-def _full_disk_is_one_line(folder: Path, need, what: str, cleanup=lambda: None):
-    """Run a write; if it fails, `cleanup` its partial files, and report a full disk in
-    one line naming `what` could not be written and the space (any other failure is raised
-    as it was). `need` is called only after a failure."""
-    try:
-        yield
-    except Exception as error:
-        cleanup()
-        needed = need()
-        free = free_bytes(folder) if folder.is_dir() else 0
-        if not full_disk(error, free, needed):
-            raise
-        raise DiskFull(f"no space left to {what} in {folder}: {mib(free)} free, it needs "
-                       f"about {mib(needed)}; the partial files were removed. Free space on "
-                       "that file system and start the run again: it resumes from the last "
-                       "complete checkpoint") from None
-
-
-def guarded_final_model(out: Path, need: int):
-    """Write the final model (model.safetensors, whose writer removes its partial file)
-    with a checkpoint save's full-disk line and exit status."""
-    return _full_disk_is_one_line(out, lambda: need, "write the final model")
-
-
-def guarded_save(root: Path, tmp: Path, snapshot: Snapshot):
-    """Run a save; if it fails, remove its partial folder, and report a full disk in one
-    line (any other failure is raised as it was)."""
-    return _full_disk_is_one_line(root, lambda: needed_bytes(root, snapshot),
-                                  "save a checkpoint",
-                                  lambda: shutil.rmtree(tmp, ignore_errors=True))
-
-
-def guarded_copy(root: Path, tmp: Path, source: Path):
-    """Copy a committed checkpoint (--checkpoint-local) into `root`: a full disk as for a
-    save, in one line, the partial copy removed."""
-    return _full_disk_is_one_line(
-        root, lambda: sum(p.stat().st_size for p in source.rglob("*") if p.is_file()),
-        "copy a checkpoint into the run folder", lambda: shutil.rmtree(tmp, ignore_errors=True))
+def snapshot_bytes(snapshot: Snapshot) -> int:
+    """The bytes of a snapshot's tensors: about what its checkpoint takes on disk."""
+    return tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer, snapshot.rng])
 
 
 def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
@@ -152,7 +76,7 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
         move_aside(tmp, "incomplete")
-    with guarded_save(root, tmp, snapshot):
+    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
         tmp.mkdir()
         if sharded:
             (tmp / SHARDS_DIR).mkdir()
@@ -164,8 +88,9 @@ def commit(root: Path, tmp: Path, snapshot: Snapshot, keep: int,
     """Rank 0 (or its background writer, workload.checkpoint.background): the files, the
     manifest, the rename into place, `latest`, pruning; a full disk in one line."""
     final = root / step_name(snapshot.trainer["step"])
-    with guarded_save(root, tmp, snapshot):
-        finish_checkpoint(tmp, final, snapshot, keep, shard_files)
+    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
+        finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),
+                          keep, shard_files)
     return final
 
 
@@ -177,7 +102,7 @@ def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> di
         return {}
     world_size = snapshot.trainer["world_size"]
     distributed.barrier()  # the folder exists before anyone writes into it
-    with guarded_save(root, tmp, snapshot):
+    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
         mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
                            world_size)
     return {f"{SHARDS_DIR}/{name}": entry for entries in

@@ -38,9 +38,10 @@ from torch import nn
 
 from workload.checkpoint.content import (check_loaded, check_state, numpy_state, python_state,
                                          read_config)
-from workload.checkpoint.formats import (PART_FORMAT, CorruptCheckpoint, Shard, assemble,
-                                         decode, encode, json_bytes, read_json, read_part,
-                                         read_tensors, safetensors_bytes, write_durably)
+from workload.checkpoint.durable import (CorruptCheckpoint, json_bytes, read_json, record_bytes,
+                                         write_durably)
+from workload.checkpoint.formats import (PART_FORMAT, Shard, assemble, cpu_copy, decode, encode,
+                                         part_files, read_part, read_tensors, safetensors_bytes)
 from workload.checkpoint.store import (FORMAT_VERSION, MODEL_FILE, SHARDS_DIR, Snapshot,
                                        verify)
 from workload.distributed import gather_objects, unwrap
@@ -69,6 +70,23 @@ def take_snapshot(state, settings: dict, world_size: int, sharded: bool) -> Snap
         return Snapshot(None, None, trainer, gather_states(world_size), settings)
     return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
                     gather_states(world_size), settings)
+
+
+def checkpoint_files(snapshot: Snapshot, put=cpu_copy) -> list[tuple[str, bytes | dict]]:
+    """Every file of a checkpoint of `snapshot` but the manifest and FSDP's shards, in
+    writing order: JSON as bytes, a safetensors file as its tensors, each where `put`
+    placed it (a CPU copy for a synchronous save, a slice of the staging buffer for the
+    writer process's: workload.checkpoint.background). One list for both, so that both
+    write the same files."""
+    files: list[tuple[str, bytes | dict]] = []
+    if snapshot.model is not None:
+        tensors: dict = {}
+        for name, value in snapshot.model.items():
+            put(tensors, name, value)
+        files += [(MODEL_FILE, tensors), *part_files("optimizer", snapshot.optimizer, put)]
+    files += [*part_files("trainer", snapshot.trainer, put), *part_files("rng", snapshot.rng, put)]
+    files.append(("config.json", record_bytes(snapshot.config)))
+    return files
 
 
 def read_checkpoint(path: Path) -> Snapshot:

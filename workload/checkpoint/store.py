@@ -29,13 +29,14 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workload.checkpoint.durable import (CorruptCheckpoint, fsync_dir, read_json, record_bytes,
+                                         sniff, write_durably)
 from workload.checkpoint.folder import publish
-from workload.checkpoint.formats import (CorruptCheckpoint, fsync_dir, read_json, sniff,
-                                         safetensors_bytes, write_durably, write_part)
-from workload.files import json_text, sha256_file
+from workload.files import sha256_file
 from workload.logs import shown
 
 MANIFEST = "MANIFEST.json"
@@ -56,10 +57,6 @@ class OldFormat(Exception):
     """A checkpoint written by an earlier version in the torch.save format."""
 
 
-def _json_bytes(data: dict) -> bytes:
-    return (json_text(data, indent=2) + "\n").encode()
-
-
 # --- saving ---------------------------------------------------------------------------------
 
 @dataclass
@@ -76,29 +73,30 @@ class Snapshot:
     rank_buffers: list[dict] | None = None
 
 
-def finish_checkpoint(tmp: Path, final: Path, snapshot: Snapshot, keep: int,
-                      shard_files: dict | None = None) -> None:
-    """Rank 0: the remaining files, the manifest last, rename, `latest`, then pruning.
-    `shard_files`: the manifest entries of the FSDP shards every rank wrote, gathered."""
-    files = dict(shard_files or {})
-    if snapshot.model is not None:
-        files[MODEL_FILE] = write_durably(tmp / MODEL_FILE, safetensors_bytes(
-            {k: v.detach().to("cpu", copy=True).contiguous() for k, v in snapshot.model.items()}))
-        files |= write_part(tmp, "optimizer", snapshot.optimizer)
-    elif (tmp / SHARDS_DIR).is_dir():
+def header(snapshot: Snapshot) -> dict:
+    """What the manifest says of a checkpoint besides its files."""
+    trainer = snapshot.trainer
+    return dict(step=trainer["step"], epoch=trainer["epoch"], batch=trainer["batch"],
+                sharded=snapshot.model is None, world_size=trainer["world_size"])
+
+
+def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, bytes]], head: dict,
+                      keep: int, shard_files: dict | None = None) -> None:
+    """Rank 0 or its writer process: `files` (each name and bytes, in writing order: see
+    workload.checkpoint.snapshot's `checkpoint_files`), the manifest last, rename,
+    `latest`, then pruning. `head`: `header` of the snapshot; `shard_files`: the manifest
+    entries of the FSDP shards every rank wrote, gathered. Torch-free: the writer process
+    runs it on bytes it never turns into tensors."""
+    entries = dict(shard_files or {})
+    if (tmp / SHARDS_DIR).is_dir():
         fsync_dir(tmp / SHARDS_DIR)
-    files |= write_part(tmp, "trainer", snapshot.trainer)
-    files |= write_part(tmp, "rng", snapshot.rng)
-    files["config.json"] = write_durably(tmp / "config.json", _json_bytes(snapshot.config))
-    files = dict(sorted(files.items()))
-    manifest = dict(format=FORMAT_VERSION, step=snapshot.trainer["step"],
-                    epoch=snapshot.trainer["epoch"], batch=snapshot.trainer["batch"],
-                    sharded=snapshot.model is None,
-                    world_size=snapshot.trainer["world_size"],
-                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=files)
-    write_durably(tmp / MANIFEST, _json_bytes(manifest))
+    for name, data in files:
+        entries[name] = write_durably(tmp / name, data)
+    manifest = dict(format=FORMAT_VERSION, **head, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    files=dict(sorted(entries.items())))
+    write_durably(tmp / MANIFEST, record_bytes(manifest))
     fsync_dir(tmp)
-    publish(tmp, final, keep, snapshot.trainer["step"])
+    publish(tmp, final, keep, head["step"])
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""A save that runs out of disk space: one line that names the folder and the space, and
+the partial files removed; torch-free, for the background writer process too.
+
+A writer need not report a full disk as OSError(ENOSPC) (torch.save's zip writer raised a
+RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a look at the
+free space: when it is less than a checkpoint needs, the failure is a full disk. The final
+model's write (model.safetensors) and --checkpoint-local's copy get the same treatment.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from workload.checkpoint.folder import complete_steps
+from workload.errors import UsageError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(UsageError):
+    """No space (or no quota) left for a checkpoint; the partial save is gone."""
+
+
+def needed_bytes(root: Path, estimate: int) -> int:
+    """About what one checkpoint takes: the newest complete one's size, or `estimate` (its
+    tensors' bytes) when that is more."""
+    steps = complete_steps(root)
+    if steps:
+        on_disk = sum(p.stat().st_size for p in steps[-1][1].rglob("*") if p.is_file())
+        estimate = max(estimate, on_disk)
+    return estimate
+
+
+def free_bytes(folder: Path) -> int:
+    stats = os.statvfs(folder)
+    return stats.f_bavail * stats.f_frsize
+
+
+def mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def full_disk(error: Exception, free: int, need: int) -> bool:
+    """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
+    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
+    space than the write needs."""
+    own = any(f"(os error {number})" in str(error) for number in _FULL)
+    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
+
+
+@contextmanager
+def _full_disk_is_one_line(folder: Path, need, what: str, cleanup=lambda: None):
+    """Run a write; if it fails, `cleanup` its partial files, and report a full disk in
+    one line naming `what` could not be written and the space (any other failure is raised
+    as it was). `need` is called only after a failure."""
+    try:
+        yield
+    except Exception as error:
+        cleanup()
+        needed = need()
+        free = free_bytes(folder) if folder.is_dir() else 0
+        if not full_disk(error, free, needed):
+            raise
+        raise DiskFull(f"no space left to {what} in {folder}: {mib(free)} free, it needs "
+                       f"about {mib(needed)}; the partial files were removed. Free space on "
+                       "that file system and start the run again: it resumes from the last "
+                       "complete checkpoint") from None
+
+
+def guarded_final_model(out: Path, need: int):
+    """Write the final model (model.safetensors, whose writer removes its partial file)
+    with a checkpoint save's full-disk line and exit status."""
+    return _full_disk_is_one_line(out, lambda: need, "write the final model")
+
+
+def guarded_save(root: Path, tmp: Path, estimate: int):
+    """Run a save of about `estimate` bytes (its tensors'); if it fails, remove its partial
+    folder, and report a full disk in one line (any other failure is raised as it was)."""
+    return _full_disk_is_one_line(root, lambda: needed_bytes(root, estimate),
+                                  "save a checkpoint",
+                                  lambda: shutil.rmtree(tmp, ignore_errors=True))
+
+
+def guarded_copy(root: Path, tmp: Path, source: Path):
+    """Copy a committed checkpoint (--checkpoint-local) into `root`: a full disk as for a
+    save, in one line, the partial copy removed."""
+    return _full_disk_is_one_line(
+        root, lambda: sum(p.stat().st_size for p in source.rglob("*") if p.is_file()),
+        "copy a checkpoint into the run folder", lambda: shutil.rmtree(tmp, ignore_errors=True))

@@ -1,0 +1,130 @@
+"""The background writer process of asynchronous saves (its loop side, the staging buffer
+and the request: workload.checkpoint.background). Torch-free, so that it starts in a
+fraction of a second: a save at the first step of a job (a preemption's, within SLURM's
+grace time) does not wait seconds for torch to import, and a node's ranks do not each
+hold a second copy of torch's libraries.
+
+Each request names the loop's staging buffer (mapped here through /proc/<pid>/fd: the
+file has no name) and the checkpoint's files in writing order: a JSON file as its text, a
+safetensors file as where each tensor lies in the buffer. The writer serializes each
+safetensors file straight from the buffer (safetensors' `serialize` takes the address of
+each tensor's bytes: no copy into Python objects, no torch), then runs the synchronous
+save's own last half (workload.checkpoint.store's `finish_checkpoint`: sha256, fsync,
+manifest, rename, `latest`, pruning; a full disk in one line), and answers one JSON line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from safetensors import TensorSpec, serialize
+
+from workload.checkpoint.diskfull import DiskFull, guarded_save
+from workload.checkpoint.local import copy_to_run
+from workload.checkpoint.store import finish_checkpoint
+
+# Ignored by the writer: preemption's (a job step's SIGTERM reaches every process), Ctrl-C
+# and the stack dump's. The loop blocks them from before the writer's start (a blocked
+# mask survives exec) until it ignores them, so one sent while it starts cannot kill it.
+IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
+STOP = {"stop": True}  # the request that ends the writer (background.Writer.stop)
+# What safetensors' metadata says of the files, as safetensors.torch.save writes it.
+METADATA = {"format": "pt"}
+
+
+class Buffer:
+    """The loop's staging buffer, mapped once; a new one (the state outgrew the old)
+    replaces it. Mapped shared and writable, as the loop maps it (ctypes takes the address
+    of a writable buffer only); the writer only reads it."""
+
+    def __init__(self):
+        self.id: str | None = None
+        self.map: mmap.mmap | None = None
+        self.first: ctypes.c_char | None = None  # the mapping's first byte, for its address
+
+    def open(self, request: dict) -> int:
+        """The address of the request's buffer, mapped."""
+        if request["buffer_id"] != self.id:
+            self.close()
+            fd = os.open(request["buffer"], os.O_RDWR)
+            try:
+                self.map = mmap.mmap(fd, request["size"])
+            finally:
+                os.close(fd)
+            self.first, self.id = ctypes.c_char.from_buffer(self.map), request["buffer_id"]
+        return ctypes.addressof(self.first)
+
+    def close(self) -> None:
+        self.first = None  # its hold on the mapping first, or close() refuses
+        if self.map is not None:
+            self.map.close()
+        self.id, self.map = None, None
+
+
+def _files(request: dict, address: int) -> Iterator[tuple[str, bytes]]:
+    """The checkpoint's files as bytes, one at a time: JSON as sent, each safetensors file
+    serialized from the buffer (its layout: offset, dtype, shape and bytes per tensor)."""
+    for name, content in request["files"]:
+        if "json" in content:
+            yield name, content["json"].encode()
+            continue
+        specs = {key: TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset,
+                                 data_len=nbytes)
+                 for key, (offset, dtype, shape, nbytes) in content["tensors"].items()}
+        yield name, bytes(serialize(specs, metadata=METADATA))
+
+
+def _write(request: dict, buffer: Buffer) -> str:
+    root, tmp, keep = Path(request["root"]), Path(request["tmp"]), request["keep"]
+    final = root / request["final"]
+    address = buffer.open(request)
+    with guarded_save(root, tmp, request["size"]):
+        finish_checkpoint(tmp, final, _files(request, address), request["header"], keep)
+    if request.get("copy_to"):
+        final = copy_to_run(final, Path(request["copy_to"]), keep)
+    return str(final)
+
+
+def die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` ends (Linux's PR_SET_PDEATHSIG), and now if it
+    already has."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def serve() -> None:
+    """Answer each request line with one JSON line, until told to stop (or the input
+    ends: the loop died)."""
+    for number in IGNORED:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # pending ones are dropped
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
+    buffer = Buffer()
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request == STOP:
+            break
+        try:
+            reply = {"saved": _write(request, buffer)}
+        except DiskFull as error:
+            reply = {"disk_full": str(error)}
+        except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    buffer.close()
+
+
+if __name__ == "__main__":
+    die_with(int(sys.argv[1]))
+    serve()
