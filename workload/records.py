@@ -54,13 +54,12 @@ def model_sha256(model: nn.Module) -> str:
 
 
 def versions() -> dict:
-    """Versions of what the numbers depend on; DALI's read as `--version` reads it, without
-    importing it."""
-    import torchvision
-
+    """Versions of what the numbers depend on; torchvision's and DALI's read from their
+    installed metadata, as `--version` reads them, without importing them (torchvision's
+    import takes seconds)."""
     found = {
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": distribution_version("torchvision"),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "dali": dali_versions()[0],

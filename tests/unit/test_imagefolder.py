@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import write_image_folder
-from workload.data.datasets import load_imagefolder
+from workload.data.imagefolder import load_imagefolder
 from workload.errors import UsageError
 
 

@@ -30,7 +30,7 @@ from workload.bench.common import (bench_process, config_from, print_table, summ
                                    write_report)
 from workload.data import (ArrayDataset, DataRequest, available, build_data, read_in_memory,
                            stage_data)
-from workload.data.datasets import load_imagefolder
+from workload.data.imagefolder import load_imagefolder
 from workload.data.loaders import ShardSampler
 from workload.data.shardformat import SPLITS, folder_files, read_manifest
 from workload.data.shards import load_shards, rank_sampler

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from workload.files import json_text, strict_json
@@ -43,12 +44,20 @@ def sniff(file: Path, safetensors_too: bool = False) -> None:
 
 def write_durably(path: Path, data: bytes) -> dict:
     """Write `data`, fsync, and return the file's manifest entry, hashed from the bytes in
-    memory: a save never reads its files back (the load verifies them against it)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    memory: a save never reads its files back (the load verifies them against it). The
+    hash runs in a thread while the file is written and synced (both release the GIL), so
+    a large file costs the longer of the two rather than their sum."""
+    digest = hashlib.sha256()
+    hashing = threading.Thread(target=digest.update, args=(data,))
+    hashing.start()
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        hashing.join()
+    return dict(bytes=len(data), sha256=digest.hexdigest())
 
 
 def fsync_dir(path: Path) -> None:

@@ -27,8 +27,7 @@ from workload.config import DATA_BACKENDS, NATURAL_IMAGE_SIZE, TrainConfig, imag
 from workload.data.augment import ArrayImages, Normalizer
 from workload.data.cifar import load_cifar100
 from workload.data.datasets import (IMAGENET_MEAN, IMAGENET_STD, UNREADABLE, ArrayDataset,
-                                    SplitDataset, eval_transform, load_digits,
-                                    load_imagefolder, load_synthetic, open_rgb)
+                                    SplitDataset, load_digits, load_synthetic, open_rgb)
 from workload.data.loaders import DeviceLoader, TorchLoader
 from workload.launch.devices import default_workers
 from workload.data.shards import load_shards, rank_sampler
@@ -95,6 +94,21 @@ def register(name: str):
         BACKENDS[name] = builder
         return builder
     return add
+
+
+def load_imagefolder(data_dir: str, image_size: int):
+    """workload.data.imagefolder's, imported on first use: torchvision's import takes
+    seconds, which runs on in-memory data do without."""
+    from workload.data import imagefolder
+
+    return imagefolder.load_imagefolder(data_dir, image_size)
+
+
+def eval_transform(image_size: int, resize: str):
+    """workload.data.imagefolder's (imported on first use, as `load_imagefolder`)."""
+    from workload.data import imagefolder
+
+    return imagefolder.eval_transform(image_size, resize)
 
 
 def read_in_memory(req: DataRequest) -> SplitDataset:

@@ -17,7 +17,6 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-import torchvision.transforms.v2 as T
 
 from workload.data.datasets import ArrayDataset
 
@@ -93,7 +92,11 @@ def augment(images: torch.Tensor, generator: torch.Generator,
     return flip_and_crop(images, padding, flip, dy, dx)
 
 
-def train_transform(image_size: int) -> T.Compose:
+def train_transform(image_size: int):
+    """torchvision's flip and crop (imported here: its import takes seconds, which the
+    batched backends do without)."""
+    import torchvision.transforms.v2 as T
+
     return T.Compose([T.RandomHorizontalFlip(), T.RandomCrop(image_size, padding=PADDING)])
 
 

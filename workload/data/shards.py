@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from workload.data import shardformat
-from workload.data.datasets import UNREADABLE, folder_transforms, open_rgb
+from workload.data.datasets import UNREADABLE, open_rgb
 from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
                                        damaged, padded, read_index, read_manifest)
 from workload.files import sha256_file
@@ -348,6 +348,8 @@ def verify_shard(folder: Path, entry: dict) -> None:
 def load_shards(folder: str, image_size: int, verify: bool = False):
     """The train and val splits of a shard folder, and the class names; `verify`: check
     every shard whole first (--prepare-data)."""
+    from workload.data.imagefolder import folder_transforms  # torchvision: seconds
+
     root = Path(folder).expanduser()
     manifest = read_manifest(root)
     if verify:

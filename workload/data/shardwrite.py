@@ -2,7 +2,7 @@
 folder packed into tar shards (the layout: shardformat.py).
 
 The images are listed as the image-folder reader lists them (the same classes, order and
-link rules: datasets.load_imagefolder) and cut into shards of `--shard-size` images in
+link rules: imagefolder.load_imagefolder) and cut into shards of `--shard-size` images in
 that order. The same source always gives byte-identical shards: the tar headers carry
 only names and sizes (shardformat.member_header), never times or owners.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from workload.data.datasets import UNREADABLE, bad_file_note, load_imagefolder
+from workload.data.datasets import UNREADABLE, bad_file_note
 from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
                                        SHARD_NAME, dali_index, dali_index_name, index_name,
                                        member_header, sample_key, shard_name)
@@ -61,6 +61,8 @@ class Progress:
 
 def write_shards(source: Path, dest: Path, shard_size: int = SHARD_SIZE) -> str:
     """Pack the image folder `source` into shards in `dest`; what was done, in one line."""
+    from workload.data.imagefolder import load_imagefolder  # torchvision: seconds
+
     train, val = load_imagefolder(str(source), 32)  # the listing and its rules only
     key = identity(source)
     lock = claim(source, dest, key)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 
 import torch.nn as nn
-import torchvision
 
 from workload.config import TrainConfig, image_size_of, resolve_stem, stems_of
 from workload.errors import UsageError
@@ -79,14 +78,18 @@ class WideResNet(nn.Module):
 
 
 def torchvision_names() -> list[str]:
+    import torchvision
+
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
 def check_model_name(name: str) -> None:
     """A UsageError listing the close matches unless `name` is wrn or a torchvision
     classification model."""
+    if name == "wrn":  # torchvision's import (seconds) only for its own models
+        return
     names = torchvision_names()
-    if name == "wrn" or name in names:
+    if name in names:
         return
     close = difflib.get_close_matches(name, ["wrn", *names], n=5, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -115,6 +118,8 @@ def small_image_stem(model: nn.Module) -> nn.Module:
 
 
 def torchvision_model(name: str, num_classes: int, stem: str, image_size: int) -> nn.Module:
+    import torchvision
+
     builder = torchvision.models.get_model_builder(name)
     model = builder(weights=None, num_classes=num_classes, **_extra_args(name, image_size))
     # Only the ResNet family has the small-image variant; the others keep their own stem.
