@@ -24,7 +24,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from safetensors import TensorSpec, serialize
+from safetensors import serialize
+
+try:  # safetensors 0.8 and later: `serialize` takes each tensor's address (no copy)
+    from safetensors import TensorSpec
+except ImportError:  # earlier releases (a base image's own): each tensor's bytes
+    TensorSpec = None
 
 from workload.checkpoint.diskfull import DiskFull, guarded_save
 from workload.checkpoint.local import copy_to_run
@@ -68,25 +73,32 @@ class Buffer:
         self.id, self.map = None, None
 
 
-def _files(request: dict, address: int) -> Iterator[tuple[str, bytes]]:
+def _files(request: dict, buffer: Buffer) -> Iterator[tuple[str, bytes]]:
     """The checkpoint's files as bytes, one at a time: JSON as sent, each safetensors file
     serialized from the buffer (its layout: offset, dtype, shape and bytes per tensor)."""
+    address = buffer.open(request)
     for name, content in request["files"]:
         if "json" in content:
             yield name, content["json"].encode()
             continue
-        specs = {key: TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset,
-                                 data_len=nbytes)
-                 for key, (offset, dtype, shape, nbytes) in content["tensors"].items()}
+        specs = {key: _spec(buffer, address, *layout)
+                 for key, layout in content["tensors"].items()}
         yield name, bytes(serialize(specs, metadata=METADATA))
+
+
+def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nbytes: int):
+    """One tensor of the buffer as `serialize` takes it: its address, or (before
+    safetensors 0.8) a copy of its bytes."""
+    if TensorSpec is None:
+        return {"dtype": dtype, "shape": shape, "data": buffer.map[offset:offset + nbytes]}
+    return TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset, data_len=nbytes)
 
 
 def _write(request: dict, buffer: Buffer) -> str:
     root, tmp, keep = Path(request["root"]), Path(request["tmp"]), request["keep"]
     final = root / request["final"]
-    address = buffer.open(request)
     with guarded_save(root, tmp, request["size"]):
-        finish_checkpoint(tmp, final, _files(request, address), request["header"], keep)
+        finish_checkpoint(tmp, final, _files(request, buffer), request["header"], keep)
     if request.get("copy_to"):
         final = copy_to_run(final, Path(request["copy_to"]), keep)
     return str(final)
