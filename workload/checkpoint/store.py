@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,11 @@ class OldFormat(Exception):
 
 # --- saving ---------------------------------------------------------------------------------
 
+# A file of a checkpoint: its bytes, or a function that writes it durably at the path it
+# is given and returns its manifest entry (the writer process's safetensors files).
+FileContent = bytes | Callable[[Path], dict]
+
+
 @dataclass
 class Snapshot:
     """What a checkpoint holds, gathered on rank 0 (RNG states come from every rank).
@@ -80,18 +85,19 @@ def header(snapshot: Snapshot) -> dict:
                 sharded=snapshot.model is None, world_size=trainer["world_size"])
 
 
-def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, bytes]], head: dict,
-                      keep: int, shard_files: dict | None = None) -> None:
-    """Rank 0 or its writer process: `files` (each name and bytes, in writing order: see
-    workload.checkpoint.snapshot's `checkpoint_files`), the manifest last, rename,
-    `latest`, then pruning. `head`: `header` of the snapshot; `shard_files`: the manifest
-    entries of the FSDP shards every rank wrote, gathered. Torch-free: the writer process
-    runs it on bytes it never turns into tensors."""
+def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileContent]],
+                      head: dict, keep: int, shard_files: dict | None = None) -> None:
+    """Rank 0 or its writer process: `files` (in writing order: see workload.checkpoint.
+    snapshot's `checkpoint_files`), the manifest last, rename, `latest`, then pruning.
+    `head`: `header` of the snapshot; `shard_files`: the manifest entries of the FSDP
+    shards every rank wrote, gathered. Torch-free: the writer process runs it on tensors
+    it never turns into torch's."""
     entries = dict(shard_files or {})
     if (tmp / SHARDS_DIR).is_dir():
         fsync_dir(tmp / SHARDS_DIR)
-    for name, data in files:
-        entries[name] = write_durably(tmp / name, data)
+    for name, content in files:
+        path = tmp / name
+        entries[name] = content(path) if callable(content) else write_durably(path, content)
     manifest = dict(format=FORMAT_VERSION, **head, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     files=dict(sorted(entries.items())))
     write_durably(tmp / MANIFEST, record_bytes(manifest))

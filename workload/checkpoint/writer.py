@@ -16,15 +16,18 @@ manifest, rename, `latest`, pruning; a full disk in one line), and answers one J
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import mmap
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
-from safetensors import serialize
+from safetensors import serialize_file
 
 try:  # safetensors 0.8 and later: `serialize` takes each tensor's address (no copy)
     from safetensors import TensorSpec
@@ -73,21 +76,60 @@ class Buffer:
         self.id, self.map = None, None
 
 
-def _files(request: dict, buffer: Buffer) -> Iterator[tuple[str, bytes]]:
-    """The checkpoint's files as bytes, one at a time: JSON as sent, each safetensors file
-    serialized from the buffer (its layout: offset, dtype, shape and bytes per tensor)."""
+def _files(request: dict, buffer: Buffer) -> Iterator[tuple[str, bytes | Callable]]:
+    """The checkpoint's files, one at a time: JSON as sent, each safetensors file as the
+    function that writes it from the buffer (its layout: offset, dtype, shape and bytes
+    per tensor) and returns its manifest entry."""
     address = buffer.open(request)
     for name, content in request["files"]:
         if "json" in content:
             yield name, content["json"].encode()
-            continue
-        specs = {key: _spec(buffer, address, *layout)
-                 for key, layout in content["tensors"].items()}
-        yield name, bytes(serialize(specs, metadata=METADATA))
+        else:
+            yield name, partial(_write_tensors, buffer, address, content["tensors"])
+
+
+def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path) -> dict:
+    """A safetensors file written by safetensors itself straight from the buffer (no copy
+    through Python), fsynced while its sha256 is taken: from the header it wrote (read
+    back: a few hundred bytes) and the buffer's own bytes in the file's order, which the
+    format fixes (the header's data_offsets tile the data, no holes). Its manifest entry."""
+    serialize_file({key: _spec(buffer, address, *where) for key, where in layout.items()},
+                   str(path), metadata=METADATA)
+    with open(path, "rb") as file:
+        length = file.read(8)
+        head = length + file.read(int.from_bytes(length, "little"))
+        size = os.fstat(file.fileno()).st_size
+        syncing = threading.Thread(target=os.fsync, args=(file.fileno(),))
+        syncing.start()
+        try:
+            digest = _digest(buffer, layout, head, size)
+        finally:
+            syncing.join()
+    return dict(bytes=size, sha256=digest)
+
+
+def _digest(buffer: Buffer, layout: dict, head: bytes, size: int) -> str:
+    """The sha256 of the safetensors file of `size` bytes that starts with `head` (its
+    length and header), its data taken from the buffer in the header's order."""
+    digest = hashlib.sha256(head)
+    header, at = json.loads(head[8:]), len(head)
+    data = memoryview(buffer.map)
+    try:
+        for begin, end, key in sorted((*header[key]["data_offsets"], key) for key in layout):
+            offset, nbytes = layout[key][0], layout[key][3]
+            if len(head) + begin != at or end - begin != nbytes:
+                raise ValueError(f"{key}: the file holds it elsewhere than its layout says")
+            digest.update(data[offset:offset + nbytes])
+            at += nbytes
+    finally:
+        data.release()
+    if at != size:
+        raise ValueError(f"the safetensors file has {size} bytes, its tensors end at {at}")
+    return digest.hexdigest()
 
 
 def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nbytes: int):
-    """One tensor of the buffer as `serialize` takes it: its address, or (before
+    """One tensor of the buffer as `serialize_file` takes it: its address, or (before
     safetensors 0.8) a copy of its bytes."""
     if TensorSpec is None:
         return {"dtype": dtype, "shape": shape, "data": buffer.map[offset:offset + nbytes]}
