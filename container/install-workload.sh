@@ -27,7 +27,10 @@ say() { echo "install-workload: $*"; }
 
 python() { command "${PYTHON}" "$@"; }
 
-torch_version() { python -c 'import torch; print(torch.__version__)'; }
+# torch's version from its installed metadata: importing torch takes seconds natively and
+# over half a minute under QEMU (an arm64 image built on an x86_64 host), so each step
+# imports it once (find_python) and reads its version without importing it.
+torch_version() { python -c 'from importlib.metadata import version; print(version("torch"))'; }
 
 pip_install() {
   python -m pip install --no-warn-script-location --root-user-action=ignore "$@"
@@ -40,7 +43,8 @@ find_python() {
     err "no python or python3 on PATH; the base image needs Python with torch installed"
     exit 1
   fi
-  if ! python -c 'import torch' 2>/dev/null; then
+  # The CUDA version torch was built for (empty for a CPU-only build), for DALI's wheel.
+  if ! TORCH_CUDA=$(python -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null); then
     err "${PYTHON} cannot import torch; use a base image with torch (e.g. nvcr.io/nvidia/pytorch)"
     exit 1
   fi
@@ -91,8 +95,7 @@ record_base() {
 # The CUDA major DALI must match: CUDA_VERSION (NGC's images set it), else torch's build;
 # empty for a CPU-only torch.
 cuda_major() {
-  local version="${CUDA_VERSION:-}"
-  [[ -n "${version}" ]] || version=$(python -c 'import torch; print(torch.version.cuda or "")')
+  local version="${CUDA_VERSION:-${TORCH_CUDA}}"
   echo "${version%%.*}"
 }
 
