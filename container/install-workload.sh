@@ -27,10 +27,10 @@ say() { echo "install-workload: $*"; }
 
 python() { command "${PYTHON}" "$@"; }
 
-# torch's version from its installed metadata: importing torch takes seconds natively and
-# over half a minute under QEMU (an arm64 image built on an x86_64 host), so each step
-# imports it once (find_python) and reads its version without importing it.
-torch_version() { python -c 'from importlib.metadata import version; print(version("torch"))'; }
+# torch's distribution version, from its installed metadata: importing torch takes seconds
+# natively and over half a minute under QEMU (an arm64 image built on an x86_64 host), so
+# each step imports it once (find_python) and checks what pip did without importing it.
+torch_distribution() { python -c 'from importlib.metadata import version; print(version("torch"))'; }
 
 pip_install() {
   python -m pip install --no-warn-script-location --root-user-action=ignore "$@"
@@ -43,11 +43,16 @@ find_python() {
     err "no python or python3 on PATH; the base image needs Python with torch installed"
     exit 1
   fi
-  # The CUDA version torch was built for (empty for a CPU-only build), for DALI's wheel.
-  if ! TORCH_CUDA=$(python -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null); then
+  # torch's version as it imports, and the CUDA version it was built for (empty for a
+  # CPU-only build: DALI's wheel follows it); its distribution's, to see what pip does.
+  local facts
+  if ! facts=$(python -c 'import torch; print(torch.__version__, torch.version.cuda or "")' \
+    2>/dev/null); then
     err "${PYTHON} cannot import torch; use a base image with torch (e.g. nvcr.io/nvidia/pytorch)"
     exit 1
   fi
+  read -r TORCH_VERSION TORCH_CUDA <<<"${facts}"
+  TORCH_DISTRIBUTION=$(torch_distribution)
 }
 
 # PEP 668: pip refuses system-wide installs when the interpreter's stdlib folder holds an
@@ -84,7 +89,7 @@ report_installed() {
 # What the base ships, recorded once, before anything is installed.
 record_base() {
   mkdir -p "${STATE_DIR}"
-  [[ -s "${BASE_TORCH}" ]] || torch_version >"${BASE_TORCH}"
+  [[ -s "${BASE_TORCH}" ]] || echo "${TORCH_VERSION}" >"${BASE_TORCH}"
   [[ -s "${BASE_CONSTRAINT}" ]] || normalised_freeze |
     { grep -E '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' || true; } >"${BASE_CONSTRAINT}"
   local constraints="${PIP_CONSTRAINT:-} ${BASE_CONSTRAINT}"
@@ -124,10 +129,11 @@ ensure_dali() {
 
 check_torch_kept() {
   local now
-  now=$(torch_version)
-  if [[ "${now}" != "$(cat "${BASE_TORCH}")" ]]; then
-    err "pip changed the base image's torch $(cat "${BASE_TORCH}") to ${now};" \
-      "find the dependency that requires another torch and relax it"
+  now=$(torch_distribution)
+  if [[ "${now}" != "${TORCH_DISTRIBUTION}" ]]; then
+    err "pip changed the base image's torch $(cat "${BASE_TORCH}") (distribution" \
+      "${TORCH_DISTRIBUTION}) to ${now}; find the dependency that requires another torch" \
+      "and relax it"
     exit 1
   fi
 }
