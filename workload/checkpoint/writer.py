@@ -6,11 +6,12 @@ hold a second copy of torch's libraries.
 
 Each request names the loop's staging buffer (mapped here through /proc/<pid>/fd: the
 file has no name) and the checkpoint's files in writing order: a JSON file as its text, a
-safetensors file as where each tensor lies in the buffer. The writer serializes each
-safetensors file straight from the buffer (safetensors' `serialize` takes the address of
-each tensor's bytes: no copy into Python objects, no torch), then runs the synchronous
-save's own last half (workload.checkpoint.store's `finish_checkpoint`: sha256, fsync,
-manifest, rename, `latest`, pruning; a full disk in one line), and answers one JSON line.
+safetensors file as where each tensor lies in the buffer. safetensors writes each of its
+files straight from the buffer (`serialize_file` takes the address of each tensor's bytes:
+no copy into Python objects, no torch), and its sha256 is taken from the buffer while the
+file is fsynced; the rest is the synchronous save's own last half
+(workload.checkpoint.store's `finish_checkpoint`: the JSON files, the manifest, rename,
+`latest`, pruning; a full disk in one line). Then one JSON line answers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from safetensors import serialize_file
 
-try:  # safetensors 0.8 and later: `serialize` takes each tensor's address (no copy)
+try:  # safetensors 0.8 and later: `serialize_file` takes each tensor's address (no copy)
     from safetensors import TensorSpec
 except ImportError:  # earlier releases (a base image's own): each tensor's bytes
     TensorSpec = None
