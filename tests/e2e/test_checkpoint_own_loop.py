@@ -136,15 +136,21 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(uninterrupted,
 def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupted,
                                                                       tmp_path):
     out, logs = tmp_path / "run", tmp_path / "first"
-    # 1 s a step: the second process (a Python importing torch) is refused and the signal
-    # sent while the run still trains, however fast the machine (at 0.3 s, 24 steps
-    # could end first).
-    procs = start_ranks(out, logs, "--step-time", "1.0")
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, "rank 1: training from step 0", procs)
-    second = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--steps", "2", "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env={**clean_env(), "MASTER_PORT": str(free_ports(1)[0]), "OMP_NUM_THREADS": "1"})
+    # The run is held (SIGSTOP) while the second process (a Python importing torch) is
+    # refused, so that it still trains when the signal comes, however loaded the machine:
+    # at 1 s a step, a suite's load let the 24 steps end first.
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(
+            [sys.executable, str(EXAMPLE), "--steps", "2", "--output-dir", str(out)],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**clean_env(), "MASTER_PORT": str(free_ports(1)[0]), "OMP_NUM_THREADS": "1"})
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGCONT)
     last = second.stderr.strip().splitlines()[-1]
     assert second.returncode != 0 and "saved checkpoint" not in second.stdout
     assert f"Checkpoints(folder) {out} is in use by another run" in last, second.stderr
