@@ -44,6 +44,7 @@ import torch
 from workload.checkpoint import writer
 from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
+from workload.checkpoint.formats import unique_key
 from workload.checkpoint.saving import snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.store import Snapshot, header
@@ -126,8 +127,7 @@ class Stage:
 
         def put(tensors: dict, key: str, tensor: torch.Tensor) -> str:
             nonlocal offset
-            while key in tensors:
-                key += "~"
+            key = unique_key(tensors, key)
             nbytes = tensor.numel() * tensor.element_size()
             view = self.buffer[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
             view.copy_(tensor.detach())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,10 +78,11 @@ def guarded_final_model(out: Path, need: int):
     return _full_disk_is_one_line(out, lambda: need, "write the final model")
 
 
-def guarded_save(root: Path, tmp: Path, estimate: int):
-    """Run a save of about `estimate` bytes (its tensors'); if it fails, remove its partial
-    folder, and report a full disk in one line (any other failure is raised as it was)."""
-    return _full_disk_is_one_line(root, lambda: needed_bytes(root, estimate),
+def guarded_save(root: Path, tmp: Path, estimate: Callable[[], int]):
+    """Run a save; if it fails, remove its partial folder, and report a full disk in one
+    line (any other failure is raised as it was). `estimate`: the save's tensor bytes,
+    called only after a failure."""
+    return _full_disk_is_one_line(root, lambda: needed_bytes(root, estimate()),
                                   "save a checkpoint",
                                   lambda: shutil.rmtree(tmp, ignore_errors=True))
 

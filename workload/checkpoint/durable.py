@@ -22,6 +22,9 @@ PICKLE_MAGIC, ZIP_MAGIC = b"\x80", b"PK\x03\x04"
 # The deepest a checkpoint's JSON is nested is about 8 (optimizer state, shard layouts);
 # anything much deeper is not a checkpoint, and would exhaust Python's recursion limit.
 MAX_DEPTH = 32
+# The metadata of every safetensors file a save writes (as safetensors.torch.save's):
+# the synchronous save and the writer process write the same bytes.
+SAFETENSORS_METADATA = {"format": "pt"}
 
 
 class CorruptCheckpoint(Exception):

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint.durable import (CorruptCheckpoint, json_bytes, read_json, sniff,
-                                        write_durably)
+from workload.checkpoint.durable import (SAFETENSORS_METADATA, CorruptCheckpoint, json_bytes,
+                                        read_json, sniff, write_durably)
 
 PART_FORMAT = 2
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
@@ -63,10 +63,16 @@ def _shard_entry(value, key: str, tensors: dict) -> dict:
             "offset": min(mesh.get_local_rank() * chunk, rows), "length": local.shape[0]}
 
 
-def cpu_copy(tensors: dict, key: str, tensor: torch.Tensor) -> str:
-    """A copy of `tensor` on the CPU into `tensors`, under `key` or a unique variant."""
+def unique_key(tensors: dict, key: str) -> str:
+    """`key`, or a variant of it that `tensors` does not hold yet."""
     while key in tensors:  # {"a.b": x} and {"a": {"b": y}} would both be "t.a.b"
         key += "~"
+    return key
+
+
+def cpu_copy(tensors: dict, key: str, tensor: torch.Tensor) -> str:
+    """A copy of `tensor` on the CPU into `tensors`, under `key` or a unique variant."""
+    key = unique_key(tensors, key)
     tensors[key] = tensor.detach().to("cpu", copy=True).contiguous()
     return key
 
@@ -209,7 +215,7 @@ def safetensors_bytes(tensors: dict) -> bytes:
     """A safetensors file's bytes, in memory (write_durably hashes them as it writes)."""
     from safetensors.torch import save
 
-    return save(tensors, metadata={"format": "pt"})
+    return save(tensors, metadata=SAFETENSORS_METADATA)
 
 
 def read_tensors(file: Path) -> dict[str, torch.Tensor]:

@@ -76,7 +76,7 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
         move_aside(tmp, "incomplete")
-    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
         tmp.mkdir()
         if sharded:
             (tmp / SHARDS_DIR).mkdir()
@@ -88,7 +88,7 @@ def commit(root: Path, tmp: Path, snapshot: Snapshot, keep: int,
     """Rank 0 (or its background writer, workload.checkpoint.background): the files, the
     manifest, the rename into place, `latest`, pruning; a full disk in one line."""
     final = root / step_name(snapshot.trainer["step"])
-    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
         finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),
                           keep, shard_files)
     return final
@@ -102,7 +102,7 @@ def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> di
         return {}
     world_size = snapshot.trainer["world_size"]
     distributed.barrier()  # the folder exists before anyone writes into it
-    with guarded_save(root, tmp, snapshot_bytes(snapshot)):
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
         mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
                            world_size)
     return {f"{SHARDS_DIR}/{name}": entry for entries in

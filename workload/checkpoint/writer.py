@@ -36,6 +36,7 @@ except ImportError:  # earlier releases (a base image's own): each tensor's byte
     TensorSpec = None
 
 from workload.checkpoint.diskfull import DiskFull, guarded_save
+from workload.checkpoint.durable import SAFETENSORS_METADATA
 from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.store import finish_checkpoint
 
@@ -44,8 +45,6 @@ from workload.checkpoint.store import finish_checkpoint
 # mask survives exec) until it ignores them, so one sent while it starts cannot kill it.
 IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
 STOP = {"stop": True}  # the request that ends the writer (background.Writer.stop)
-# What safetensors' metadata says of the files, as safetensors.torch.save writes it.
-METADATA = {"format": "pt"}
 
 
 class Buffer:
@@ -95,7 +94,7 @@ def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path) -> di
     back: a few hundred bytes) and the buffer's own bytes in the file's order, which the
     format fixes (the header's data_offsets tile the data, no holes). Its manifest entry."""
     serialize_file({key: _spec(buffer, address, *where) for key, where in layout.items()},
-                   str(path), metadata=METADATA)
+                   str(path), metadata=SAFETENSORS_METADATA)
     with open(path, "rb") as file:
         length = file.read(8)
         head = length + file.read(int.from_bytes(length, "little"))
@@ -140,7 +139,7 @@ def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nb
 def _write(request: dict, buffer: Buffer) -> str:
     root, tmp, keep = Path(request["root"]), Path(request["tmp"]), request["keep"]
     final = root / request["final"]
-    with guarded_save(root, tmp, request["size"]):
+    with guarded_save(root, tmp, lambda: request["size"]):
         finish_checkpoint(tmp, final, _files(request, buffer), request["header"], keep)
     if request.get("copy_to"):
         final = copy_to_run(final, Path(request["copy_to"]), keep)
