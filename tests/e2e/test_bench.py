@@ -87,8 +87,8 @@ def test_bench_input_compares_shards_with_their_image_folder_both_staged(
     results = check_report(report, "input", rows)
     assert report["settings"]["baseline"] == "folder torch"
     assert results["folder torch"]["vs_baseline"] == 1
-    # 240 images: 10 shards of 25, each with two indexes, and the manifest.
-    assert report["settings"]["files"] == {"shards": 31, "folder": 240, "staged shards": 31,
+    # 240 images: 10 shards of 25, an index per split, and the manifest.
+    assert report["settings"]["files"] == {"shards": 13, "folder": 240, "staged shards": 13,
                                            "staged folder": 240}
     assert "folder: 240 files" in capsys.readouterr().out
     assert len([p for p in local.iterdir() if p.is_dir()]) == 2

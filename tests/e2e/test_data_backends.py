@@ -3,6 +3,7 @@ and bad requests refused before any work."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,20 +147,32 @@ def test_auto_choice_for_shards(device, backend, why):
     assert choose("auto", "shards", device) == (backend, why)
 
 
-def test_dalis_webdataset_reader_reads_our_shards_with_our_index(shard_folder):
-    """The `.idx` beside each shard is what DALI's own reader takes (index_paths)."""
-    import json
+def dali_indexes(tars: list[Path], folder: Path) -> list[str]:
+    """DALI's indexes of `tars`, made by its own `wds2idx` into `folder`, as a user's own
+    DALI pipeline makes them (docs/your-data.md)."""
+    made = []
+    for tar in tars:
+        made.append(str(folder / tar.with_suffix(".idx").name))
+        subprocess.run([str(Path(sys.executable).with_name("wds2idx")), str(tar), made[-1]],
+                       check=True, capture_output=True, timeout=60)
+    return made
 
+
+def test_dalis_webdataset_reader_reads_our_shards(shard_folder, tmp_path):
+    """A user's own DALI pipeline reads the shards with fn.readers.webdataset: the same
+    images and classes as our index names."""
     from nvidia.dali import fn, pipeline_def
 
-    name = "val-000003"
-    rows = json.loads((shard_folder / f"{name}.idx.json").read_text())["samples"]
+    from workload.data.shardformat import read_index, read_manifest
+
+    entry = read_manifest(shard_folder)["splits"]["val"]["shards"][3]
+    rows = read_index(shard_folder, "val", entry)
+    tar = shard_folder / entry["name"]
 
     @pipeline_def(batch_size=len(rows), num_threads=1, device_id=None)
     def pipeline():
         images, classes = fn.readers.webdataset(
-            paths=[str(shard_folder / f"{name}.tar")],
-            index_paths=[str(shard_folder / f"{name}.idx")], ext=["jpg", "cls"],
+            paths=[str(tar)], index_paths=dali_indexes([tar], tmp_path), ext=["jpg", "cls"],
             random_shuffle=False)
         return images, classes
 
@@ -168,23 +181,24 @@ def test_dalis_webdataset_reader_reads_our_shards_with_our_index(shard_folder):
     images, classes = pipe.run()
     assert [bytes(classes.at(i)).decode() for i in range(len(rows))] == \
         [str(row[4]) for row in rows]
-    tar = (shard_folder / f"{name}.tar").read_bytes()
-    assert bytes(images.at(0)) == tar[rows[0][2]:rows[0][2] + rows[0][3]]
+    data = tar.read_bytes()
+    assert bytes(images.at(0)) == data[rows[0][2]:rows[0][2] + rows[0][3]]
 
 
-def test_dalis_own_reader_is_exact_only_at_one_number_of_ranks(shard_folder):
+def test_dalis_own_reader_is_exact_only_at_one_number_of_ranks(shard_folder, tmp_path):
     """Why shards are fed to DALI by our ShardSource rather than read by DALI's
     fn.readers.webdataset (dali.py): its reader checkpoint resumes exactly, but ranks
     (shard_id of num_shards) read contiguous ranges of the samples, so the global batches
     of 2 ranks are not the sequence 1 rank reads; ours are."""
     from nvidia.dali import fn, pipeline_def
 
-    tars = sorted(str(p) for p in shard_folder.glob("train-*.tar"))
+    tars = sorted(shard_folder.glob("train-*.tar"))
+    indexes = dali_indexes(tars, tmp_path)
 
     @pipeline_def(batch_size=8, num_threads=1, device_id=None)
     def reader(shard_id, num_shards):
         images, _ = fn.readers.webdataset(
-            paths=tars, index_paths=[t.removesuffix(".tar") + ".idx" for t in tars],
+            paths=[str(t) for t in tars], index_paths=indexes,
             ext=["jpg", "cls"], shard_id=shard_id, num_shards=num_shards,
             random_shuffle=True, initial_fill=32)
         return images

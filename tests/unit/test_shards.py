@@ -10,8 +10,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -20,8 +18,8 @@ import torch
 
 from workload.data import shardwrite
 from workload.data.loaders import TorchLoader, deal
-from workload.data.shardformat import (MANIFEST, dali_index_name, index_name, member_header,
-                                       read_manifest, shard_name)
+from workload.data.shardformat import (MANIFEST, index_name, member_header, read_manifest,
+                                       shard_name)
 from workload.data import shards as shards_module
 from workload.data.shards import (StreamSampler, lanes_read, load_shards, rank_sampler,
                                   stream_order, verify_shards)
@@ -55,15 +53,12 @@ def test_the_same_source_gives_byte_identical_shards(shard_source, shard_folder,
     assert names == ["00000000.jpg", "00000000.cls"]
 
 
-def test_each_shard_has_the_index_dalis_wds2idx_makes(shard_folder, tmp_path):
-    name = shard_name("train", 1)
-    done = subprocess.run([str(Path(sys.executable).with_name("wds2idx")),
-                           str(shard_folder / name), str(tmp_path / "theirs.idx")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    theirs = (tmp_path / "theirs.idx").read_text()
-    assert theirs.startswith("v1.2 25\n")
-    assert (shard_folder / dali_index_name(name)).read_text() == theirs
+def test_a_shard_folder_is_one_file_per_shard_beside_one_index_per_split(shard_folder):
+    """The point of shards on a parallel file system: a thousandth of the files."""
+    manifest = read_manifest(shard_folder)
+    shards = [e["name"] for split in ("train", "val") for e in manifest["splits"][split]["shards"]]
+    assert sorted(p.name for p in shard_folder.iterdir()) == sorted(
+        [*shards, MANIFEST, index_name("train"), index_name("val"), ".lock", ".shards-of.json"])
 
 
 def test_an_interrupted_write_resumes_keeping_the_complete_shards(shard_source, shard_folder,
@@ -104,6 +99,16 @@ def test_a_write_with_another_shard_size_keeps_no_shard_of_the_old_size(shard_so
     assert train.counts == [50, 50, 20]
 
 
+def test_a_folder_of_the_first_format_loses_its_per_shard_indexes(shard_source, shard_folder,
+                                                                  tmp_path):
+    dest = tmp_path / "dest"
+    shutil.copytree(shard_folder, dest)
+    for name in ("train-000000.idx.json", "train-000000.idx", "val-000004.idx.json"):
+        (dest / name).write_text("{}")  # format 1: two index files beside each shard
+    write_shards(shard_source, dest, shard_size=25)
+    assert contents(dest) == contents(shard_folder)
+
+
 def test_a_folder_of_another_dataset_or_of_other_files_is_refused(shard_source, shard_folder,
                                                                   tmp_path):
     other = tmp_path / "other"
@@ -130,6 +135,25 @@ def test_a_damaged_shard_is_named_in_one_line(shard_folder, tmp_path):
     assert f"shard {victim} is damaged (its sha256 is not the one" in one_line(error)
 
 
+@pytest.mark.parametrize("damage, why", [
+    (lambda index, manifest: index.write_bytes(index.read_bytes().replace(b'"jpg"', b'"jpg', 1)),
+     "its line of index-val.jsonl cannot be read"),
+    (lambda index, manifest: manifest["splits"]["val"]["shards"][0].update(
+        index=manifest["splits"]["val"]["shards"][1]["index"]),
+     "its line of index-val.jsonl does not match manifest.json"),
+], ids=["torn-line", "another-shards-line"])
+def test_a_damaged_index_is_named_in_one_line(shard_folder, tmp_path, damage, why):
+    copy = tmp_path / "copy"
+    shutil.copytree(shard_folder, copy)
+    manifest = read_manifest(copy)
+    damage(copy / index_name("val"), manifest)
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    _, val, _ = load_shards(str(copy), 8)
+    with pytest.raises(UsageError) as error:
+        val.read(0, 0)
+    assert f"shard {copy / shard_name('val', 0)} is damaged ({why}" in one_line(error)
+
+
 def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes) -> tuple[Path, dict]:
     """A one-sample shard folder whose first member is `member`, its manifest and index
     consistent with the shard's bytes, so that only the member itself is wrong."""
@@ -138,12 +162,13 @@ def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes) -> tupl
     with tarfile.open(folder / name, "w", format=tarfile.GNU_FORMAT) as tar:
         tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
         tar.addfile(member_header("00000000.cls", 1), io.BytesIO(b"0"))
+    line = json.dumps(dict(shard=name, bytes=(folder / name).stat().st_size,
+                           sha256=sha256_file(folder / name),
+                           samples=[["00000000", "jpg", 512, len(data), 0]])) + "\n"
+    (folder / index_name("train")).write_text(line)
     entry = dict(name=name, samples=1, bytes=(folder / name).stat().st_size,
-                 sha256=sha256_file(folder / name), index=index_name(name))
-    (folder / index_name(name)).write_text(json.dumps(dict(
-        shard=name, bytes=entry["bytes"], sha256=entry["sha256"],
-        samples=[["00000000", "jpg", 512, len(data), 0]])))
-    manifest = dict(format="hpc-train-shards", format_version=1, classes=["a"],
+                 sha256=sha256_file(folder / name), index=[0, len(line)])
+    manifest = dict(format="hpc-train-shards", format_version=2, classes=["a"],
                     splits=dict(train=dict(samples=1, shards=[entry]),
                                 val=dict(samples=0, shards=[])))
     (folder / MANIFEST).write_text(json.dumps(manifest))
@@ -247,7 +272,7 @@ def test_a_shard_folder_stages_the_files_its_manifest_names_without_listing_it(
     monkeypatch.undo()
     assert not [path for path in listed if path.startswith(str(source))]
     assert sorted(p.name for p in target.iterdir()) == sorted(names)
-    assert len(names) == 1 + 3 * 10  # the manifest, and each shard with its two indexes
+    assert len(names) == 1 + 2 + 10  # the manifest, an index per split, and the shards
     train, val, classes = load_shards(str(target), 8, verify=True)
     assert len(train) == len(val) == 120 and classes == ["cat", "class2", "dog"]
 
@@ -341,8 +366,8 @@ def test_each_rank_reads_its_own_stretch_of_the_shards(counts, train):
 def test_a_ranks_reader_opens_each_of_its_shards_once_an_epoch(shard_folder, monkeypatch):
     opened = []
     real = shards_module.read_index
-    monkeypatch.setattr(shards_module, "read_index",
-                        lambda folder, entry: opened.append(entry["name"]) or real(folder, entry))
+    monkeypatch.setattr(shards_module, "read_index", lambda folder, split, entry:
+                        opened.append(entry["name"]) or real(folder, split, entry))
     train, _, _ = load_shards(str(shard_folder), 8)
     loader = TorchLoader(train, 8, torch.device("cpu"), lambda x: x.float(), train=True,
                          seed=2, rank=1, world_size=2, workers=0,

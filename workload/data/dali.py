@@ -16,7 +16,7 @@ byte range, its tar headers checked) in the order of a shards.StreamSampler, the
 order as the torch backend's, and DALI decodes them; their classes come with them.
 
 Why not DALI's own `fn.readers.webdataset` (tried with nvidia-dali 2.4's CPU pipeline on
-shards written here, with their `.idx` files): it reads them, and its reader checkpoint
+shards written here, indexed by DALI's `wds2idx`): it reads them, and its reader checkpoint
 (`enable_checkpointing`) restores a pipeline mid-epoch exactly, but only at the number of
 ranks it was taken at. Its ranks (`shard_id` of `num_shards`) read contiguous ranges of
 the samples in the shards' file order, so the global batches of 2 ranks are other
@@ -25,7 +25,6 @@ that takes no per-epoch shard order (the paths are fixed when the pipeline is bu
 no lanes; and a rank's order cannot be set per sample to follow ours. Reading through it
 would lose the one global sequence per (seed, epoch) at any number of ranks, so the
 shards are read here and fed to DALI (tests/e2e/test_data_backends.py holds both facts).
-The `.idx` files stay for users' own DALI pipelines.
 """
 
 from __future__ import annotations

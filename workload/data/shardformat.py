@@ -4,15 +4,17 @@ shards` reads it), and the checks every reader makes of what it finds there.
 A shard folder holds:
 
 - `manifest.json`: the classes, and per split (`train`, `val`) the shards in reading
-  order, each with its sample count, size in bytes and sha256, and its index file;
+  order, each with its sample count, size in bytes and sha256, and where its index is;
 - `<split>-NNNNNN.tar`: plain (uncompressed, ustar) tar files in the WebDataset layout:
   per sample `<key>.<ext>` (the image file's bytes as they were, its extension in lower
   case) followed by `<key>.cls` (the class number as decimal text); the key is the
   sample's position in the sorted listing of its split, eight digits;
-- `<split>-NNNNNN.idx.json`: per sample its key, extension, the offset and size of the
-  image's bytes in the tar, and its class, so a reader reads one sample without walking
-  the tar; and `<split>-NNNNNN.idx`, the same in the format of DALI's `wds2idx`, for
-  DALI's own webdataset reader.
+- `index-<split>.jsonl`: one line per shard, in the manifest's order: per sample its key,
+  extension, the offset and size of the image's bytes in the tar, and its class, so a
+  reader reads one sample without walking the tar. One file per split, not one per shard:
+  the point of shards is a thousandth of the files on a parallel file system, and a
+  reader takes one shard's line with one read at the place the manifest gives. DALI's own
+  `fn.readers.webdataset` takes indexes of its own, which its `wds2idx` tool writes.
 
 Nothing in a shard is trusted for more than a byte range: a reader never unpacks a tar or
 follows a name. A member that is not a regular file (a link, a folder), has an absolute
@@ -22,16 +24,17 @@ that place, stops the run with one line naming the shard (`check_member`).
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import read_json_file
+from workload.files import read_json_file, strict_json
 
 MANIFEST = "manifest.json"
 FORMAT = "hpc-train-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1 kept two index files beside each shard
 SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"(train|val)-\d{6}\.tar")
 KEY_DIGITS = 8
@@ -46,34 +49,18 @@ def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:06d}.tar"
 
 
-def index_name(shard: str) -> str:
-    return shard.removesuffix(".tar") + ".idx.json"
-
-
-def dali_index_name(shard: str) -> str:
-    return shard.removesuffix(".tar") + ".idx"
-
-
-def dali_index(rows: list[list]) -> str:
-    """The shard's index in the text format of DALI's `wds2idx` (version v1.2, as in
-    nvidia-dali 2.4's wds2idx.py): a line `v1.2 N`, then per sample its members as
-    `ext offset size name`, offset where the member's bytes start; DALI's
-    `fn.readers.webdataset(index_paths=...)` reads the shards with it."""
-    lines = [f"v1.2 {len(rows)}"]
-    for key, ext, offset, size, label in rows:
-        cls_at, cls_size = offset + padded(size) + BLOCK, len(str(label))
-        lines.append(f"{ext} {offset} {size} {key}.{ext} cls {cls_at} {cls_size} {key}.cls")
-    return "\n".join(lines) + "\n"
+def index_name(split: str) -> str:
+    """The split's index file: one JSON line per shard."""
+    return f"index-{split}.jsonl"
 
 
 def folder_files(manifest: dict) -> list[str]:
     """The files of a shard folder that its readers use, as its manifest names them: the
-    manifest, and per shard the tar and its two indexes (not the writer's lock and
-    ownership record, nor a partial file of a write in progress)."""
-    names = [MANIFEST]
+    manifest, each split's index and the shards (not the writer's lock and ownership
+    record, nor a partial file of a write in progress)."""
+    names = [MANIFEST] + [index_name(split) for split in SPLITS]
     for split in SPLITS:
-        for entry in manifest["splits"][split]["shards"]:
-            names += [entry["name"], index_name(entry["name"]), dali_index_name(entry["name"])]
+        names += [entry["name"] for entry in manifest["splits"][split]["shards"]]
     return names
 
 
@@ -167,22 +154,28 @@ def entry_problem(entry, split: str) -> str | None:
             return f"{entry['name']}: {field} is not a count"
     if not re.fullmatch(r"[0-9a-f]{64}", str(entry.get("sha256"))):
         return f"{entry['name']}: no sha256"
+    at = entry.get("index")
+    if not (isinstance(at, list) and len(at) == 2
+            and all(isinstance(v, int) and v >= 0 for v in at)):
+        return f"{entry['name']}: its index is not [offset, length] in {index_name(split)}"
     return None
 
 
-def read_index(folder: Path, entry: dict) -> list[list]:
-    """A shard's index rows [key, ext, offset, size, class], checked against the
-    manifest's entry."""
-    name = entry["name"]
+def read_index(folder: Path, split: str, entry: dict) -> list[list]:
+    """A shard's index rows [key, ext, offset, size, class]: its line of the split's
+    index file, read where the manifest's entry says and checked against that entry."""
+    name, (offset, length) = entry["name"], entry["index"]
     try:
-        index = read_json_file(folder / index_name(name))
+        with open(folder / index_name(split), "rb") as file:
+            line = os.pread(file.fileno(), length, offset)
+        index = strict_json(line.decode("utf-8"))
     except (OSError, ValueError) as error:
-        raise damaged(folder, name, f"its index {index_name(name)} cannot be read: "
+        raise damaged(folder, name, f"its line of {index_name(split)} cannot be read: "
                                     f"{error}") from None
     rows = index.get("samples") if isinstance(index, dict) else None
     if not isinstance(rows, list) or len(rows) != entry["samples"] or \
-            index.get("sha256") != entry["sha256"]:
-        raise damaged(folder, name, f"its index {index_name(name)} does not match "
+            index.get("shard") != name or index.get("sha256") != entry["sha256"]:
+        raise damaged(folder, name, f"its line of {index_name(split)} does not match "
                                     f"{MANIFEST}")
     for row in rows:
         if not (isinstance(row, list) and len(row) == 5 and re.fullmatch(r"\d+", str(row[0]))

@@ -183,8 +183,10 @@ class StreamSampler(torch.utils.data.Sampler):
 class ShardSamples(torch.utils.data.Dataset):
     """The samples of one split, read from their shards; items are (sample, seed)."""
 
-    def __init__(self, folder: Path, entries: list[dict], num_classes: int, transform):
-        self.folder, self.entries, self.transform = folder, entries, transform
+    def __init__(self, folder: Path, split: str, entries: list[dict], num_classes: int,
+                 transform):
+        self.folder, self.split, self.entries = folder, split, entries
+        self.transform = transform
         self.num_classes = num_classes
         self.open_limit = OPEN_SHARDS  # StreamSampler.open_shards() for the rank's reads
         self.counts = [entry["samples"] for entry in entries]
@@ -207,7 +209,7 @@ class ShardSamples(torch.utils.data.Dataset):
         if j in self._open_shards:
             self._open_shards.move_to_end(j)
             return self._open_shards[j]
-        rows = read_index(self.folder, self.entries[j])
+        rows = read_index(self.folder, self.split, self.entries[j])
         self._open_shards[j] = os.open(self.folder / self.entries[j]["name"], os.O_RDONLY), rows
         if len(self._open_shards) > self.open_limit:
             os.close(self._open_shards.popitem(last=False)[1][0])
@@ -314,12 +316,12 @@ def verify_shards(folder: Path, manifest: dict) -> int:
     count = 0
     for split in SPLITS:
         for entry in manifest["splits"][split]["shards"]:
-            verify_shard(folder, entry)
+            verify_shard(folder, split, entry)
             count += 1
     return count
 
 
-def verify_shard(folder: Path, entry: dict) -> None:
+def verify_shard(folder: Path, split: str, entry: dict) -> None:
     name, path = entry["name"], folder / entry["name"]
     try:
         digest, size = sha256_file(path), path.stat().st_size
@@ -327,7 +329,7 @@ def verify_shard(folder: Path, entry: dict) -> None:
         raise damaged(folder, name, f"it cannot be read: {error.strerror or error}") from None
     if size != entry["bytes"] or digest != entry["sha256"]:
         raise damaged(folder, name, f"its sha256 is not the one {MANIFEST} records")
-    rows = read_index(folder, entry)
+    rows = read_index(folder, split, entry)
     expected: list[tuple[str, int | None]] = []
     for key, ext, offset, _, _ in rows:
         expected += [(f"{key}.{ext}", offset), (f"{key}.cls", None)]
@@ -356,7 +358,7 @@ def load_shards(folder: str, image_size: int, verify: bool = False):
         count = verify_shards(root, manifest)
         logger.info(f"{count} shards in {root} verified: their sha256 and every member")
     classes = [str(c) for c in manifest["classes"]]
-    splits = [ShardSamples(root, manifest["splits"][split]["shards"], len(classes),
+    splits = [ShardSamples(root, split, manifest["splits"][split]["shards"], len(classes),
                            folder_transforms(image_size, split == "train"))
               for split in SPLITS]
     return splits[0], splits[1], classes

@@ -9,10 +9,13 @@ only names and sizes (shardformat.member_header), never times or owners.
 The source is only read. DEST belongs to one state of one source: `.shards-of.json`,
 written first, records the source's identity (stagefiles.identity: its path and every
 file's size and times); a DEST that holds another dataset, or files not written here, is
-refused, and one writer at a time holds `DEST/.lock`. Writing resumes: a shard whose tar
-and indexes are complete and whose bytes match the sha256 its index records is kept; any
-other is written again (to a hidden partial file first, renamed when complete), and
-`manifest.json` is written last, so a folder without it was never finished.
+refused, and one writer at a time holds `DEST/.lock`. Writing resumes: each shard's index
+line is appended to its split's index file (fsynced) once the shard is complete, so a
+shard whose line is there and whose bytes still match the sha256 it records is kept; any
+other is written again (to a hidden partial file first, renamed when complete). At a
+split's end its index file is rewritten with one line per shard in order, and
+`manifest.json`, which says where each line is, is written last: a folder without it was
+never finished.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from PIL import Image
 
 from workload.data.datasets import UNREADABLE, bad_file_note
 from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
-                                       SHARD_NAME, dali_index, dali_index_name, index_name,
-                                       member_header, sample_key, shard_name)
+                                       SHARD_NAME, index_name, member_header, sample_key,
+                                       shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
-from workload.files import read_json_file, sha256_file, unwritable_reason, write_json
+from workload.files import (json_text, read_json_file, read_jsonl_records, sha256_file,
+                            unwritable_reason, write_json)
 from workload.logs import logger
 
 SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
@@ -120,52 +124,77 @@ def claim(source: Path, dest: Path, key: str) -> int | None:
 def write_split(dest: Path, split: str, samples: list, shard_size: int,
                 progress: Progress) -> tuple[list[dict], int]:
     """The shards of one split: their manifest entries and how many were kept."""
-    entries, kept = [], 0
-    for number, first in enumerate(range(0, len(samples), shard_size)):
-        chunk = [(first + i, path, label) for i, (path, label)
-                 in enumerate(samples[first:first + shard_size])]
-        name = shard_name(split, number)
-        entry = complete_shard(dest, name, [first, len(chunk)])
-        if entry is None:
-            entry = write_shard(dest, name, chunk)
-        else:
-            kept += 1
-        entries.append(entry)
-        progress.add(len(chunk))
-    remove_stale(dest, split, len(entries))
-    return entries, kept
+    index = dest / index_name(split)
+    earlier = {line.get("shard"): line for line in read_jsonl_records(index)[0]} \
+        if index.is_file() else {}
+    lines, kept = [], 0
+    with open(index, "ab") as journal:
+        for number, first in enumerate(range(0, len(samples), shard_size)):
+            chunk = [(first + i, path, label) for i, (path, label)
+                     in enumerate(samples[first:first + shard_size])]
+            name = shard_name(split, number)
+            line = earlier.get(name)
+            if complete(dest, line, [first, len(chunk)]):
+                kept += 1
+            else:
+                line = write_shard(dest, name, chunk)
+                journal.write(json_line(line))
+                journal.flush()
+                os.fsync(journal.fileno())
+            lines.append(line)
+            progress.add(len(chunk))
+    remove_stale(dest, split, len(lines))
+    return rewrite_index(index, lines), kept
+
+
+def json_line(line: dict) -> bytes:
+    return (json_text(line) + "\n").encode()
+
+
+def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
+    """The split's index file as readers take it, one line per shard in order (the
+    appended lines of an interrupted write gone); the shards' manifest entries, each
+    with where its line is."""
+    entries, offset = [], 0
+    partial = index.with_name(f".{index.name}.partial")
+    with open(partial, "wb") as file:
+        for line in lines:
+            data = json_line(line)
+            file.write(data)
+            entries.append(dict(name=line["shard"], samples=len(line["samples"]),
+                                bytes=line["bytes"], sha256=line["sha256"],
+                                index=[offset, len(data)]))
+            offset += len(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, index)
+    return entries
 
 
 def remove_stale(dest: Path, split: str, count: int) -> None:
-    """The shards of this split past `count` that an earlier write (another --shard-size)
-    left: not in the manifest, so no reader would ever open them."""
+    """What no reader would ever open: the shards of this split past `count` that an
+    earlier write (another --shard-size) left, and the per-shard index files of the
+    first format."""
     for path in dest.glob(f"{split}-*"):
         stem = path.name.split(".")[0]
-        if SHARD_NAME.fullmatch(stem + ".tar") and int(stem.split("-")[1]) >= count:
+        if SHARD_NAME.fullmatch(stem + ".tar") and \
+                (int(stem.split("-")[1]) >= count or path.name != stem + ".tar"):
             path.unlink()
 
 
-def complete_shard(dest: Path, name: str, planned: list[int]) -> dict | None:
-    """The manifest entry of a shard an earlier run finished, if it holds the `planned`
+def complete(dest: Path, line: dict | None, planned: list[int]) -> bool:
+    """Whether the shard of an index line an earlier run appended holds the `planned`
     images (first position, count) and its bytes still match."""
     try:
-        index = read_json_file(dest / index_name(name))
-        if index["planned"] == planned and index["bytes"] == (dest / name).stat().st_size \
-                and (dest / dali_index_name(name)).is_file() \
-                and index["sha256"] == sha256_file(dest / name):
-            return entry_of(name, index)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
-
-
-def entry_of(name: str, index: dict) -> dict:
-    return dict(name=name, samples=len(index["samples"]), bytes=index["bytes"],
-                sha256=index["sha256"], index=index_name(name))
+        shard = dest / line["shard"]
+        return line["planned"] == planned and line["bytes"] == shard.stat().st_size \
+            and line["sha256"] == sha256_file(shard)
+    except (OSError, KeyError, TypeError):
+        return False
 
 
 def write_shard(dest: Path, name: str, chunk: list) -> dict:
-    """One shard: the tar through a partial file, then its index."""
+    """One shard, through a partial file; its index line."""
     partial = dest / f".{name}.partial"
     rows = []
     with open(partial, "wb") as raw:
@@ -177,13 +206,9 @@ def write_shard(dest: Path, name: str, chunk: list) -> dict:
         raw.flush()
         os.fsync(raw.fileno())
     os.replace(partial, dest / name)
-    partial.with_suffix(".idx").write_text(dali_index(rows))
-    os.replace(partial.with_suffix(".idx"), dest / dali_index_name(name))
-    index = dict(shard=name, bytes=(dest / name).stat().st_size,
-                 sha256=sha256_file(dest / name), samples=rows,
-                 planned=[chunk[0][0], len(chunk)])
-    write_json(dest / index_name(name), index)
-    return entry_of(name, index)
+    return dict(shard=name, bytes=(dest / name).stat().st_size,
+                sha256=sha256_file(dest / name), samples=rows,
+                planned=[chunk[0][0], len(chunk)])
 
 
 def add_sample(tar: tarfile.TarFile, position: int, path: str, label: int,
