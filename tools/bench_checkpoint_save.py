@@ -2,8 +2,7 @@
 writing the same bytes.
 
 Builds the reference Wide ResNet's training state (model and SGD momentum, about 137 MB
-for the default width), then, in one process and alternating so that the disk and the
-page cache treat both alike:
+for the default width), then times, in one process, each round:
 
   save      the checkpoint as train writes it (workload.checkpoint's save_checkpoint:
             serialise, write, fsync, manifest, rename): the loop is blocked throughout;
@@ -15,8 +14,9 @@ page cache treat both alike:
             --checkpoint-async, its default (blocked, and until the writer committed);
   baseline  the same files' bytes, already serialised, written and fsynced.
 
-and prints the median of each and the ratios to the bare I/O. The writer process starts
-in the warm-up round.
+in a shuffled order each round (so that none always follows the same one), and prints
+the median of each and the ratios to the bare I/O. The writer process starts in the
+warm-up round. A shared disk's times vary widely: use many rounds (--repeats 15).
 
     python tools/bench_checkpoint_save.py                     # the reference model
     python tools/bench_checkpoint_save.py --width 16 --repeats 3   # a quick look
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -125,12 +126,19 @@ def main() -> None:
                 checkpointer(cfg, state, work / "train-async", True) as background:
             timed_async(ckpt, state, 0)  # warm-up: starts the writer, sizes the buffer
             timed_train(background, state, 0)  # the same for train's writer
+            runs = {"saves": lambda n: timed_save(work / f"save-{n}", snapshot),
+                    "asyncs": lambda n: timed_async(ckpt, state, n),
+                    "train_sync": lambda n: timed_train(sync, state, n),
+                    "train_async": lambda n: timed_train(background, state, n),
+                    "writes": lambda n: timed_write(work / f"write-{n}", contents)}
             for round_ in range(args.repeats):
-                times["saves"].append(timed_save(work / f"save-{round_}", snapshot))
-                times["asyncs"].append(timed_async(ckpt, state, round_ + 1))
-                times["train_sync"].append(timed_train(sync, state, round_ + 1))
-                times["train_async"].append(timed_train(background, state, round_ + 1))
-                times["writes"].append(timed_write(work / f"write-{round_}", contents))
+                # In a shuffled order each round, each starting with nothing of the one
+                # before left to write back (os.sync): the operation right after a
+                # synchronous save took up to 3 times as long on the development
+                # machine's disk, whichever it was.
+                for name, timed in random.Random(round_).sample(sorted(runs.items()), len(runs)):
+                    os.sync()
+                    times[name].append(timed(round_ + 1))
         report(contents, times, args)
     finally:
         shutil.rmtree(work)

@@ -9,7 +9,8 @@ import torch
 from workload.checkpoint.background import Stage
 from workload.checkpoint.saving import commit
 from workload.checkpoint.store import MANIFEST, Snapshot, verify
-from workload.checkpoint.writer import Buffer, _write
+from workload.checkpoint.folder import complete_steps
+from workload.checkpoint.writer import Buffer, _prune, _write
 
 
 def snapshot(step: int) -> Snapshot:
@@ -32,19 +33,23 @@ def test_the_writer_writes_the_files_of_a_synchronous_save(tmp_path):
             staged.mkdir(parents=True, exist_ok=True)
             tmp = staged / f".tmp-{step}"
             tmp.mkdir()
-            request.update(root=str(staged), tmp=str(tmp), keep=3)
-            written = _write(request, buffer)
+            request.update(root=str(staged), tmp=str(tmp), keep=1)
+            roots = _write(request, buffer)
             plain = tmp_path / "sync" / "checkpoints"
             plain.mkdir(parents=True, exist_ok=True)
             (plain / ".tmp").mkdir()
             expected = commit(plain, plain / ".tmp", snapshot(step), keep=3)
-            assert written == str(staged / expected.name)
+            assert roots == [staged]
             files = verify(expected)["files"]
             assert verify(staged / expected.name)["files"] == files
             for name in files:
                 assert (staged / expected.name / name).read_bytes() == \
                     (expected / name).read_bytes(), name
             assert MANIFEST not in files and "model.safetensors" in files
+            # Committed first, pruned after the answer: step 1 goes only then.
+            assert [s for s, _ in complete_steps(staged)] == [*range(1, step + 1)]
+            _prune(request, roots)
+            assert [s for s, _ in complete_steps(staged)] == [step]
     finally:
         buffer.close()
         stage.drop()

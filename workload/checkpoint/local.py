@@ -55,9 +55,10 @@ def check_local(local: str, out: str) -> None:
                          f"node-local disk, e.g. {FLAG} $SLURM_TMPDIR, or leave the flag out")
 
 
-def copy_to_run(path: Path, run_root: Path, keep: int) -> Path:
-    """Copy the committed checkpoint `path` into the run folder with the same commit; a
-    full disk there in one line (workload.checkpoint.diskfull)."""
+def copy_to_run(path: Path, run_root: Path, keep: int | None) -> Path:
+    """Copy the committed checkpoint `path` into the run folder with the same commit
+    (`keep`: as folder.publish takes it); a full disk there in one line
+    (workload.checkpoint.diskfull)."""
     from workload.checkpoint.folder import move_aside, publish
     from workload.checkpoint.diskfull import guarded_copy
     from workload.checkpoint.store import verify

@@ -86,11 +86,12 @@ def header(snapshot: Snapshot) -> dict:
 
 
 def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileContent]],
-                      head: dict, keep: int, shard_files: dict | None = None) -> None:
+                      head: dict, keep: int | None, shard_files: dict | None = None) -> None:
     """Rank 0 or its writer process: `files` (in writing order: see workload.checkpoint.
-    snapshot's `checkpoint_files`), the manifest last, rename, `latest`, then pruning.
-    `head`: `header` of the snapshot; `shard_files`: the manifest entries of the FSDP
-    shards every rank wrote, gathered. Torch-free: the writer process runs it on tensors
+    snapshot's `checkpoint_files`), the manifest last, rename, `latest`, then pruning
+    (`keep` None: by the caller, later: folder.publish). `head`: `header` of the
+    snapshot; `shard_files`: the manifest entries of the FSDP shards every rank wrote,
+    gathered. Torch-free: the writer process runs it on tensors
     it never turns into torch's."""
     entries = dict(shard_files or {})
     if (tmp / SHARDS_DIR).is_dir():

@@ -11,7 +11,10 @@ files straight from the buffer (`serialize_file` takes the address of each tenso
 no copy into Python objects, no torch), and its sha256 is taken from the buffer while the
 file is fsynced; the rest is the synchronous save's own last half
 (workload.checkpoint.store's `finish_checkpoint`: the JSON files, the manifest, rename,
-`latest`, pruning; a full disk in one line). Then one JSON line answers.
+`latest`; a full disk in one line). Then one JSON line answers, and only then are the
+older checkpoints pruned (deleting 137 MB of files takes about 50 ms on the development
+machine's ext4): the loop learns of the commit without waiting for it, and the next
+request is read once the pruning is done, so a save never meets one in progress.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ except ImportError:  # earlier releases (a base image's own): each tensor's byte
 
 from workload.checkpoint.diskfull import DiskFull, guarded_save
 from workload.checkpoint.durable import SAFETENSORS_METADATA
+from workload.checkpoint.folder import prune
 from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.store import finish_checkpoint
 
@@ -136,14 +140,28 @@ def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nb
     return TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset, data_len=nbytes)
 
 
-def _write(request: dict, buffer: Buffer) -> str:
-    root, tmp, keep = Path(request["root"]), Path(request["tmp"]), request["keep"]
+def _write(request: dict, buffer: Buffer) -> list[Path]:
+    """The checkpoint committed (and copied to the run folder, for the local tier); the
+    folders it went to, the run folder's last, for `_prune`."""
+    root, tmp = Path(request["root"]), Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
-        finish_checkpoint(tmp, final, _files(request, buffer), request["header"], keep)
+        finish_checkpoint(tmp, final, _files(request, buffer), request["header"], None)
+    roots = [root]
     if request.get("copy_to"):
-        final = copy_to_run(final, Path(request["copy_to"]), keep)
-    return str(final)
+        roots.append(copy_to_run(final, Path(request["copy_to"]), None).parent)
+    return roots
+
+
+def _prune(request: dict, roots: list[Path]) -> None:
+    """The checkpoints older than the newest `keep`, after the answer. A failure is said
+    on stderr (the loop's own), and the next save's pruning tries again."""
+    for root in roots:
+        try:
+            prune(root, request["keep"], newest=request["header"]["step"])
+        except OSError as error:
+            print(f"checkpoint writer: could not prune the older checkpoints in {root}: "
+                  f"{error}", file=sys.stderr, flush=True)
 
 
 def die_with(parent: int) -> None:
@@ -168,14 +186,17 @@ def serve() -> None:
         request = json.loads(line)
         if request == STOP:
             break
+        roots = []
         try:
-            reply = {"saved": _write(request, buffer)}
+            roots = _write(request, buffer)
+            reply = {"saved": str(roots[-1] / request["final"])}
         except DiskFull as error:
             reply = {"disk_full": str(error)}
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
             reply = {"error": f"{type(error).__name__}: {error}"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+        _prune(request, roots)
     buffer.close()
 
 
