@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from torch import nn
 
 from tests.helpers import clean_env, tmpfs
 from workload.checkpoint import Checkpoints
+from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
 
 
@@ -120,6 +123,26 @@ def test_an_asynchronous_save_resumes_the_same(tmp_path, capsys):
         assert named == []
     assert capsys.readouterr().out.count("checkpoint staging buffer:") == 1
     assert not list(tmp_path.glob("checkpoints/.tmp-*"))
+
+
+def test_a_first_save_from_a_thread_that_ends_keeps_the_writer(tmp_path):
+    """The writer dies with the training process, not with the thread that started it:
+    a loop may save from a thread of its own (Linux's parent-death signal follows the
+    thread that forked, so a writer tied to it died when that thread ended)."""
+    objects = parts()
+
+    def save_and_wait():  # the writer has long been set up when its first answer comes
+        ckpt.save(1, **objects)
+        ckpt.wait()
+
+    with Checkpoints(tmp_path, async_save=True, keep=3) as ckpt:
+        saver = threading.Thread(target=save_and_wait)
+        saver.start()
+        saver.join()
+        time.sleep(0.5)  # a writer killed with the thread is gone by now
+        ckpt.save(2, **objects)
+        ckpt.wait()
+    assert [step for step, _ in complete_steps(tmp_path / "checkpoints")] == [1, 2]
 
 
 def round_trip(ckpt):

@@ -24,9 +24,11 @@ import hashlib
 import json
 import mmap
 import os
+import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -165,12 +167,26 @@ def _prune(request: dict, roots: list[Path]) -> None:
 
 
 def die_with(parent: int) -> None:
-    """SIGKILL this process when `parent` ends (Linux's PR_SET_PDEATHSIG), and now if it
-    already has."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
+    """SIGKILL this process as soon as the process `parent` ends, and now if it already
+    has. Watched from a thread here, not with Linux's parent-death signal: that follows
+    the *thread* that started this process, and a loop may save from a thread of its own
+    that ends long before the loop does."""
+    threading.Thread(target=_watch, args=(parent,), daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    """Wait for `parent` to end: on a pidfd where Linux has one (5.3 and later), else by
+    asking for this process's parent every 0.1 s; then SIGKILL this process."""
+    try:
+        pidfd = os.pidfd_open(parent)
+    except OSError:  # ESRCH: gone already; ENOSYS: an older kernel
+        pidfd = None
+    if os.getppid() == parent:  # after the open: the pidfd is that of the parent
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the process has ended
+        while os.getppid() == parent:  # at once after a pidfd, polled without one
+            time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def serve() -> None:
