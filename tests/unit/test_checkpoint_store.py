@@ -4,12 +4,15 @@ training here."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pickle
 
 import pytest
 import torch
 
+from workload.checkpoint.durable import HASH_IN_A_THREAD, write_durably
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
 from workload.checkpoint.folder import complete_steps, move_aside, prune, step_name
 from workload.checkpoint.saving import commit
@@ -158,3 +161,13 @@ def test_a_checkpoint_of_the_torch_save_format_is_old_not_corrupt(tmp_path):
 def test_manifest_is_plain_json(tmp_path):
     manifest = json.loads((save(tmp_path, 2) / MANIFEST).read_text())
     assert all(set(entry) == {"bytes", "sha256"} for entry in manifest["files"].values())
+
+
+@pytest.mark.parametrize("size", [0, 300, HASH_IN_A_THREAD, 3 * HASH_IN_A_THREAD + 7],
+                         ids=["empty", "json-sized", "threshold", "hashed-in-a-thread"])
+def test_a_durable_write_records_the_bytes_it_wrote(tmp_path, size):
+    data = os.urandom(size)
+    entry = write_durably(tmp_path / "f", data)
+    written = (tmp_path / "f").read_bytes()
+    assert written == data
+    assert entry == dict(bytes=size, sha256=hashlib.sha256(written).hexdigest())
