@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -160,6 +161,11 @@ def _tensors(value):
             yield from _tensors(item)
 
 
+def _starting_thread() -> str:
+    """Which thread starts the writer: "main", or "thread" (writer.die_with)."""
+    return "main" if threading.current_thread() is threading.main_thread() else "thread"
+
+
 class Writer:
     """The loop's side: the writer process, started at the first save, and the save in
     flight (at most one)."""
@@ -181,7 +187,7 @@ class Writer:
             before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
             try:
                 self.proc = subprocess.Popen([sys.executable, "-m", writer.__name__,
-                                              str(os.getpid())],
+                                              str(os.getpid()), _starting_thread()],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              text=True)
             finally:

@@ -166,11 +166,16 @@ def _prune(request: dict, roots: list[Path]) -> None:
                   f"{error}", file=sys.stderr, flush=True)
 
 
-def die_with(parent: int) -> None:
+def die_with(parent: int, started_by_main_thread: bool) -> None:
     """SIGKILL this process as soon as the process `parent` ends, and now if it already
-    has. Watched from a thread here, not with Linux's parent-death signal: that follows
-    the *thread* that started this process, and a loop may save from a thread of its own
-    that ends long before the loop does."""
+    has: watched from a thread here, since Linux's parent-death signal follows the
+    *thread* that started this process, and a loop may save from a thread of its own
+    that ends long before the loop does. Started by the main thread, the signal is armed
+    too: the kernel's SIGKILL also ends a writer that is stopped (SIGSTOP), whose watching
+    thread cannot run."""
+    if started_by_main_thread:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()
 
 
@@ -217,5 +222,5 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    die_with(int(sys.argv[1]))
+    die_with(int(sys.argv[1]), sys.argv[2] == "main")
     serve()
