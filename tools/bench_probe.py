@@ -7,7 +7,9 @@ Three measurements, in one process:
             the straggler check records on a GPU (several ranks);
   energy    one reading of every energy counter this process has (the GPU's NVML
             counter on a GPU, the node's RAPL packages where readable), as the log
-            interval's exchange makes it: its cost is spread over --log-every steps;
+            interval's exchange makes it (the GPU's latest background reading): its
+            cost is spread over --log-every steps; and a fresh one, as a checkpoint
+            takes it;
   step      the training step it is compared with: the same model's steps timed with
             and without the probe's calls, alternating rounds, medians.
 
@@ -65,7 +67,10 @@ def probe_cost_us(on_gpu: bool, cycles: int) -> float:
     return (time.perf_counter() - start) / cycles * 1e6
 
 
-def energy_cost_us(device: torch.device, readings: int) -> tuple[float | None, str]:
+def energy_cost_us(device: torch.device, readings: int,
+                   fresh: bool) -> tuple[float | None, str]:
+    """One reading of every counter: the log interval's (the latest background reading)
+    or a checkpoint's (fresh: waits for the counter)."""
     meters = [m for m in (gpu_meter(device, 0), cpu_meter(0)) if m.counting]
     said = ", ".join(m.name for m in meters) or "no counter readable here"
     if not meters:
@@ -73,7 +78,7 @@ def energy_cost_us(device: torch.device, readings: int) -> tuple[float | None, s
     start = time.perf_counter()
     for _ in range(readings):
         for meter in meters:
-            meter.update()
+            meter.update(fresh=fresh)
     return (time.perf_counter() - start) / readings * 1e6, said
 
 
@@ -126,9 +131,12 @@ def main() -> None:
     gpu = probe_cost_us(True, 20_000) if device.type == "cuda" else None
     if gpu is not None:
         print(f"probe, CUDA events: {gpu:.2f} us per step")
-    energy, said = energy_cost_us(device, 200)
+    energy, said = energy_cost_us(device, 200, fresh=False)
     print(f"energy reading ({said}): " +
           ("not measured" if energy is None else f"{energy:.1f} us per log interval"))
+    fresh, _ = energy_cost_us(device, 50, fresh=True)
+    if fresh is not None:
+        print(f"fresh energy reading, once per checkpoint and at the end: {fresh:.1f} us")
     with_probe, without = step_s(args, device)
     print(f"step: {with_probe * 1e3:.2f} ms with the probe, {without * 1e3:.2f} ms without "
           f"(medians of {args.rounds} rounds of {args.steps})")

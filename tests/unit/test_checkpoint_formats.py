@@ -61,3 +61,21 @@ def test_shards_of_every_rank_join_in_row_order():
 def test_shards_that_do_not_tile_are_refused(trees):
     with pytest.raises(ValueError):
         assemble(trees)
+
+
+def test_a_restored_momentum_buffer_is_strided_like_its_channels_last_parameter(tmp_path):
+    """The fused optimizers refuse a buffer strided otherwise than its parameter (on CUDA:
+    `check_fast_path_restrictions`), and a checkpoint's tensors come back contiguous."""
+    from workload.checkpoint.snapshot import load_optimizer
+
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    saved = torch.optim.SGD(conv.parameters(), lr=0.1, momentum=0.9)
+    for param in conv.parameters():
+        param.grad = torch.rand_like(param)
+    saved.step()
+    write_part(tmp_path, "optimizer", saved.state_dict())
+    restored = torch.optim.SGD(conv.parameters(), lr=0.1, momentum=0.9)
+    load_optimizer(restored, read_part(tmp_path, "optimizer"))
+    buffer = restored.state[conv.weight]["momentum_buffer"]
+    assert buffer.stride() == conv.weight.stride() != buffer.contiguous().stride()
+    assert torch.equal(buffer, saved.state[conv.weight]["momentum_buffer"])

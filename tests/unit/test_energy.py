@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
+import pytest
 import torch
 
 from workload.training import energy
@@ -119,3 +121,28 @@ def test_the_pages_comparison_with_sacct_cites_slurms_manual():
     assert ("only in the case of an exclusive job allocation does this value reflect the "
             "job's real energy consumption\" (https://slurm.schedmd.com/sacct.html, read "
             "2026-11-26" in page)
+
+
+def test_the_first_interval_starts_with_the_training_and_its_power_is_the_counters():
+    """The GPU counter is read in the background (workload/training/background_read.py):
+    an interval's watts come from its readings' own times, an interval reports the one
+    before it, and the energy spent before the training (the start-up) is in none."""
+    from workload.training.background_read import BackgroundReader
+
+    watts = 250.0
+
+    def board():  # a board drawing `watts`, whose counter takes 50 ms to answer
+        time.sleep(0.05)
+        return watts * time.perf_counter()
+    account = energy.EnergyAccount(energy.Meter("g", BackgroundReader(board, "g")),
+                                   energy.Meter("c", scripted([1.0] * 9)),
+                                   torch.device("cpu"), 1)
+    time.sleep(0.5)  # the start-up, at full power
+    account.interval(fresh=True)
+    time.sleep(0.3)
+    first = account.interval()  # no reading newer than the start yet: it starts one
+    assert math.isnan(first[0]) and math.isnan(first[1]) and first[4] > 0
+    time.sleep(0.3)
+    joules, power = account.interval()[:2]  # from the start to the reading it started
+    assert power == pytest.approx(watts, rel=0.05)
+    assert watts * 0.3 < joules < watts * 0.3 * 1.3  # not the start-up's 125 J besides

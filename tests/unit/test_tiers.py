@@ -44,11 +44,19 @@ def test_a_training_in_this_process_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # it starts a process group, as it should
-def test_the_marker_allows_it(tmp_path):
-    with tiers.Guard({"slow"}, tmp_path / "report") as guard:
+@pytest.mark.parametrize("marker", ["slow", "gpu"])  # the GPU tier never runs in the fast one
+def test_the_marker_allows_it(tmp_path, marker):
+    with tiers.Guard({marker}, tmp_path / "report") as guard:
         child = subprocess.run([sys.executable, "-c", GLOO_GROUP + "; print('ok')"],
                                capture_output=True, text=True, timeout=120)
     assert child.returncode == 0 and child.stdout.strip() == "ok", child.stderr
+    assert guard.problems() == []
+
+
+def test_the_gpu_tier_may_start_any_program(tmp_path):
+    with tiers.Guard({"gpu"}, tmp_path / "report") as guard:
+        with pytest.raises(FileNotFoundError):  # past the guard, to the missing program
+            subprocess.run([str(tmp_path / "torchrun"), "--version"])
     assert guard.problems() == []
 
 

@@ -257,7 +257,17 @@ def load_optimizer(optimizer, full: dict) -> None:
     state = {}
     for index, values in full["state"].items():
         param = params[index]
-        state[index] = {key: _to_live(value, param) if isinstance(value, torch.Tensor)
+        state[index] = {key: _like_param(value, param) if isinstance(value, torch.Tensor)
                         and value.dim() > 0 and tuple(value.shape) == tuple(param.shape)
                         else value for key, value in values.items()}
     optimizer.load_state_dict({"state": state, "param_groups": full["param_groups"]})
+
+
+def _like_param(value: torch.Tensor, param) -> torch.Tensor:
+    """`value` on the parameter's device with its strides. A checkpoint's tensors are
+    contiguous, while a channels-last model's conv weights are not, and the fused
+    optimizers refuse a momentum buffer strided otherwise than its parameter
+    (`check_fast_path_restrictions`: the first CUDA step after a resume failed)."""
+    if hasattr(param, "placements"):
+        return _to_live(value, param)
+    return torch.empty_like(param, dtype=value.dtype).copy_(value)

@@ -2,8 +2,9 @@
 total-energy counter, and each node's CPU packages through RAPL, counted apart.
 
 Each rank reads its own GPU's counter (`nvmlDeviceGetTotalEnergyConsumption`,
-millijoules since the driver loaded) when the log interval's exchange runs, when a
-checkpoint is taken and at the end; local rank 0 of each node reads the node's RAPL
+millijoules since the driver loaded) on a thread of its own (the call takes milliseconds:
+workload.training.background_read): the log interval's exchange takes the latest reading,
+a checkpoint and the end a fresh one; local rank 0 of each node reads the node's RAPL
 package counters (`/sys/class/powercap/intel-rapl:N/energy_uj`, wrapping at
 `max_energy_range_uj`). Nothing is read inside a step. The ranks' sums travel in the
 exchange the straggler check already makes (workload.training.stragglers), in the
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 from workload import distributed
+from workload.training.background_read import BackgroundReader
 from workload.logs import logger
 
 GPU_SOURCE = "nvml-total-energy"
@@ -41,14 +43,16 @@ EARLIER = "not counted in an earlier job of this run"
 
 class Meter:
     """One cumulative counter read as joules: the energy since this job's first reading,
-    or the reason it is not counted (then `total_j` is None)."""
+    or the reason it is not counted (then `total_j` is None). `at` is when the reading
+    behind the total was taken (time.perf_counter)."""
 
     def __init__(self, name: str, read=None, reason: str | None = None):
         self.name, self.read, self.reason = name, read, reason
         self.total_j, self.last, self.went_back = 0.0, None, False
+        self.at = time.perf_counter()
         if read is not None:
             try:
-                self.last = float(read())
+                self.last, self.at = float(read()), time.perf_counter()
             except Exception as error:  # noqa: BLE001 - NOT_SUPPORTED before Volta, ...
                 self.reason = f"{name} cannot be read ({error})"
 
@@ -56,21 +60,28 @@ class Meter:
     def counting(self) -> bool:
         return self.reason is None
 
-    def _reading(self) -> float | None:
+    def _reading(self, fresh: bool) -> tuple[float, float] | None:
+        """The counter's value and when it was read: `fresh=False` takes a background
+        reader's newest reading (workload.training.background_read)."""
+        timed = getattr(self.read, "fresh" if fresh else "latest", None)
         try:
-            return float(self.read())
+            if timed is None:  # a plain, quick counter: read now
+                return float(self.read()), time.perf_counter()
+            value, at = timed()
+            return float(value), at
         except Exception as error:  # noqa: BLE001 - any failure of a counter: never fatal
             self.reason = f"{self.name} stopped answering ({error})"
             logger.warning(f"energy: {self.reason}; its energy is not counted from here on")
             return None
 
-    def update(self) -> float | None:
+    def update(self, fresh: bool = True) -> float | None:
         """Read the counter into the total; the total so far, None if not counting."""
         if not self.counting:
             return None
-        now = self._reading()
-        if now is None:
+        reading = self._reading(fresh)
+        if reading is None:
             return None
+        now, self.at = reading
         delta = now - self.last
         if delta < 0:  # a driver reload restarts the counter: it counts from there
             delta = now
@@ -105,7 +116,7 @@ def gpu_meter(device, local_rank: int) -> Meter:
     except pynvml.NVMLError as error:  # no driver, no such GPU
         return Meter(name, reason=f"NVML did not start or find the GPU ({error})")
     read = pynvml.nvmlDeviceGetTotalEnergyConsumption
-    return Meter(name, lambda: read(handle) / 1000)
+    return Meter(name, BackgroundReader(lambda: read(handle) / 1000, "energy-counter"))
 
 
 def gpu_handle(pynvml, device):
@@ -183,7 +194,7 @@ class EnergyAccount:
         self.earlier = dict(gpu_j=0.0, gpu_source=GPU_SOURCE, cpu_package_j=0.0,
                             cpu_package_source=CPU_SOURCE, images=0, jobs=0)
         self.probe = None  # the loop's (workload.training.probe): the images trained
-        self.mark = (0.0, 0.0, time.perf_counter())
+        self.mark = [(0.0, gpu.at), (0.0, cpu.at)]  # each total and its reading's time
 
     @classmethod
     def for_rank(cls, info) -> EnergyAccount:
@@ -191,17 +202,21 @@ class EnergyAccount:
         return cls(gpu_meter(info.device, info.local_rank), cpu_meter(info.local_rank),
                    info.device, info.world_size)
 
-    def interval(self) -> list[float]:
-        """This rank's numbers for the log interval's exchange: GPU joules and watts since
-        the last call, then the CPU's, then both totals of this job (NaN: not counting)."""
-        gpu, cpu, now = self.gpu.update(), self.cpu.update(), time.perf_counter()
-        gpu0, cpu0, then = self.mark
-        seconds = max(now - then, 1e-9)
-        self.mark = (gpu or 0.0, cpu or 0.0, now)
-        gpu_j = math.nan if gpu is None else gpu - gpu0
-        cpu_j = math.nan if cpu is None else cpu - cpu0
-        return [gpu_j, gpu_j / seconds, cpu_j, cpu_j / seconds, self.gpu.total(),
-                self.cpu.total()]
+    def interval(self, fresh: bool = False) -> list[float]:
+        """This rank's numbers for the log interval's exchange: GPU joules and watts
+        between the last two readings (their own times), then the CPU's, then both totals
+        of this job (NaN: not counting, or no newer reading yet). The first call is
+        `fresh`: the intervals start with the training. The GPU's reading is the one the
+        previous call started (background_read): its figures are the interval before."""
+        now = [(meter.update(fresh), meter.at) for meter in (self.gpu, self.cpu)]
+        numbers: list[float] = []
+        for index, ((total, at), (total0, at0)) in enumerate(zip(now, self.mark)):
+            if total is None or at <= at0:
+                numbers += [math.nan, math.nan]
+                continue
+            numbers += [total - total0, (total - total0) / (at - at0)]
+            self.mark[index] = (total, at)
+        return [*numbers, self.gpu.total(), self.cpu.total()]
 
     def interval_record(self, rows: list[list[float]]) -> dict:
         """The fields a steps.jsonl line adds: the interval's energy and mean power summed

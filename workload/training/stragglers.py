@@ -59,7 +59,7 @@ class StragglerWatch:
         if device.type == "cuda" and self.judging:
             probe.time_on_gpu()
         if energy is not None:  # the first interval starts with the training, not before
-            energy.interval()
+            energy.interval(fresh=True)
         self._mark()
 
     def latest_record(self) -> dict:
