@@ -145,16 +145,14 @@ def roll_back(root: Path, path: Path, step: int) -> None:
 
 # --- changing it ------------------------------------------------------------------------
 
-def publish(tmp: Path, final: Path, keep: int | None, step: int) -> None:
-    """A finished save's folder takes its place: renamed into place, `latest` replaced,
-    then the oldest pruned (`keep` None: the caller prunes later, as the writer process
-    does once it has told the loop the checkpoint is committed)."""
+def publish(tmp: Path, final: Path) -> None:
+    """A finished save's folder takes its place: renamed into place, then `latest`
+    replaced. Pruning is the caller's, after it (`prune`): the writer process prunes only
+    once it has told the loop the checkpoint is committed."""
     root = final.parent
     _rename_into_place(tmp, final)
     fsync_dir(root)
     replace_latest(root, final.name)
-    if keep is not None:
-        prune(root, keep, newest=step)
 
 
 def replace_latest(root: Path, name: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workload.checkpoint.background import NoStagingRoom, Writer
-from workload.checkpoint.folder import step_name
+from workload.checkpoint.folder import prune, step_name
 from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.saving import commit, start_save
 from workload.errors import UsageError
@@ -43,7 +43,8 @@ class AsyncSaves:
             if self.staging_refused or not self._staged(root, tmp, snapshot, keep, copy_to):
                 saved = commit(root, tmp, snapshot, keep)  # rank 0 alone: no collective
                 if copy_to is not None:
-                    copy_to_run(saved, copy_to, keep)
+                    copy_to_run(saved, copy_to)
+                    prune(copy_to, keep, newest=snapshot.trainer["step"])
         return (copy_to or root) / step_name(snapshot.trainer["step"])
 
     def _staged(self, root: Path, tmp: Path, snapshot, keep: int, copy_to) -> bool:

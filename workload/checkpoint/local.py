@@ -55,9 +55,9 @@ def check_local(local: str, out: str) -> None:
                          f"node-local disk, e.g. {FLAG} $SLURM_TMPDIR, or leave the flag out")
 
 
-def copy_to_run(path: Path, run_root: Path, keep: int | None) -> Path:
+def copy_to_run(path: Path, run_root: Path) -> Path:
     """Copy the committed checkpoint `path` into the run folder with the same commit
-    (`keep`: as folder.publish takes it); a full disk there in one line
+    (folder.publish: pruning is the caller's); a full disk there in one line
     (workload.checkpoint.diskfull)."""
     from workload.checkpoint.folder import move_aside, publish
     from workload.checkpoint.diskfull import guarded_copy
@@ -71,7 +71,7 @@ def copy_to_run(path: Path, run_root: Path, keep: int | None) -> Path:
     with guarded_copy(run_root, tmp, path):
         _copy_durably(path, tmp)
         verify(tmp)  # the copy is what the manifest says, before it takes its place
-        publish(tmp, final, keep, int(path.name.removeprefix("step-")))
+        publish(tmp, final)
     return final
 
 
@@ -94,7 +94,7 @@ def _copy_durably(source: Path, target: Path) -> None:
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
     than the run folder's `latest`, copied into the run folder (one line)."""
-    from workload.checkpoint.folder import latest_step, newest_loadable, step_name
+    from workload.checkpoint.folder import latest_step, newest_loadable, prune, step_name
     from workload.checkpoint.store import verify
 
     if not local.is_dir():
@@ -108,7 +108,8 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     if head is not None and step <= head:
         return
     where = f"step {head}" if head is not None else "none"
-    copy_to_run(path, run_root, keep)
+    copy_to_run(path, run_root)
+    prune(run_root, keep, newest=step)
     logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
                    f"({where}): the job ended before its copy did; copied into {run_root} "
                    f"as {step_name(step)}, verified, and resuming from it")

@@ -29,7 +29,7 @@ import torch
 
 from workload import distributed
 from workload.checkpoint.diskfull import guarded_save
-from workload.checkpoint.folder import checkpoints_dir, move_aside, step_name
+from workload.checkpoint.folder import checkpoints_dir, move_aside, prune, step_name
 from workload.checkpoint.formats import as_bytes
 from workload.checkpoint.local import copy_to_run, local_root
 from workload.checkpoint.snapshot import (checkpoint_files, is_sharded, run_settings,
@@ -85,12 +85,14 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
 
 def commit(root: Path, tmp: Path, snapshot: Snapshot, keep: int,
            shard_files: dict | None = None) -> Path:
-    """Rank 0 (or its background writer, workload.checkpoint.background): the files, the
-    manifest, the rename into place, `latest`, pruning; a full disk in one line."""
-    final = root / step_name(snapshot.trainer["step"])
+    """Rank 0, itself: the files, the manifest, the rename into place, `latest`, pruning;
+    a full disk in one line (the writer process: workload.checkpoint.writer)."""
+    step = snapshot.trainer["step"]
+    final = root / step_name(step)
     with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
         finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),
-                          keep, shard_files)
+                          shard_files)
+    prune(root, keep, newest=step)
     return final
 
 
@@ -185,7 +187,8 @@ class Checkpointer:
             path = save_checkpoint(first, snapshot, keep, self.info.is_main,
                                    self.state if sharded else None)
             if first != self.root and self.info.is_main:
-                path = copy_to_run(path, self.root, keep)
+                path = copy_to_run(path, self.root)
+                prune(self.root, keep, newest=self.state.step)
             done = "saved"
         logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
                     f"in {time.perf_counter() - started:.2f}s")

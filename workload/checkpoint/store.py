@@ -86,10 +86,10 @@ def header(snapshot: Snapshot) -> dict:
 
 
 def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileContent]],
-                      head: dict, keep: int | None, shard_files: dict | None = None) -> None:
+                      head: dict, shard_files: dict | None = None) -> None:
     """Rank 0 or its writer process: `files` (in writing order: see workload.checkpoint.
-    snapshot's `checkpoint_files`), the manifest last, rename, `latest`, then pruning
-    (`keep` None: by the caller, later: folder.publish). `head`: `header` of the
+    snapshot's `checkpoint_files`), the manifest last, rename, `latest` (pruning is the
+    caller's: folder.publish). `head`: `header` of the
     snapshot; `shard_files`: the manifest entries of the FSDP shards every rank wrote,
     gathered. Torch-free: the writer process runs it on tensors
     it never turns into torch's."""
@@ -103,7 +103,7 @@ def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileCon
                     files=dict(sorted(entries.items())))
     write_durably(tmp / MANIFEST, record_bytes(manifest))
     fsync_dir(tmp)
-    publish(tmp, final, keep, head["step"])
+    publish(tmp, final)
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -148,10 +148,10 @@ def _write(request: dict, buffer: Buffer) -> list[Path]:
     root, tmp = Path(request["root"]), Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
-        finish_checkpoint(tmp, final, _files(request, buffer), request["header"], None)
+        finish_checkpoint(tmp, final, _files(request, buffer), request["header"])
     roots = [root]
     if request.get("copy_to"):
-        roots.append(copy_to_run(final, Path(request["copy_to"]), None).parent)
+        roots.append(copy_to_run(final, Path(request["copy_to"])).parent)
     return roots
 
 
