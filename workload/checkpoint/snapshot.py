@@ -234,7 +234,7 @@ def read_shards(folder: Path, world_size, listed) -> tuple[dict, dict, list[dict
 def _to_live(full: torch.Tensor, live) -> torch.Tensor:
     """`full` as the live tensor is laid out: this rank's slice of an FSDP2 DTensor (a
     collective), else the tensor itself (load_state_dict copies it to the device)."""
-    if hasattr(live, "placements") and hasattr(live, "device_mesh"):
+    if _is_dtensor(live):
         from torch.distributed.tensor import distribute_tensor
 
         return distribute_tensor(full.to(live.device), live.device_mesh, live.placements)
@@ -268,6 +268,11 @@ def _like_param(value: torch.Tensor, param) -> torch.Tensor:
     contiguous, while a channels-last model's conv weights are not, and the fused
     optimizers refuse a momentum buffer strided otherwise than its parameter
     (`check_fast_path_restrictions`: the first CUDA step after a resume failed)."""
-    if hasattr(param, "placements"):
+    if _is_dtensor(param):
         return _to_live(value, param)
     return torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def _is_dtensor(tensor) -> bool:
+    """An FSDP2 parameter or state tensor: a DTensor, this rank's slice of the whole."""
+    return hasattr(tensor, "placements") and hasattr(tensor, "device_mesh")

@@ -52,7 +52,7 @@ class Meter:
         self.at = time.perf_counter()
         if read is not None:
             try:
-                self.last, self.at = float(read()), time.perf_counter()
+                self.last, self.at = self._timed(fresh=True)
             except Exception as error:  # noqa: BLE001 - NOT_SUPPORTED before Volta, ...
                 self.reason = f"{name} cannot be read ({error})"
 
@@ -60,15 +60,18 @@ class Meter:
     def counting(self) -> bool:
         return self.reason is None
 
-    def _reading(self, fresh: bool) -> tuple[float, float] | None:
+    def _timed(self, fresh: bool) -> tuple[float, float]:
         """The counter's value and when it was read: `fresh=False` takes a background
         reader's newest reading (workload.training.background_read)."""
         timed = getattr(self.read, "fresh" if fresh else "latest", None)
+        if timed is None:  # a plain, quick counter: read now
+            return float(self.read()), time.perf_counter()
+        value, at = timed()
+        return float(value), at
+
+    def _reading(self, fresh: bool) -> tuple[float, float] | None:
         try:
-            if timed is None:  # a plain, quick counter: read now
-                return float(self.read()), time.perf_counter()
-            value, at = timed()
-            return float(value), at
+            return self._timed(fresh)
         except Exception as error:  # noqa: BLE001 - any failure of a counter: never fatal
             self.reason = f"{self.name} stopped answering ({error})"
             logger.warning(f"energy: {self.reason}; its energy is not counted from here on")
