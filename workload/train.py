@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+from typing import NoReturn
 
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
-from workload.commands import command_parser, run_command
+from workload.commands import command_parser, end_process, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
 from workload.errors import UsageError
@@ -183,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(PROG, lambda: train(argv))
 
 
-def cli() -> int:
-    """The `train` program. Its preemption handlers stay until the process ends: a signal
-    that comes after the last step (while the process group is torn down and torch unloads,
-    a second or more) finds nothing left to save, and must not kill a finished run and fail
-    its job."""
-    return run_command(PROG, lambda: train(None, keep_signal_handlers=True))
+def cli() -> NoReturn:
+    """The `train` program; it ends the process (workload.commands.end_process). Its
+    preemption handlers stay until the process ends: a signal that comes after the last
+    step (while the process group is torn down and the process ends) finds nothing left to
+    save, and must not kill a finished run and fail its job."""
+    end_process(lambda: run_command(PROG, lambda: train(None, keep_signal_handlers=True)))
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    cli()

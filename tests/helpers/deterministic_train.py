@@ -9,14 +9,13 @@ benchmark mode on for speed; this script swaps in the deterministic choice.
 """
 
 import os
-import sys
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
 import workload.training.build as training_build  # noqa: E402
-from workload.train import main  # noqa: E402
+from workload.train import cli  # noqa: E402
 
 
 def deterministic_cudnn(device: torch.device) -> None:
@@ -29,4 +28,4 @@ if __name__ == "__main__":
     # the run; the test then shows whether the result still matches bit for bit.
     torch.use_deterministic_algorithms(True, warn_only=True)
     training_build.configure_cudnn = deterministic_cudnn
-    main(sys.argv[1:])
+    cli()  # as the `train` program: it ends the process

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 from workload.training import trainer
-from workload.train import main
+from workload.train import cli
 
 MARKER = Path(os.environ["DIE_ONCE_MARKER"])
 STEP = int(os.environ["DIE_AT_STEP"])
@@ -30,4 +29,4 @@ def train_step_then_die_once(self, images, labels):
 
 
 trainer.Trainer.train_step = train_step_then_die_once
-main(sys.argv[1:])
+cli()  # as the `train` program: it ends the process

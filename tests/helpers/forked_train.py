@@ -26,7 +26,7 @@ def _train(argv: list[str], log: str) -> None:
     from workload.train import cli
 
     sys.argv = ["train", *argv]
-    sys.exit(cli())
+    cli()  # ends the process with train's exit status
 
 
 def start_train(argv: list[str], log: Path) -> multiprocessing.Process:

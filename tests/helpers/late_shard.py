@@ -6,13 +6,12 @@ rank 0 must wait for it before it lists the files and renames the folder into pl
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch.distributed as dist
 
 from workload.checkpoint import saving
-from workload.train import main
+from workload.train import cli
 
 LATE_RANK, DELAY_S = 1, 0.5
 original_save_shards = saving.save_shards
@@ -25,4 +24,4 @@ def save_shards_late(*args, **kwargs) -> dict:
 
 
 saving.save_shards = save_shards_late
-main(sys.argv[1:])
+cli()  # as the `train` program: it ends the process
