@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workload.checkpoint import Checkpoints
-from workload.launch import PreemptionFlag, exit_for_requeue, setup
+from workload.launch import PreemptionFlag, end_process, exit_for_requeue, setup
 
 BATCH = 64
 
@@ -125,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end_process(main)  # not main(): docs/your-script.md, "The last line"

@@ -16,18 +16,15 @@ expressions, never executed. `doctor` reads the same facts through `installed()`
 from __future__ import annotations
 
 import argparse
-import atexit
 import importlib.metadata as metadata
 import importlib.util
 import math
-import os
 import platform
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
-from typing import NoReturn
 
 from workload.errors import UsageError, exit_with_usage_error
 from workload.logs import logging_kept
@@ -223,47 +220,3 @@ def main_of(prog: str, parser: argparse.ArgumentParser,
         return run_command(prog, lambda: work(args))
     return main
 
-
-def end_process(program: Callable[[], int]) -> NoReturn:
-    """Run a console script's body and end its process with the body's exit status; after
-    a process group, without Python's finalization.
-
-    Why: torch's DDP and FSDP keep their process group alive after destroy_process_group
-    (pytorch/pytorch#107298), so its gloo threads live on to the end. A thread that drops
-    the last reference to a finished collective's tensors needs the GIL for their Python
-    objects; asking for it while the interpreter finalizes, it is ended by pthread_exit,
-    whose unwinding through a C++ destructor aborts the whole process ("terminate called
-    without an active exception", SIGABRT, from `ProcessGroupGloo::runLoop` destroying an
-    all-gather's work: seen in 3 of about 800 ranks of two full runs of the test suite,
-    each a finished run whose job then failed). The atexit handlers still run and the
-    standard streams are flushed: only the teardown of the interpreter's objects, which
-    the end of the process makes moot, is skipped.
-    """
-    try:
-        status = program()
-    except SystemExit as stop:
-        status = system_exit_status(stop.code)
-    except BaseException as error:  # noqa: BLE001 - printed as Python would, then the status
-        sys.excepthook(type(error), error, error.__traceback__)
-        status = 130 if isinstance(error, KeyboardInterrupt) else 1
-    joined = sys.modules.get("workload.distributed")  # loaded only if work began
-    if joined is None or not joined.joined_once():
-        sys.exit(status)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more to say
-            pass
-    os._exit(status)
-
-
-def system_exit_status(code: object) -> int:
-    """The status Python gives `sys.exit(code)`: None 0, a whole number itself, anything
-    else printed to stderr and 1."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1

@@ -131,26 +131,15 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(place, chosen, place.backend)
 
 
-# Whether this process ever joined a process group: its threads may outlive the group
-# (see workload.commands.end_process).
-_joined_once = False
-
-
-def joined_once() -> bool:
-    return _joined_once
-
-
 def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> None:
     """init_process_group; a rendezvous that cannot form is one line naming the address
     and the fix (an occupied port, a rank that never came), not torch's traceback."""
-    global _joined_once
     with _held_stderr() as held, signals_end_the_wait(
             f"the other ranks at start-up (rank {rank} of {world_size})", held.stderr):
         try:
             timeout = timedelta(seconds=timeout_s)
             dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),
                                     rank=rank, world_size=world_size)
-            _joined_once = True
         except (dist.DistError, RuntimeError, TimeoutError, ConnectionError) as error:
             held.failed = True
             raise UsageError(rendezvous_failure(str(error), rank, world_size,

@@ -33,10 +33,11 @@ from typing import NoReturn
 
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
-from workload.commands import command_parser, end_process, run_command
+from workload.commands import command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
 from workload.errors import UsageError
+from workload.launch.ending import end_process
 from workload.logs import say, warn
 
 PROG = "train"
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> NoReturn:
-    """The `train` program; it ends the process (workload.commands.end_process). Its
+    """The `train` program; it ends the process (workload.launch.ending says why). Its
     preemption handlers stay until the process ends: a signal that comes after the last
     step (while the process group is torn down and the process ends) finds nothing left to
     save, and must not kill a finished run and fail its job."""

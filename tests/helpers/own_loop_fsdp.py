@@ -15,29 +15,34 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from workload.checkpoint import Checkpoints
-from workload.launch import setup
+from workload.launch import end_process, setup
 
-me = setup()
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
-for layer in model:
-    fully_shard(layer)
-fully_shard(model)
-optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-ckpt = Checkpoints(sys.argv[1])
-start = ckpt.resume(model=model, optimizer=optimizer)
-for step in range(start, int(sys.argv[2])):
-    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * me.rank + step))
-    model(batch).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    if (step + 1) % 3 == 0:
-        ckpt.save(step + 1, model=model, optimizer=optimizer)
-digest = hashlib.sha256()
-for param in model.parameters():
-    digest.update(param.full_tensor().detach().numpy().tobytes())
-ckpt.close()
-if me.is_main:
-    print(f"started at step {start}, weights {digest.hexdigest()[:16]}", flush=True)
-dist.destroy_process_group()
+
+def main() -> None:
+    me = setup()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ckpt = Checkpoints(sys.argv[1])
+    start = ckpt.resume(model=model, optimizer=optimizer)
+    for step in range(start, int(sys.argv[2])):
+        batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * me.rank + step))
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if (step + 1) % 3 == 0:
+            ckpt.save(step + 1, model=model, optimizer=optimizer)
+    digest = hashlib.sha256()
+    for param in model.parameters():
+        digest.update(param.full_tensor().detach().numpy().tobytes())
+    ckpt.close()
+    if me.is_main:
+        print(f"started at step {start}, weights {digest.hexdigest()[:16]}", flush=True)
+    dist.destroy_process_group()
+
+
+end_process(main)  # as a user's script ends: docs/your-script.md

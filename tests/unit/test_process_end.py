@@ -1,10 +1,10 @@
-"""end_process: a console script's exit status, as Python would give it, and after a
-process group the end without the interpreter's finalization (workload/commands.py says
-why: gloo threads that outlive the group abort a finalizing process).
+"""end_process: a script's exit status, as `sys.exit(main())` would give it, and after
+torch.distributed the end without the interpreter's finalization (workload/launch/ending.py
+says why: gloo threads that outlive their group abort a finalizing process).
 
-Each case is a small child Python (no torch). A process group is stood in for by the one
-fact end_process reads, `workload.distributed.joined_once()`; the real one is exercised
-by every distributed `train` of the e2e tests."""
+Each case is a small child Python without torch: torch.distributed is stood in for by
+the one fact end_process reads, its name in sys.modules. The real one is exercised by
+every distributed `train` and own script of the e2e tests."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 CHILD = """
 import atexit, sys, types
-from workload.commands import end_process
+from workload.launch import end_process
 
 class Finalized:
     def __del__(self):
@@ -25,7 +25,7 @@ class Finalized:
 keep = Finalized()  # a module global: deleted when the interpreter finalizes
 atexit.register(lambda: sys.stderr.write("atexit ran\\n"))
 if {joined}:
-    sys.modules["workload.distributed"] = types.SimpleNamespace(joined_once=lambda: True)
+    sys.modules["torch.distributed"] = types.ModuleType("torch.distributed")
 sys.stdout.write("unflushed output")  # no newline: still in the buffer at the end
 
 def body():
@@ -41,8 +41,8 @@ def run_child(body: str, joined: bool) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
-STATUSES = [("return 0", 0), ("return 75", 75), ("sys.exit(2)", 2), ("sys.exit(None)", 0),
-            ("raise SystemExit(75)", 75)]
+STATUSES = [("return None", 0), ("return 0", 0), ("return 75", 75), ("sys.exit(2)", 2),
+            ("sys.exit(None)", 0), ("raise SystemExit(75)", 75)]
 
 
 @pytest.mark.parametrize("joined", [False, True])
@@ -68,9 +68,9 @@ def test_a_text_exit_is_printed_and_the_status_is_1(joined):
     assert done.returncode == 1 and "no data" in done.stderr
 
 
-def test_after_a_process_group_the_interpreter_is_not_finalized():
+def test_after_torch_distributed_the_interpreter_is_not_finalized():
     assert "finalized" not in run_child("return 0", joined=True).stderr
 
 
-def test_without_a_process_group_the_interpreter_ends_as_usual():
+def test_without_torch_distributed_the_interpreter_ends_as_usual():
     assert "finalized" in run_child("return 0", joined=False).stderr
