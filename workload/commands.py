@@ -219,4 +219,3 @@ def main_of(prog: str, parser: argparse.ArgumentParser,
         args = parser.parse_args(argv if argv is not None else sys.argv[1:])
         return run_command(prog, lambda: work(args))
     return main
-

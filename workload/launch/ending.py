@@ -8,9 +8,9 @@ for their Python objects; asking for it while the interpreter finalizes, it is e
 pthread_exit, whose unwinding through a C++ destructor aborts the whole process:
 "terminate called without an active exception", SIGABRT, after a finished run, and
 `srun --kill-on-bad-exit` fails the job (a core dump shows `ProcessGroupGloo::runLoop`
-in `~AsyncAllgatherWork` and `~AsyncBarrierWork`, the main thread in Py_FinalizeEx). It
-hit a few ranks in every hundred of the test suite's loaded 2-core runs, `train` and a
-plain DDP script alike.
+in `~AsyncAllgatherWork` and `~AsyncBarrierWork`, the main thread in Py_FinalizeEx). On a
+loaded 2-core machine it hit 3 of about 108 runs of the straggler test and 4 ranks in
+three full runs of the suite, `train` and a plain DDP script alike.
 
 `end_process` runs `main`, then ends the process with the status Python would give:
 after torch.distributed was imported, without the interpreter's finalization, once the
