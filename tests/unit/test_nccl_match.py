@@ -63,8 +63,13 @@ def test_check_reads_the_first_libnccl_on_the_library_path(tmp_path):
 
 
 def test_torch_is_asked_without_the_bound_folder(tmp_path):
+    # A bound folder any process would fail to start with: if it reached torch's process,
+    # the dynamic loader would take this libc and the answer would be None.
     bound = tmp_path / "site"
+    bound.mkdir()
+    (bound / "libc.so.6").write_bytes(b"not a library")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{bound}:/elsewhere")
     # The venv's torch answers with its own NCCL (a CUDA build reports it on the CPU).
     version = nccl.torch_version(env, str(bound))
-    assert version is None or (version[0] == 2 and version[1] >= 18)
+    assert version is not None, "torch's process failed: was the bound folder passed on?"
+    assert version[0] == 2 and version[1] >= 18
