@@ -81,7 +81,7 @@ def test_usr2_to_one_rank_saves_once_exits_75_and_the_requeued_job_continues(
     job = sbatch(slurm_cluster, ["--nodes=1", "--cpus-per-task=2", "--time=15",
                                  f"--output={log}", str(job_script(tmp_path)), "--steps", "40",
                                  "--step-time", "0.5", "--output-dir", str(out)],
-                 env=job_env(slurm_cluster, FORM="no-entrypoint", MAX_REQUEUES="1"),
+                 env=job_env(slurm_cluster, FORM="no-entrypoint", MAX_TIME_LIMIT_RESTARTS="1"),
                  cwd=tmp_path)
     wait_for(lambda: log.exists() and "rank 1: training from step 0" in log.read_text(),
              "rank 1 to train", log)

@@ -107,6 +107,18 @@ class DocsTest(unittest.TestCase):
                      "sites/sigma2-olivia.md", "sites/alliance.md"):
             self.assertTrue((ROOT / "docs" / name).is_file(), f"docs/{name} is missing")
 
+    def test_docs_readme_is_the_one_index_of_every_page(self):
+        index = ROOT / "docs" / "README.md"
+        listed = {(index.parent / target.split("#")[0]).resolve()
+                  for target in links(index.read_text(encoding="utf-8"))}
+        pages = set(doc_files()) - {ROOT / "README.md", index}
+        unlisted = sorted(str(page.relative_to(ROOT)) for page in pages - listed)
+        self.assertEqual(unlisted, [], "pages docs/README.md does not list")
+        # A second list in the README drifts from the first: it links the index instead.
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        self.assertIn("(docs/README.md)", readme)
+        self.assertFalse("| page |" in readme, "README.md keeps a second list of the pages")
+
     def test_relative_links_resolve(self):
         problems = [problem for path in doc_files() for problem in broken_links(path)]
         self.assertEqual(problems, [], "\n".join(problems))
