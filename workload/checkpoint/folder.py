@@ -28,7 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir, write_durably
+from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
+from workload.files import replace_file
 from workload.logs import logger
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -41,7 +42,7 @@ KEEP_ASIDE = 3
 # temporary folders of a save, `latest` and its temporary file. Nothing else is its own.
 _TRAIN_WRITES = re.compile(
     r"^(step-\d+(\.(corrupt|incomplete|abandoned)-\d{8}-\d{6}(~\d+)?)?"
-    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\d+)$")
+    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\w+)$")
 Loaded = TypeVar("Loaded")
 
 
@@ -156,9 +157,7 @@ def publish(tmp: Path, final: Path) -> None:
 
 
 def replace_latest(root: Path, name: str) -> None:
-    tmp = root / f".latest.tmp-{os.getpid()}"
-    write_durably(tmp, name.encode() + b"\n")
-    os.replace(tmp, root / "latest")
+    replace_file(root / "latest", name.encode() + b"\n", durable=True)
     fsync_dir(root)
 
 
