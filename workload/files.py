@@ -87,12 +87,12 @@ def write_json(path: Path, data: dict) -> None:
     replace_file(path, (json_text(data, indent=2) + "\n").encode())
 
 
-def umask_mode() -> int:
-    """The mode open() gives a new file: 0666 less the umask (so the group sharing a run
-    reads what the user's umask lets it)."""
+def umask_mode(full: int = 0o666) -> int:
+    """The mode open() gives a new file (mkdir a folder, with `full` 0o777): `full` less
+    the umask, so the group sharing a run reads what the user's umask lets it."""
     mask = os.umask(0)  # reading the umask means setting it: put it back at once
     os.umask(mask)
-    return 0o666 & ~mask
+    return full & ~mask
 
 
 @contextmanager

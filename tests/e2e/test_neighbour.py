@@ -49,6 +49,14 @@ def project():
     shutil.rmtree(top)
 
 
+def run_folder(top: Path) -> Path:
+    """The victim's run folder, made by an earlier job with the project's umask 002."""
+    run = top / "project" / "run"
+    run.mkdir()
+    run.chmod(0o2775)
+    return run
+
+
 def precious(top: Path, name: str) -> Path:
     path = top / "victim" / f"precious-{name}"
     path.write_bytes(PRECIOUS)
@@ -77,6 +85,33 @@ for pair in sys.argv[1:]:
 """
 
 
+# The neighbour's part: links planted inside every save's folder that appears, until the
+# run's summary does; how many were planted.
+WATCH_SAVES = """
+import os, sys, time
+run, target = sys.argv[1], sys.argv[2]
+planted, end = 0, time.monotonic() + 300
+while not os.path.exists(os.path.join(run, "summary.json")) and time.monotonic() < end:
+    folder = os.path.join(run, "checkpoints")
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith(".tmp-step-"):
+            try:
+                os.symlink(target, os.path.join(folder, name, "model.safetensors"))
+                planted += 1
+            except OSError:
+                pass
+    time.sleep(0.001)
+print(planted)
+"""
+
+
+def as_neighbour(script: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(["setpriv", f"--reuid={NEIGHBOUR}", f"--regid={GROUP}",
+                             "--clear-groups", "/usr/bin/python3", "-c", script, *args],
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def victim_train(*args: str) -> subprocess.Popen:
     """`train` as the victim, held until a line arrives on its stdin (so the neighbour
     knows its PID, as `ps` tells anyone, before it starts)."""
@@ -95,8 +130,7 @@ def test_links_at_trains_temporary_files_write_nothing_outside_the_run(project):
     """The names train writes through, predictable before this change: the lock's draft
     (host and PID), each JSON record's `.<name>.tmp`, the final model's, `latest`'s
     (PID), the start-up record in diagnostics/."""
-    run = project / "project" / "run"
-    run.mkdir()  # the victim's run folder, made by an earlier job (2775, as the project)
+    run = run_folder(project)
     proc = victim_train(*CHECKPOINT_ARGS, "--max-steps", "4", "--no-checkpoint-async",
                         "--output-dir", str(run))
     pid, host = proc.pid, socket.gethostname()
@@ -107,8 +141,12 @@ def test_links_at_trains_temporary_files_write_nothing_outside_the_run(project):
              "diagnostics/rank-0.txt": "stacks"}
     targets = {name: precious(project, why) for name, why in names.items()}
     neighbour(PLANT_LINKS, *(f"{run / name}={target}" for name, target in targets.items()))
+    targets["inside a save"] = precious(project, "inside-a-save")
+    watcher = as_neighbour(WATCH_SAVES, str(run), str(targets["inside a save"]))
     code, out = finish(proc)
+    planted, _ = watcher.communicate(timeout=60)
     assert code == 0, out[-3000:]
+    assert planted.strip() == "0", f"links planted inside a save's folder: {planted}"
     written = [name for name, target in targets.items()
                if target.read_bytes() != PRECIOUS or target.stat().st_mode & 0o077]
     assert written == [], f"written through the neighbour's links: {written}\n{out[-2000:]}"
@@ -117,8 +155,7 @@ def test_links_at_trains_temporary_files_write_nothing_outside_the_run(project):
 
 
 def test_a_link_at_a_record_train_appends_to_is_refused_in_one_line(project):
-    run = project / "project" / "run"
-    run.mkdir()
+    run = run_folder(project)
     target = precious(project, "metrics")
     neighbour(PLANT_LINKS, f"{run / 'metrics.jsonl'}={target}")
     code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "8", "--output-dir",
@@ -156,7 +193,11 @@ def test_a_checkpoint_planted_in_the_node_local_tier_is_never_resumed(project, m
     node.chmod(mode)
     run = project / "project" / "run"
     tier = local_root(str(node), run)
-    neighbour(PLANT_TIER, str(tier), str(donor / "checkpoints" / "step-000000002"))
+    theirs = shutil.copytree(donor / "checkpoints" / "step-000000002",
+                             project / "theirs" / "step-000000002")  # as their own run's
+    for path in [theirs.parent, theirs, *theirs.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    neighbour(PLANT_TIER, str(tier), str(theirs))
     code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "2", "--checkpoint-local",
                                     str(node), "--output-dir", str(run)))
     assert "resumed from" not in out, out[-3000:]
@@ -206,8 +247,7 @@ def victim_cache(run: Path, caches: Path, action: str) -> tuple[subprocess.Popen
 def test_a_link_at_the_compile_caches_temporary_is_not_followed(project):
     """Before: the archive was written to `.<name>.<pid>`, through a planted link, and
     then made world-readable by path (chmod 0644)."""
-    run = project / "project" / "run"
-    run.mkdir()
+    run = run_folder(project)
     proc, name, pid = victim_cache(run, project / "victim" / "caches", "save")
     target = precious(project, "cache")
     neighbour(PLANT_LINKS, f"{run / f'.{name}.{pid}'}={target}")
@@ -242,18 +282,14 @@ def test_names_swapped_under_the_compile_cache_never_unpack_the_neighbours_file(
     """The archive is checked and read through one descriptor: while the neighbour swaps
     their own archive in and out under its name, no read unpacks theirs (before: checked
     by path, opened again by path; the red team saw 35 of 400)."""
-    run = project / "project" / "run"
-    run.mkdir()
+    run = run_folder(project)
     caches = project / "victim" / "caches"
     proc, name, _ = victim_cache(run, caches, "save")
     out, err = proc.communicate("go\n", timeout=120)
     assert proc.returncode == 0 and (run / name).is_file(), err
     (run / name).chmod(0o644)
     reader, _, _ = victim_cache(run, caches, "400")
-    swapper = subprocess.Popen(["setpriv", f"--reuid={NEIGHBOUR}", f"--regid={GROUP}",
-                                "--clear-groups", "/usr/bin/python3", "-c", SWAP, str(run),
-                                name, "60"], env={"PATH": "/usr/bin:/bin"},
-                               stderr=subprocess.PIPE, text=True)
+    swapper = as_neighbour(SWAP, str(run), name, "60")
     try:
         out, err = reader.communicate("go\n", timeout=120)
     finally:

@@ -105,7 +105,7 @@ def copy_to_run(path: Path, run_root: Path) -> Path:
 def _copy_durably(source: Path, target: Path) -> None:
     from workload.checkpoint.durable import fsync_dir
 
-    target.mkdir()
+    target.mkdir(mode=0o700)  # private while written: see folder.publish
     for file in sorted(source.rglob("*")):
         dest = target / file.relative_to(source)
         if file.is_dir():
