@@ -129,16 +129,17 @@ def create_new(path: Path, mode: int = 0o666) -> int:
                    mode)
 
 
-def open_append(path: Path, buffering: int = -1):
-    """`path` opened to append text (created when missing), never through a link, and
-    only when it is a regular file (a FIFO would wait for a reader): OSError otherwise."""
+def open_append(path: Path, buffering: int = -1, binary: bool = False):
+    """`path` opened to append text (bytes when `binary`; created when missing), never
+    through a link, and only when it is a regular file (a FIFO would wait for a reader):
+    OSError otherwise."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                  | os.O_CLOEXEC, 0o666)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, f"{path} is not a regular file")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "a", buffering=buffering)
+    return os.fdopen(fd, "ab" if binary else "a", buffering=buffering)
 
 
 def read_small(path: Path, limit: int) -> bytes:

@@ -34,8 +34,8 @@ from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEM
                                        shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
-from workload.files import (json_text, read_json_file, read_jsonl_records, replacing, sha256_file,
-                            unwritable_reason, write_json)
+from workload.files import (json_text, open_append, read_json_file, read_jsonl_records,
+                            replacing, sha256_file, unwritable_reason, write_json)
 from workload.logs import logger
 
 SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
@@ -128,7 +128,7 @@ def write_split(dest: Path, split: str, samples: list, shard_size: int,
     earlier = {line.get("shard"): line for line in read_jsonl_records(index)[0]} \
         if index.is_file() else {}
     lines, kept = [], 0
-    with open(index, "ab") as journal:
+    with open_append(index, binary=True) as journal:
         for number, first in enumerate(range(0, len(samples), shard_size)):
             chunk = [(first + i, path, label) for i, (path, label)
                      in enumerate(samples[first:first + shard_size])]
