@@ -26,13 +26,13 @@ is passed over like one that cannot be used. Standard library only.
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workload.files import private_folder_problem as own_private_folder
 from workload.files import unwritable_reason
 from workload.logs import warn
 
@@ -113,33 +113,11 @@ def shared_file_system(path: Path) -> str | None:
 
 
 def private_folder_problem(path: Path) -> str | None:
-    """None when `path` is a folder of this user's that only this user can enter (made,
-    mode 0700, when missing; a looser mode of the user's own folder is closed), else why
-    not: on a shared file system, a symbolic link or a folder of another uid, which
-    someone else could fill."""
+    """None when `path` is a node-local folder only this user can enter
+    (workload.files.private_folder_problem), else why not (a shared file system too)."""
     if shared := shared_file_system(path.parent):
         return shared
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as error:
-        return f"{path} cannot be created ({error.strerror})"
-    try:  # opened without following a link, so what is checked is what is used
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as error:  # a link gives ELOOP or (with O_DIRECTORY) ENOTDIR
-        if os.path.islink(path):
-            return f"{path} is a symbolic link"
-        kind = {errno.ENOTDIR: "is not a folder"}
-        return f"{path} {kind.get(error.errno, f'cannot be opened ({error.strerror})')}"
-    try:
-        owner = os.fstat(fd).st_uid
-        if owner != os.getuid():
-            return f"{path} belongs to uid {owner}, not to this user (uid {os.getuid()})"
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-    return unwritable_reason(path)
+    return own_private_folder(path)
 
 
 def root_candidates(env: MutableMapping[str, str]) -> list[tuple[Path, str]]:

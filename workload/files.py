@@ -1,5 +1,11 @@
-"""File helpers every layer uses: the writable-folder check, JSON written atomically,
-JSON lines, sha256. Standard library only.
+"""File helpers every layer uses: the writable-folder check, files replaced atomically
+(JSON among them), JSON lines, sha256, a private folder. Standard library only.
+
+A run folder sits in a project folder its group may write, so every file written there
+is one a neighbour could have prepared a trap for: a temporary is created by mkstemp
+beside its target (O_CREAT|O_EXCL|O_NOFOLLOW, a name no one can predict, mode 0600 until
+fchmod'ed through its descriptor), an appended file is opened without following a link,
+and what is checked is the open descriptor (fstat), never the path a second time.
 
 The JSON written here is strict JSON that any reader takes: a NaN or infinite number (a
 diverged loss) is written as null, never as the `NaN`/`Infinity` Python would write.
@@ -14,6 +20,8 @@ import math
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -76,17 +84,104 @@ def output_file_problem(path: str | Path) -> str | None:
 
 def write_json(path: Path, data: dict) -> None:
     """Write through a temporary file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json_text(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, (json_text(data, indent=2) + "\n").encode())
 
 
-def honour_umask(path: Path) -> None:
-    """Give a file the mode open() would have given it (0666 less the umask): writers
-    such as safetensors create 0600 files, which the group sharing a run cannot read."""
+def umask_mode(full: int = 0o666) -> int:
+    """The mode open() gives a new file (mkdir a folder, with `full` 0o777): `full` less
+    the umask, so the group sharing a run reads what the user's umask lets it."""
     mask = os.umask(0)  # reading the umask means setting it: put it back at once
     os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
+    return full & ~mask
+
+
+@contextmanager
+def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Iterator:
+    """A binary file to write `path`'s new content into: a private temporary beside it
+    (mkstemp), given `mode` (default: umask_mode()) through its descriptor, fsynced when
+    `durable`, then renamed over `path`; removed when the write fails. A link or file a
+    neighbour put at any name is neither followed nor overwritten."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            yield file
+            file.flush()
+            os.fchmod(fd, umask_mode() if mode is None else mode)
+            if durable:
+                os.fsync(fd)
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+def replace_file(path: Path, data: bytes, mode: int | None = None,
+                 durable: bool = False) -> None:
+    """`path` holds `data`, whole, as one rename (replacing())."""
+    with replacing(path, mode, durable) as file:
+        file.write(data)
+
+
+def create_new(path: Path, mode: int = 0o666) -> int:
+    """A descriptor for writing a file that did not exist: FileExistsError for anything
+    at `path` (a link a neighbour planted included), never a file reached through it."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   mode)
+
+
+def open_append(path: Path, buffering: int = -1, binary: bool = False):
+    """`path` opened to append text (bytes when `binary`; created when missing), never
+    through a link, and only when it is a regular file (a FIFO would wait for a reader):
+    OSError otherwise."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab" if binary else "a", buffering=buffering)
+
+
+def read_small(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, opened without following a
+    link or waiting on a FIFO, checked on its descriptor: OSError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise OSError(errno.EINVAL, f"{path} is not a file of at most {limit} bytes")
+        return file.read(limit)
+
+
+def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
+    """None when `path` is a folder of this user's that only this user can enter (made,
+    mode 0700, when missing), else why not: a symbolic link or a folder of another uid,
+    which someone else could fill. A looser mode of the user's own folder is closed, or,
+    without `close_looser`, refused when others may write it (they may have filled it)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        return f"{path} cannot be created ({error.strerror})"
+    try:  # opened without following a link, so what is checked is what is used
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as error:  # a link gives ELOOP or (with O_DIRECTORY) ENOTDIR
+        if os.path.islink(path):
+            return f"{path} is a symbolic link"
+        kind = {errno.ENOTDIR: "is not a folder"}
+        return f"{path} {kind.get(error.errno, f'cannot be opened ({error.strerror})')}"
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        if info.st_mode & 0o022 and not close_looser:
+            return (f"{path} may be written by others (mode {stat.filemode(info.st_mode)}), "
+                    "who may have put files there")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return unwritable_reason(path)
 
 
 def json_text(data, indent: int | None = None) -> str:
@@ -136,7 +231,7 @@ def _finite_float(text: str) -> float:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
+    with open_append(path) as f:
         f.write(json_text(record) + "\n")
 
 

@@ -7,6 +7,7 @@ background writer stops `train` with the synchronous save's one line and status 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,40 @@ def test_a_full_disk_in_the_writer_stops_train_in_one_line(tmp_path):
         left = complete_steps(out / "checkpoints")
         assert left and latest_step(out / "checkpoints") == left[-1][0]
         assert verify(left[-1][1]) and not list((out / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_the_run_folder_is_the_truth_over_the_local_tier(tmp_path):
+    """A rollback (--resume PATH) killed before its first save stands: the next job goes
+    on from the rolled-back step, not from the local tier's later copies. And after `rm
+    -rf` of the run folder, the same command starts from step 0, with one line, where it
+    used to resume the deleted run from the local tier."""
+    out, local = tmp_path / "run", tmp_path / "node-local"
+    run_root = out / "checkpoints"
+    again = [*CHECKPOINT_ARGS, "--checkpoint-local", str(local), "--output-dir", str(out)]
+    first = train(*again, "--max-steps", "6")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    # The rollback to step 2, killed as soon as it has resumed: its first save would come
+    # at the epoch's end (step 8), long after.
+    rollback = subprocess.Popen([sys.executable, "-m", "workload.train", *again,
+                                 "--resume", str(run_root / "step-000000002"),
+                                 "--checkpoint-every", "1000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in rollback.stdout:
+        if "resumed from" in line:
+            rollback.kill()
+            break
+    rollback.communicate(timeout=60)
+    assert latest_step(run_root) == 2
+    second = train(*again, "--max-steps", "4")
+    text = second.stdout + second.stderr
+    assert second.returncode == 0, text[-3000:]
+    assert "the job ended before its copy did" not in text, text[-3000:]
+    assert f"resumed from {run_root / 'step-000000002'}: step 2," in text, text[-3000:]
+    shutil.rmtree(out)
+    third = train(*again, "--max-steps", "2")
+    text = third.stdout + third.stderr
+    assert third.returncode == 0, text[-3000:]
+    assert "resumed from" not in text and "starting from step 0" in text, text[-3000:]
+    [line] = [line for line in text.splitlines() if "gone or was replaced" in line]
+    assert f"{out} is gone or was replaced; not resumed" in line, line

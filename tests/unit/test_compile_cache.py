@@ -64,12 +64,12 @@ def test_a_file_others_may_write_or_a_link_is_not_read(tmp_path):
     path = tmp_path / "compile-cache-x.tar"
     tar_with(path, member("inductor/a"))
     path.chmod(0o644)
-    assert trust_problem(path) is None
+    assert trust_problem(os.lstat(path)) is None
     path.chmod(0o664)
-    assert "others may write it" in trust_problem(path)
+    assert "others may write it" in trust_problem(os.lstat(path))
     link = tmp_path / "link.tar"
     link.symlink_to(path)
-    assert trust_problem(link) == "it is not a regular file"
+    assert trust_problem(os.lstat(link)) == "it is not a regular file"
 
 
 @pytest.mark.root  # chown to another uid
@@ -78,7 +78,7 @@ def test_another_users_file_is_not_read(tmp_path):
     tar_with(path, member("inductor/a"))
     path.chmod(0o644)
     os.chown(path, 65533, 65533)
-    assert trust_problem(path) == "it belongs to uid 65533, not to you"
+    assert trust_problem(os.lstat(path)) == "it belongs to uid 65533, not to you"
 
 
 def test_a_file_of_other_versions_is_left_alone_with_one_line(tmp_path, monkeypatch, caplog):

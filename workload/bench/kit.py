@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from workload import distributed
 from workload.bench.common import bench_process, config_from, fingerprint
+from workload.files import replace_file
 from workload.bench.train import Runner, peak_tflops, specs_for
 from workload.bench.train import run as bench_train
 from workload.bench import step_profile
@@ -136,10 +136,8 @@ def save_result(path: str | None, result: dict, bench: dict | None) -> None:
     order), through a temporary file so the kit never reads half a file."""
     if not path:
         return
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
     data = result if bench is None else dict(result, bench=bench)
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    replace_file(Path(path), (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
 # ---------------------------------------------------------------- the profile of a step

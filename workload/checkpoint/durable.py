@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from workload.files import json_text, strict_json
+from workload.files import create_new, json_text, strict_json
 
 # First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
 # start with the PROTO opcode 0x80) and a zip archive (torch.save since 1.6).
@@ -50,7 +50,8 @@ def sniff(file: Path, safetensors_too: bool = False) -> None:
 
 
 def write_durably(path: Path, data: bytes) -> dict:
-    """Write `data`, fsync, and return the file's manifest entry, hashed from the bytes in
+    """Write `data` into a new file (create_new: FileExistsError for anything already at
+    `path`), fsync, and return the file's manifest entry, hashed from the bytes in
     memory: a save never reads its files back (the load verifies them against it). The
     hash runs in a thread while the file is written and synced (both release the GIL), so
     a large file costs the longer of the two rather than their sum; a small one (the JSON
@@ -62,7 +63,7 @@ def write_durably(path: Path, data: bytes) -> dict:
     else:
         digest.update(data)
     try:
-        with open(path, "wb") as f:
+        with os.fdopen(create_new(path), "wb") as f:  # never through a planted link
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -23,12 +23,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir, write_durably
+from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
+from workload.files import replace_file, umask_mode
 from workload.logs import logger
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -41,7 +43,7 @@ KEEP_ASIDE = 3
 # temporary folders of a save, `latest` and its temporary file. Nothing else is its own.
 _TRAIN_WRITES = re.compile(
     r"^(step-\d+(\.(corrupt|incomplete|abandoned)-\d{8}-\d{6}(~\d+)?)?"
-    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\d+)$")
+    r"|\.tmp-step-\d+|\.replaced-step-\d+-\d+|latest|\.latest\.tmp-\w+)$")
 Loaded = TypeVar("Loaded")
 
 
@@ -150,15 +152,25 @@ def publish(tmp: Path, final: Path) -> None:
     replaced. Pruning is the caller's, after it (`prune`): the writer process prunes only
     once it has told the loop the checkpoint is committed."""
     root = final.parent
+    _open_to_group(tmp)
     _rename_into_place(tmp, final)
     fsync_dir(root)
     replace_latest(root, final.name)
 
 
+def _open_to_group(tmp: Path) -> None:
+    """A save's folder is made private (0700): in a run folder others may write, no one
+    can put a link in it for a writer to follow (safetensors' own writer follows links).
+    Once complete it gets the mode mkdir would have given it (the setgid bit kept)."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
 def replace_latest(root: Path, name: str) -> None:
-    tmp = root / f".latest.tmp-{os.getpid()}"
-    write_durably(tmp, name.encode() + b"\n")
-    os.replace(tmp, root / "latest")
+    replace_file(root / "latest", name.encode() + b"\n", durable=True)
     fsync_dir(root)
 
 

@@ -14,6 +14,17 @@ than the run folder's (the job ended before its copy did) is copied into the run
 the same way, with one line, and the resume then reads the run folder as always, on every
 rank. Only what this job can see counts: another node's local disk is not.
 
+The run folder is the truth, the tier only its node's copy. So the tier's checkpoints
+count only for the run folder they were saved for: both hold the same random id
+(RUN_ID), and a tier whose run folder was deleted or replaced (`rm -rf` and the same
+command again) is emptied with one line, never resumed. A rollback (--resume PATH) empties
+the tier too: its later copies would otherwise undo the rollback at the next resume.
+
+The tier's folder `DIR/hpc-train-<run>-<digest>` is private: made with mode 0700, and
+refused before any work when it is a link, another uid's, or writable by others (who
+could have put a checkpoint there for the run to adopt); so is a DIR others may write
+without the sticky bit /tmp has (they could swap the tier's folder for one of theirs).
+
 Importing this module imports no torch (train checks DIR before any work); the copy and
 the resume import the checkpoint modules when called.
 """
@@ -23,13 +34,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
+import uuid
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import unwritable_reason
+from workload.files import (private_folder_problem, read_small, replace_file,
+                            unwritable_reason)
 from workload.logs import logger
 
 FLAG = "--checkpoint-local"
+# The id of the run folder the tier's checkpoints belong to: in the run folder's
+# checkpoints/ and in the tier's folder.
+RUN_ID = ".local-tier-id"
 
 
 def local_root(local: str, out: str | Path) -> Path:
@@ -49,10 +66,20 @@ def check_local(local: str, out: str) -> None:
         raise UsageError(f"{FLAG} {local} is inside the run folder {out}; pass a folder on "
                          f"a node-local disk outside it, e.g. {FLAG} $SLURM_TMPDIR, or leave "
                          "the flag out")
-    reason = unwritable_reason(folder, create=True)
+    reason = unwritable_reason(folder, create=True) or _shared_problem(folder) or \
+        private_folder_problem(local_root(local, out).parent, close_looser=False)
     if reason:
-        raise UsageError(f"{FLAG} {local}: {reason}; pass a folder this job can write on a "
+        raise UsageError(f"{FLAG} {local}: {reason}; pass a folder of your own on a "
                          f"node-local disk, e.g. {FLAG} $SLURM_TMPDIR, or leave the flag out")
+
+
+def _shared_problem(folder: Path) -> str | None:
+    """Why others could swap the tier's folder inside `folder` (None: they cannot)."""
+    info = os.stat(folder)
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        return (f"{folder} may be written by others (mode {stat.filemode(info.st_mode)}) "
+                "without the sticky bit, so they could replace the checkpoints kept there")
+    return None
 
 
 def copy_to_run(path: Path, run_root: Path) -> Path:
@@ -78,7 +105,7 @@ def copy_to_run(path: Path, run_root: Path) -> Path:
 def _copy_durably(source: Path, target: Path) -> None:
     from workload.checkpoint.durable import fsync_dir
 
-    target.mkdir()
+    target.mkdir(mode=0o700)  # private while written: see folder.publish
     for file in sorted(source.rglob("*")):
         dest = target / file.relative_to(source)
         if file.is_dir():
@@ -115,10 +142,41 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
                    f"as {step_name(step)}, verified, and resuming from it")
 
 
-def remove_local(local: str, out: str | Path) -> None:
-    """--overwrite: the local tier's checkpoints of this run folder go with its own."""
+def remove_local(local: str, out: str | Path) -> bool:
+    """The local tier's checkpoints of this run folder removed (--overwrite, a rollback,
+    a run folder deleted); its private folder stays. Whether there were any."""
     from workload.checkpoint.folder import remove_tree
 
-    root = local_root(local, out).parent if local else None
-    if root is not None and root.is_dir():
-        remove_tree(root)
+    root = local_root(local, out) if local else None
+    if root is None or not (root.is_dir() or root.is_symlink()):
+        return False
+    remove_tree(root)
+    return True
+
+
+def bind_to_run(local: str, out: Path) -> None:
+    """Rank 0, before a resume: the tier holds checkpoints of this run folder only. The
+    run folder's id is made when it has none; a tier of another id (a run folder deleted
+    and made again) is emptied with one line."""
+    from workload.checkpoint.folder import checkpoints_dir
+
+    run_root, tier = checkpoints_dir(out), local_root(local, out).parent
+    run_root.mkdir(parents=True, exist_ok=True)
+    mine = _read_id(run_root / RUN_ID)
+    if mine is None:
+        mine = uuid.uuid4().hex
+        replace_file(run_root / RUN_ID, mine.encode() + b"\n")
+    if _read_id(tier / RUN_ID) == mine:
+        return
+    if remove_local(local, out):
+        logger.warning(f"{FLAG}: {tier} held checkpoints of a run whose folder {out} is "
+                       "gone or was replaced; not resumed (the run folder is the truth), "
+                       "removed")
+    replace_file(tier / RUN_ID, mine.encode() + b"\n")
+
+
+def _read_id(path: Path) -> str | None:
+    try:
+        return read_small(path, 64).decode().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workload.errors import UsageError
+from workload.files import umask_mode
 from workload.logs import logger
 
 LOCK_NAME = "train.lock"
@@ -159,6 +160,16 @@ def _break(path: Path, seen: bytes) -> None:
     aside.unlink()
 
 
+def _draft(path: Path, holder: dict) -> Path:
+    """The holder's details in a new file of its own beside the lock, to be linked to it:
+    made by mkstemp, so no name a neighbour could predict and no link followed."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.draft-")
+    with os.fdopen(fd, "w") as file:
+        file.write(json.dumps(holder, indent=2) + "\n")
+        os.fchmod(fd, umask_mode())
+    return Path(name)
+
+
 class RunLock:
     """The lock of one run folder, held from `acquire` until `release`. `named`: how the
     messages name the folder's setting (train's flag, or the folder a user's script
@@ -173,8 +184,7 @@ class RunLock:
     def acquire(self) -> str | None:
         """Take the lock: None when taken, else why not (naming the holder)."""
         holder = me()
-        draft = self.path.with_name(f".{self.path.name}.{holder['host']}.{holder['pid']}")
-        draft.write_text(json.dumps(holder, indent=2) + "\n")
+        draft = _draft(self.path, holder)
         try:
             for _ in range(5):
                 if _link(draft, self.path, self.named):

@@ -9,6 +9,7 @@ this module decides whether a checkpoint fits this run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,13 +17,13 @@ from workload import distributed
 from workload.checkpoint.content import check_fits
 from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
                                         roll_back, step_name, written_by_train)
-from workload.checkpoint.local import local_root, promote_newer, remove_local
+from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
                                        old_format_message)
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of
 from workload.errors import UsageError
-from workload.files import json_text, read_jsonl_records
+from workload.files import json_text, path_kind, read_jsonl_records, replace_file
 from workload.logs import logger
 
 # The run's records that --overwrite removes with its checkpoints (they would mix two runs).
@@ -33,16 +34,35 @@ def prepare(cfg, out: Path, is_main: bool) -> None:
     """--resume never: refuse an output directory holding checkpoints, unless --overwrite,
     which removes what `train` wrote there and nothing else. A `checkpoints` that is a
     symbolic link is refused: it is never followed (a run prunes and replaces folders
-    there), and nothing it points at is moved or lost."""
+    there), and nothing it points at is moved or lost. Then the local tier, if any, is
+    bound to this run folder (workload.checkpoint.local.bind_to_run)."""
     root = checkpoints_dir(out)
     if root.is_symlink():
         raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
                          "pruned and replaced inside the run folder, so they must live "
                          "there: pass --output-dir on the file system you want instead, or "
                          "replace the link with a folder")
+    for name in RECORDS:  # appended to or replaced: a neighbour's link is refused here
+        if (problem := _not_a_record(out / name)) is not None:
+            raise UsageError(f"{out / name} is {problem}, not a file train wrote; train "
+                             "never writes through one: remove it (or move it away) and "
+                             "start again")
     own = written_by_train(root)
-    if cfg.checkpoint.resume != "never" or not own:
-        return
+    if cfg.checkpoint.resume == "never" and own:
+        _overwrite(cfg, out, own, is_main)
+    if is_main and cfg.checkpoint.checkpoint_local:
+        bind_to_run(cfg.checkpoint.checkpoint_local, out)
+
+
+def _not_a_record(path: Path) -> str | None:
+    """What is at `path` in words when it is neither missing nor a regular file."""
+    if not os.path.lexists(path) or (path.is_file() and not path.is_symlink()):
+        return None
+    return "a symbolic link" if path.is_symlink() else path_kind(path)
+
+
+def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
+    root = checkpoints_dir(out)
     if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
                          "never would start another run over them; pass --resume auto to "
@@ -88,9 +108,19 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
+            _forget_local(cfg.checkpoint.checkpoint_local, out, path)
         trim_metrics(out / "metrics.jsonl", _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
+
+
+def _forget_local(local: str, out: Path, path: Path) -> None:
+    """--resume PATH chose where the run goes on: the local tier's copies, which may be
+    later steps, would undo that choice at the next resume if the job ended before its
+    first save. The run folder keeps every checkpoint."""
+    if local and remove_local(local, out):
+        logger.info(f"--checkpoint-local: the local copies of this run removed: --resume "
+                    f"{path} chose where it continues (the run folder keeps its checkpoints)")
 
 
 def _epochs_recorded(cfg, state) -> int:
@@ -186,6 +216,4 @@ def trim_metrics(path: Path, epochs_done: int) -> None:
         logger.warning(f"{path}: {why}; dropping it")
     kept = [r for r in records if isinstance(r.get("epoch"), int) and r["epoch"] <= epochs_done]
     if dropped or len(kept) != len(records):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json_text(r) + "\n" for r in kept))
-        tmp.replace(path)
+        replace_file(path, "".join(json_text(r) + "\n" for r in kept).encode())

@@ -77,7 +77,7 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
         move_aside(tmp, "incomplete")
     with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)  # private while written: see folder.publish
         if sharded:
             (tmp / SHARDS_DIR).mkdir()
     return tmp

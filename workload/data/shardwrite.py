@@ -34,8 +34,8 @@ from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEM
                                        shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
-from workload.files import (json_text, read_json_file, read_jsonl_records, sha256_file,
-                            unwritable_reason, write_json)
+from workload.files import (json_text, open_append, read_json_file, read_jsonl_records,
+                            replacing, sha256_file, unwritable_reason, write_json)
 from workload.logs import logger
 
 SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
@@ -128,7 +128,7 @@ def write_split(dest: Path, split: str, samples: list, shard_size: int,
     earlier = {line.get("shard"): line for line in read_jsonl_records(index)[0]} \
         if index.is_file() else {}
     lines, kept = [], 0
-    with open(index, "ab") as journal:
+    with open_append(index, binary=True) as journal:
         for number, first in enumerate(range(0, len(samples), shard_size)):
             chunk = [(first + i, path, label) for i, (path, label)
                      in enumerate(samples[first:first + shard_size])]
@@ -156,8 +156,7 @@ def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
     appended lines of an interrupted write gone); the shards' manifest entries, each
     with where its line is."""
     entries, offset = [], 0
-    partial = index.with_name(f".{index.name}.partial")
-    with open(partial, "wb") as file:
+    with replacing(index, durable=True) as file:  # a private temporary, renamed over it
         for line in lines:
             data = json_line(line)
             file.write(data)
@@ -165,9 +164,6 @@ def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
                                 bytes=line["bytes"], sha256=line["sha256"],
                                 index=[offset, len(data)]))
             offset += len(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, index)
     return entries
 
 
@@ -194,18 +190,15 @@ def complete(dest: Path, line: dict | None, planned: list[int]) -> bool:
 
 
 def write_shard(dest: Path, name: str, chunk: list) -> dict:
-    """One shard, through a partial file; its index line."""
-    partial = dest / f".{name}.partial"
+    """One shard, through a private temporary file (workload.files.replacing); its index
+    line."""
     rows = []
-    with open(partial, "wb") as raw:
+    with replacing(dest / name, durable=True) as raw:
         with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for position, path, label in chunk:
                 data = readable_image(path)
                 if data is not None:
                     rows.append(add_sample(tar, position, path, label, data))
-        raw.flush()
-        os.fsync(raw.fileno())
-    os.replace(partial, dest / name)
     return dict(shard=name, bytes=(dest / name).stat().st_size,
                 sha256=sha256_file(dest / name), samples=rows,
                 planned=[chunk[0][0], len(chunk)])

@@ -23,6 +23,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from collections.abc import MutableMapping
 
+from workload.files import open_append
+
 DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
 FR_PREFIX = "fr-rank-"           # torch appends the rank: fr-rank-0, fr-rank-1, ...
 STARTUP_PREFIX = "startup-rank-"  # train's start-up marks: startup-rank-<N>.json
@@ -124,7 +126,7 @@ def enable_dump_on_signal(folder: Path, rank: int):
     cannot be written (a warning's matter, never a reason not to train)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        stream = open(stacks_file(folder, rank), "a", buffering=1)  # noqa: SIM115
+        stream = open_append(stacks_file(folder, rank), buffering=1)  # never through a link
     except OSError:
         return None
     faulthandler.register(DUMP_SIGNAL, file=stream, all_threads=True, chain=False)

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from workload.files import replace_file
 from workload.logs import say
 
 # "Requeue me": 75 is EX_TEMPFAIL in sysexits.h ("temporary failure, the user is invited to
@@ -93,11 +94,9 @@ def request_requeue(step: int | None, signal_name: str | None) -> None:
     path = os.environ.get(REQUEUE_FILE_ENV)
     if not path:
         return
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
     when = "at start-up" if step is None else f"at step {step}"
-    tmp.write_text(f"preempted by {signal_name or 'a signal to another rank'} {when}\n")
-    os.replace(tmp, target)  # atomic: several ranks may write it
+    replace_file(Path(path),  # atomic: several ranks may write it
+                 f"preempted by {signal_name or 'a signal to another rank'} {when}\n".encode())
 
 
 def slurm_will_requeue(signal_name: str | None, env: Mapping[str, str] = os.environ) -> bool:

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from workload.distributed import unwrap
 from workload.errors import UsageError
-from workload.files import honour_umask
+from workload.files import replace_file
 from workload.models.description import (ModelDescription, ModelFiles, locate,
                                          read_description)
 from workload.models.networks import build_model
@@ -109,16 +109,11 @@ def save_weights(model: nn.Module, path: Path, write: bool) -> None:
             tensor = tensor.full_tensor()
         tensors[name] = tensor.detach().cpu().clone().contiguous()
     if write:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            save_file(tensors, str(tmp), metadata={"format": "pt"})
-        except BaseException:  # a full disk, or an interrupt: no partial file left behind
-            tmp.unlink(missing_ok=True)
-            raise
-        honour_umask(tmp)
-        tmp.replace(path)
+        # replace_file: a private temporary beside it, removed when the write fails (a
+        # full disk, an interrupt), then renamed over the file.
+        replace_file(path, save(tensors, metadata={"format": "pt"}))
 
 
 def load_trained(path: str, device: str | torch.device = "cpu") -> nn.Module:

@@ -17,13 +17,16 @@ compiles everything (docs/performance.md: 0.73 of the cold start against 0.16).
 What the file holds is code the process will run (shared libraries Inductor loads, and
 its pickled graphs), so it is trusted like a program of the user's: it is only read when
 it is a regular file owned by this user and writable by no one else (as ssh treats its
-keys), and its members are checked before anything is written (names inside the two
-folders, regular files and folders only, a size cap). Anything else is ignored with one
+keys), checked on the descriptor it is then read from (a neighbour who swaps names in a
+group-writable run folder cannot slip another file in between), and its members are
+checked before anything is written (names inside the two folders, regular files and
+folders only, a size cap). Anything else is ignored with one
 line; the artifact never fails a run.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -36,6 +39,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
+from workload.files import replacing, umask_mode
 from workload.logs import logger
 
 FOLDERS = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
@@ -88,9 +92,8 @@ def signature(files: dict[str, Path]) -> Signature:
     return frozenset((name, path.stat().st_size) for name, path in files.items())
 
 
-def trust_problem(path: Path) -> str | None:
-    """Why the artifact must not be read, or None."""
-    info = os.lstat(path)
+def trust_problem(info: os.stat_result) -> str | None:
+    """Why the artifact whose open descriptor fstat gave `info` must not be read, or None."""
     if not stat.S_ISREG(info.st_mode):
         return "it is not a regular file"
     if info.st_uid != os.getuid():
@@ -130,11 +133,9 @@ def unpack(tar: tarfile.TarFile, members: list[tarfile.TarInfo],
         if member.isdir() or target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        aside = target.with_name(f".{target.name}.{os.getpid()}")
-        with tar.extractfile(member) as source, open(aside, "wb") as sink:
+        mode = 0o700 if member.mode & 0o100 else 0o600
+        with tar.extractfile(member) as source, replacing(target, mode) as sink:
             sink.write(source.read())
-        os.chmod(aside, 0o700 if member.mode & 0o100 else 0o600)
-        os.replace(aside, target)
         written += 1
     return written
 
@@ -172,11 +173,19 @@ class CompileCache:
                         f"{self.path.name} ({self.describe()})")
 
     def read(self) -> int:
-        problem = trust_problem(self.path)
-        if problem:
-            raise ValueError(problem)
-        with tarfile.open(self.path) as tar:
-            return unpack(tar, checked_members(tar, self.folders), self.folders)
+        """Open once (no link followed, no wait on a FIFO), check what was opened, and
+        read the archive from that descriptor."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ValueError("it is a symbolic link, not a regular file") from None
+            raise
+        with os.fdopen(fd, "rb") as file:
+            if problem := trust_problem(os.fstat(fd)):
+                raise ValueError(problem)
+            with tarfile.open(fileobj=file) as tar:
+                return unpack(tar, checked_members(tar, self.folders), self.folders)
 
     def save(self, *_ignored) -> None:
         """Pack the folders when they changed since the last pack (rank 0); a failure is
@@ -186,12 +195,9 @@ class CompileCache:
         current = signature(files)
         if not self.is_main or not files or current == self.saved:
             return
-        aside = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:
-            self.write(aside, files)
-            os.replace(aside, self.path)
+            self.write(files)
         except OSError as error:
-            aside.unlink(missing_ok=True)
             logger.warning(f"compile cache not saved to {self.path} ({error}); the next "
                            "job compiles from scratch")
             return
@@ -199,15 +205,17 @@ class CompileCache:
         logger.info(f"compile cache: {len(files)} files saved to {self.path.name} "
                     f"({self.path.stat().st_size / 2**20:.1f} MiB)")
 
-    def write(self, aside: Path, files: dict[str, Path]) -> None:
-        with tarfile.open(aside, "w") as tar:
+    def write(self, files: dict[str, Path]) -> None:
+        """The archive, through a private temporary beside it (workload.files.replacing),
+        readable by the group as the umask allows and writable by no one else."""
+        with replacing(self.path, umask_mode() & ~0o022) as sink, \
+                tarfile.open(fileobj=sink, mode="w") as tar:
             data = json.dumps(self.versions, indent=2).encode()
             info = tarfile.TarInfo(VERSIONS)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
             for name, path in files.items():
                 tar.add(path, arcname=name, recursive=False)
-        os.chmod(aside, 0o644)
 
     def record_use(self) -> None:
         """How many graphs came from the cache and how many were compiled (Inductor's

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.files import write_json
+from workload.files import open_append, write_json
 from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
                                          heartbeat_file, stacks_file)
 from workload.launch.variables import node_name
@@ -134,7 +134,7 @@ class StallWatchdog:
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""
-        with open(stacks_file(self.folder, self.rank), "a") as stream:
+        with open_append(stacks_file(self.folder, self.rank)) as stream:
             stream.write(f"{reason}; rank {self.rank} on {self.host}, pid {os.getpid()}, "
                          f"step {step}, phase {phase}, at {time.strftime('%FT%T%z')}\n")
             stream.flush()
