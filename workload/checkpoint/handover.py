@@ -63,6 +63,11 @@ class AsyncSaves:
         """The step being written (rank 0), None when none is."""
         return self.writer.in_flight if self.writer is not None else None
 
+    def failed_by_now(self) -> bool:
+        """Rank 0, without waiting: whether the save in flight failed (the caller agrees
+        on it with the other ranks and `settle`s, which raises it)."""
+        return self.writer is not None and self.writer.failed_by_now()
+
     def settle(self) -> None:
         """Every rank calls it: wait for the save in flight (rank 0's writer); its failure
         (DiskFull, WriterFailed) is raised on rank 0, a one-line UsageError on the others."""

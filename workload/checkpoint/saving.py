@@ -146,9 +146,12 @@ class Checkpointer:
         state = self.state
         due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
         due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
-        preempt = self.flag.is_set()
+        preempt, failed = self.flag.is_set(), self.saves.failed_by_now()
         if self.info.world_size > 1:  # one collective: every rank takes the same decision
-            preempt, due_time = distributed.any_rank([preempt, due_time], self.info.device)
+            preempt, due_time, failed = distributed.any_rank([preempt, due_time, failed],
+                                                             self.info.device)
+        if failed:  # the save in flight failed: said now, not at the next save
+            self.settle()
         if preempt:
             self.save("preemption")
             self.settle(say=True)  # committed before any rank leaves
