@@ -90,7 +90,7 @@ def record_bytes(data: dict) -> bytes:
     return (json_text(data, indent=2) + "\n").encode()
 
 
-def _too_deep(data) -> bool:
+def too_deep(data) -> bool:
     """Nested deeper than MAX_DEPTH (walked without recursion)."""
     level = [data]
     for _ in range(MAX_DEPTH):
@@ -110,7 +110,7 @@ def read_json(file: Path):
         data = strict_json(file.read_bytes().decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise CorruptCheckpoint(f"{where} is not readable JSON ({str(error)[:200]})") from None
-    if _too_deep(data):
+    if too_deep(data):
         raise CorruptCheckpoint(f"{where} is nested deeper than {MAX_DEPTH} levels, which "
                                 "no checkpoint file is")
     return data

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint.durable import (SAFETENSORS_METADATA, CorruptCheckpoint, json_bytes,
-                                        read_json, sniff, write_durably)
+                                        read_json, sniff, too_deep, write_durably)
 
 PART_FORMAT = 2
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
@@ -182,6 +182,13 @@ def part_files(name: str, value, put=cpu_copy) -> list[tuple[str, bytes | dict]]
     tensors: dict = {}
     data = json_bytes(dict(format=PART_FORMAT, data=encode(value, tensors, put=put)))
     return [*([(f"{name}.safetensors", tensors)] if tensors else []), (f"{name}.json", data)]
+
+
+def too_deep_to_read(value) -> bool:
+    """Whether the reader (workload.checkpoint.durable.read_json) would refuse a part
+    holding `value` for its nesting: a save checks what it accepts by the reader's own
+    limit."""
+    return too_deep(dict(format=PART_FORMAT, data=encode(value, {})))
 
 
 def as_bytes(files) -> Iterator[tuple[str, bytes]]:
