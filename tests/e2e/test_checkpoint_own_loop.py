@@ -340,3 +340,53 @@ def test_a_stopped_writer_is_named_and_a_preemption_leaves_without_its_save(tmp_
     assert "Traceback" not in text and writer_of(proc.pid) is None
     again = small_loop(run, 9)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.root  # a pids cgroup of its own
+def test_a_writer_that_cannot_start_under_a_pids_limit_saves_synchronously(tmp_path):
+    """The loop is moved into a cgroup whose pids.max is the tasks it has: its writer's
+    fork fails (EAGAIN), as it does on a node whose job reached its pids limit."""
+    logs, run = tmp_path / "logs", tmp_path / "run"
+    logs.mkdir()
+    cgroup = Path("/sys/fs/cgroup/pids") / f"hpc-train-test-{os.getpid()}-{tmp_path.name}"
+    cgroup.mkdir()
+    try:
+        with open(logs / "rank-0.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, str(SMALL_LOOP), str(run), "9",
+                                     "--step-time", str(STEP_S)],
+                                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                    env={**clean_env(), "OMP_NUM_THREADS": "1"})
+        try:
+            wait_for(logs, "resumed at step 0", [proc])
+            (cgroup / "cgroup.procs").write_text(f"{proc.pid}\n")
+            (cgroup / "pids.max").write_text((cgroup / "pids.current").read_text())
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        cgroup.rmdir()
+    text = (logs / "rank-0.log").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    said = [line for line in text.splitlines() if "could not start" in line]
+    assert len(said) == 1 and "the checkpoint writer process could not start (" in said[0] \
+        and "saving synchronously instead" in said[0], text[-3000:]
+    assert [step for step, _ in complete_steps(run / "checkpoints")] == [3, 6, 9]
+    again = small_loop(run, 12)
+    assert again.returncode == 0 and "resumed at step 9" in again.stdout, again.stderr[-3000:]
+
+
+def test_a_save_keeps_a_step_left_off_the_timeline_it_would_replace(tmp_path):
+    """A crash between a save's rename and `latest`: the resume leaves that step's folder
+    where it is ("it is kept"), and the save of the same step later keeps it too."""
+    run = tmp_path / "run"
+    assert small_loop(run, 6).returncode == 0
+    left = run / "checkpoints" / "step-000000006"
+    manifest = (left / "MANIFEST.json").read_bytes()
+    (run / "checkpoints" / "latest").write_text("step-000000003\n")
+    done = small_loop(run, 6)
+    assert done.returncode == 0 and "resumed at step 3" in done.stdout, done.stderr[-3000:]
+    assert "it is kept" in done.stderr
+    [kept] = (run / "checkpoints").glob("step-000000006.abandoned-*")
+    assert (kept / "MANIFEST.json").read_bytes() == manifest and left.is_dir()
+    assert latest_step(run / "checkpoints") == 6

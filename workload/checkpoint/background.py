@@ -48,7 +48,7 @@ from workload.checkpoint import writer
 from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
-from workload.checkpoint.saving import snapshot_bytes
+from workload.checkpoint.saving import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal
 from workload.checkpoint.store import Snapshot, header
@@ -63,8 +63,20 @@ class WriterFailed(UsageError):
     exit status 2, as a full disk)."""
 
 
-class NoStagingRoom(OSError):
-    """No folder has room for the staging buffer; str() is one line."""
+class NoBackground(OSError):
+    """An asynchronous save cannot be made here; str() is one line, and `hint` what would
+    make the saves asynchronous (the saves are synchronous from then on)."""
+    hint = ""
+
+
+class NoStagingRoom(NoBackground):
+    """No folder has room for the staging buffer."""
+    hint = " (a larger /dev/shm, e.g. docker run --shm-size, makes the saves asynchronous)"
+
+
+class NoWriter(NoBackground):
+    """The writer process could not start: a pids limit (fork's EAGAIN), an interpreter
+    that cannot be run again (removed, or on a noexec mount)."""
 
 
 STAGING_FOLDERS = (Path("/dev/shm"), None)  # None: the temporary folder
@@ -156,17 +168,30 @@ class Stage:
 def _tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
+    elif isinstance(value, (dict, list, tuple)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, HOLDERS):
+                yield from _tensors(item)
 
 
 def _starting_thread() -> str:
     """Which thread starts the writer: "main", or "thread" (writer.die_with)."""
     return "main" if threading.current_thread() is threading.main_thread() else "thread"
+
+
+def _start_writer() -> subprocess.Popen:
+    """The writer process, with the signals it ignores blocked until it ignores them;
+    NoWriter when it cannot start."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
+    try:
+        return subprocess.Popen([sys.executable, "-m", writer.__name__, str(os.getpid()),
+                                 _starting_thread()],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    except OSError as error:
+        raise NoWriter(f"the checkpoint writer process could not start ({sys.executable}: "
+                       f"{error.strerror or error})") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class Writer:
@@ -188,14 +213,7 @@ class Writer:
         request.update(root=str(root), tmp=str(tmp), keep=keep,
                        copy_to=None if copy_to is None else str(copy_to))
         if self.proc is None:
-            before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
-            try:
-                self.proc = subprocess.Popen([sys.executable, "-m", writer.__name__,
-                                              str(os.getpid()), _starting_thread()],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             text=True)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            self.proc = _start_writer()
         self.in_flight = snapshot.trainer["step"]
         try:
             self.proc.stdin.write(json.dumps(request, allow_nan=False) + "\n")

@@ -58,8 +58,11 @@ def write_durably(path: Path, data: bytes) -> dict:
     digest, hashing = hashlib.sha256(), None
     if len(data) >= HASH_IN_A_THREAD:
         hashing = threading.Thread(target=digest.update, args=(data,))
-        hashing.start()
-    else:
+        try:
+            hashing.start()
+        except RuntimeError:  # no thread to be had (a pids limit): hashed in place
+            hashing = None
+    if hashing is None:
         digest.update(data)
     try:
         with open(path, "wb") as f:
@@ -90,7 +93,7 @@ def record_bytes(data: dict) -> bytes:
     return (json_text(data, indent=2) + "\n").encode()
 
 
-def too_deep(data) -> bool:
+def _too_deep(data) -> bool:
     """Nested deeper than MAX_DEPTH (walked without recursion)."""
     level = [data]
     for _ in range(MAX_DEPTH):
@@ -110,7 +113,7 @@ def read_json(file: Path):
         data = strict_json(file.read_bytes().decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise CorruptCheckpoint(f"{where} is not readable JSON ({str(error)[:200]})") from None
-    if too_deep(data):
+    if _too_deep(data):
         raise CorruptCheckpoint(f"{where} is nested deeper than {MAX_DEPTH} levels, which "
                                 "no checkpoint file is")
     return data

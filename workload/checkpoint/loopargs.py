@@ -19,6 +19,8 @@ from workload.logs import shown
 
 JSON_VALUES = ("JSON values (dicts with string keys, lists, strings, finite numbers, "
                "booleans, None)")
+# Where a rank's `extra` lies in trainer.json: {"format", "data": {"extras": [extra]}}.
+EXTRA_DEPTH = 3
 # The parts a loop passes, and the methods each must have (a save and a resume call them).
 METHODS = ("state_dict", "load_state_dict")
 
@@ -119,7 +121,7 @@ def json_extra(extra) -> dict:
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is not JSON-able "
                          f"({str(error)[:200]}); pass only {JSON_VALUES}, e.g. "
                          "the epoch and the batch within it") from None
-    if too_deep_to_read({"extras": [value]}):  # as every_rank_extra may keep it
+    if too_deep_to_read(value, EXTRA_DEPTH):
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is nested too deeply for "
                          "a checkpoint to read back; keep it a few levels deep (the epoch, "
                          "the batch within it, a few counters)")

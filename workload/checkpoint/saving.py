@@ -41,15 +41,19 @@ from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-e
                                         PreemptionFlag, request_requeue)
 from workload.logs import logger
 
+# What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
+HOLDERS = (torch.Tensor, dict, list, tuple)
+
+
 def tensor_bytes(value) -> int:
     """The bytes of every tensor in nested dicts and lists."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(v) for v in value)
-    return 0
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 0
+    return sum(tensor_bytes(v) for v in value if isinstance(v, HOLDERS))
 
 
 def snapshot_bytes(snapshot: Snapshot) -> int:
