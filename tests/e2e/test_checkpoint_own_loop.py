@@ -243,6 +243,16 @@ def small_loop(folder: Path, steps: int, *args: str) -> subprocess.CompletedProc
                           env={**clean_env(), "OMP_NUM_THREADS": "1"})
 
 
+def start_small_loop(tmp_path: Path, steps: int, *args: str) -> subprocess.Popen:
+    """The loop in tmp_path/run, its output in tmp_path/logs/rank-0.log."""
+    (tmp_path / "logs").mkdir()
+    with open(tmp_path / "logs" / "rank-0.log", "w") as log:
+        return subprocess.Popen([sys.executable, str(SMALL_LOOP), str(tmp_path / "run"),
+                                 str(steps), "--step-time", str(STEP_S), *args],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env={**clean_env(), "OMP_NUM_THREADS": "1"})
+
+
 def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
@@ -294,12 +304,7 @@ def test_a_loop_that_ends_without_close_commits_its_last_save(tmp_path, end):
 
 def test_a_writer_that_dies_stops_the_loop_at_the_next_step_not_the_next_save(tmp_path):
     logs = tmp_path / "logs"
-    logs.mkdir()
-    with open(logs / "rank-0.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(SMALL_LOOP), str(tmp_path / "run"), "40",
-                                 "--save-every", "12", "--step-time", str(STEP_S)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                env={**clean_env(), "OMP_NUM_THREADS": "1"})
+    proc = start_small_loop(tmp_path, 40, "--save-every", "12")
     try:
         wait_for(logs, "saved step 12", [proc])
         os.kill(wait_for_writer([proc]), signal.SIGKILL)
@@ -316,12 +321,7 @@ def test_a_writer_that_dies_stops_the_loop_at_the_next_step_not_the_next_save(tm
 
 def test_a_stopped_writer_is_named_and_a_preemption_leaves_without_its_save(tmp_path):
     logs, run = tmp_path / "logs", tmp_path / "run"
-    logs.mkdir()
-    with open(logs / "rank-0.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(SMALL_LOOP), str(run), "40",
-                                 "--step-time", str(STEP_S)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                env={**clean_env(), "OMP_NUM_THREADS": "1"})
+    proc = start_small_loop(tmp_path, 40)
     try:
         wait_for(logs, "saved step 3", [proc])
         writer = wait_for_writer([proc])
@@ -347,15 +347,10 @@ def test_a_writer_that_cannot_start_under_a_pids_limit_saves_synchronously(tmp_p
     """The loop is moved into a cgroup whose pids.max is the tasks it has: its writer's
     fork fails (EAGAIN), as it does on a node whose job reached its pids limit."""
     logs, run = tmp_path / "logs", tmp_path / "run"
-    logs.mkdir()
     cgroup = Path("/sys/fs/cgroup/pids") / f"hpc-train-test-{os.getpid()}-{tmp_path.name}"
     cgroup.mkdir()
     try:
-        with open(logs / "rank-0.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, str(SMALL_LOOP), str(run), "9",
-                                     "--step-time", str(STEP_S)],
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                    env={**clean_env(), "OMP_NUM_THREADS": "1"})
+        proc = start_small_loop(tmp_path, 9)
         try:
             wait_for(logs, "resumed at step 0", [proc])
             (cgroup / "cgroup.procs").write_text(f"{proc.pid}\n")
