@@ -68,6 +68,9 @@ def shown(value, limit: int = 60) -> str:
     """`value` (a name or number read from a file) as it can go into one log line: its repr,
     cut at `limit` characters, in ASCII (a NUL, a newline or a lone surrogate escaped: a
     lone surrogate would make the log stream raise)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 (a user's object whose __repr__ fails: named by its type)
+        text = f"<a {type(value).__name__} whose repr() fails>"
     text = text[:limit] + ("..." if len(text) > limit else "")
     return text.encode("ascii", "backslashreplace").decode()

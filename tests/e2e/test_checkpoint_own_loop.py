@@ -53,7 +53,7 @@ def start_command(logs: Path, command: list[str]) -> list:
 
 
 def output(logs: Path) -> str:
-    return "".join((logs / f"rank-{rank}.log").read_text() for rank in (0, 1))
+    return "".join(log.read_text() for log in sorted(logs.glob("rank-*.log")))
 
 
 def finish(procs: list, logs: Path) -> str:
@@ -170,7 +170,10 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
         procs = start_command(tmp_path / logs, [str(FSDP_LOOP), str(out), str(steps)])
         text = finish(procs, tmp_path / logs)
         assert [p.returncode for p in procs] == [0, 0], text[-4000:]
+        extras.append(sorted(re.findall(r"^rank \d resumed with extra .*$", text, re.M)))
         return re.search(r"^started at step (\d+), weights (\w+)$", text, re.M).groups()
+
+    extras = []
 
     started, whole = run(tmp_path / "whole", 9, "whole")
     assert started == "0"
@@ -180,6 +183,8 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
         "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
         "rank-00001.safetensors"]
     assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
+    assert extras[-1] == ["rank 0 resumed with extra {'rank': 0, 'batches': 6}",
+                          "rank 1 resumed with extra {'rank': 1, 'batches': 6}"]  # its own
 
 
 def wait_for_writer(procs: list) -> int:
@@ -225,3 +230,158 @@ def test_a_killed_writer_stops_the_run_and_the_resume_takes_a_committed_checkpoi
     assert committed is not None and committed >= EVERY, text[-3000:]
     text = run_ranks(out, tmp_path / "resumed")
     assert f"resumed from step {committed} " in text and weights(text) == uninterrupted
+
+
+# --- a one-process loop as users edit theirs (tests/helpers/own_loop_small.py) -----------
+
+SMALL_LOOP = TESTS / "helpers" / "own_loop_small.py"
+
+
+def small_loop(folder: Path, steps: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SMALL_LOOP), str(folder), str(steps), *args],
+                          capture_output=True, text=True, timeout=180, cwd=folder.parent,
+                          env={**clean_env(), "OMP_NUM_THREADS": "1"})
+
+
+def start_small_loop(tmp_path: Path, steps: int, *args: str) -> subprocess.Popen:
+    """The loop in tmp_path/run, its output in tmp_path/logs/rank-0.log."""
+    (tmp_path / "logs").mkdir()
+    with open(tmp_path / "logs" / "rank-0.log", "w") as log:
+        return subprocess.Popen([sys.executable, str(SMALL_LOOP), str(tmp_path / "run"),
+                                 str(steps), "--step-time", str(STEP_S), *args],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env={**clean_env(), "OMP_NUM_THREADS": "1"})
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_another_optimizer_or_a_frozen_layer_is_another_loop_and_nothing_moves(tmp_path):
+    run = tmp_path / "run"
+    assert small_loop(run, 6).returncode == 0
+    before = listing(run / "checkpoints")
+    assert before == ["latest", "step-000000003", "step-000000006"]
+    for change, what in ((["--optimizer", "adam"], "its optimizer is 'SGD', this resume "
+                          "passes Adam"),
+                         (["--freeze"], "its optimizer steps [4] parameters (per group), "
+                          "this one [2] (a layer frozen or thawed?)")):
+        done = small_loop(run, 9, *change)
+        assert done.returncode == 1 and "step 1" not in done.stdout, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"{run / 'checkpoints' / 'step-000000006'} belongs to another training loop" \
+            in last and what in last and "(nothing was moved or deleted)" in last, last
+        assert listing(run / "checkpoints") == before
+    again = small_loop(run, 9)
+    assert again.returncode == 0 and "resumed at step 6" in again.stdout, again.stderr[-3000:]
+
+
+def test_a_first_save_over_checkpoints_it_did_not_resume_is_refused(tmp_path):
+    run = tmp_path / "run"
+    assert small_loop(run, 6).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
+    done = small_loop(run, 3, "--no-resume")
+    assert done.returncode == 1 and "saved step" not in done.stdout, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "holds checkpoints (the newest at step 6) and this loop saves before calling " \
+        "resume()" in last and "call ckpt.resume(" in last, last
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before
+
+
+@pytest.mark.parametrize("end", ["none", "end-process"])
+def test_a_loop_that_ends_without_close_commits_its_last_save(tmp_path, end):
+    """The last save is the first: the writer is still starting when the loop ends. A
+    wide layer (about 27 MB of state) keeps it at work a while longer."""
+    run = tmp_path / "run"
+    done = small_loop(run, 3, "--end", end, "--width", "50000")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert latest_step(run / "checkpoints") == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "without close()" in line]
+    assert len(said) == 1 and "waiting for the save of step 3" in said[0], done.stderr
+    assert not list((run / "checkpoints").glob(".tmp-*")) and not (run / "train.lock").exists()
+
+
+def test_a_writer_that_dies_stops_the_loop_at_the_next_step_not_the_next_save(tmp_path):
+    logs = tmp_path / "logs"
+    proc = start_small_loop(tmp_path, 40, "--save-every", "12")
+    try:
+        wait_for(logs, "saved step 12", [proc])
+        os.kill(wait_for_writer([proc]), signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    text = (logs / "rank-0.log").read_text()
+    assert proc.returncode == 1 and "the checkpoint writer process died (killed by signal " \
+        "9)" in text, text[-3000:]
+    last = int(re.findall(r"^step (\d+)$", text, re.M)[-1])
+    assert last < 20, f"noticed at step {last}, the next save is at 24"
+
+
+def test_a_stopped_writer_is_named_and_a_preemption_leaves_without_its_save(tmp_path):
+    logs, run = tmp_path / "logs", tmp_path / "run"
+    proc = start_small_loop(tmp_path, 40)
+    try:
+        wait_for(logs, "saved step 3", [proc])
+        writer = wait_for_writer([proc])
+        os.kill(writer, signal.SIGSTOP)  # stopped, as a debugger or a frozen cgroup does
+        wait_for(logs, f"still waiting for the checkpoint writer (PID {writer}, state T: "
+                 "stopped) to commit step", [proc])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()  # a writer still there dies with it (stopped or not: SIGKILL)
+        proc.wait()
+    text = (logs / "rank-0.log").read_text()
+    assert proc.returncode == 75, text[-3000:]
+    assert re.search(rf"SIGTERM while the checkpoint writer \(PID {writer}, state T: stopped\)"
+                     r" held the save of step (3|6): leaving without it", text), text[-3000:]
+    assert "Traceback" not in text and writer_of(proc.pid) is None
+    again = small_loop(run, 9)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.root  # a pids cgroup of its own
+def test_a_writer_that_cannot_start_under_a_pids_limit_saves_synchronously(tmp_path):
+    """The loop is moved into a cgroup whose pids.max is the tasks it has: its writer's
+    fork fails (EAGAIN), as it does on a node whose job reached its pids limit."""
+    logs, run = tmp_path / "logs", tmp_path / "run"
+    cgroup = Path("/sys/fs/cgroup/pids") / f"hpc-train-test-{os.getpid()}-{tmp_path.name}"
+    cgroup.mkdir()
+    try:
+        proc = start_small_loop(tmp_path, 9)
+        try:
+            wait_for(logs, "resumed at step 0", [proc])
+            (cgroup / "cgroup.procs").write_text(f"{proc.pid}\n")
+            (cgroup / "pids.max").write_text((cgroup / "pids.current").read_text())
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        cgroup.rmdir()
+    text = (logs / "rank-0.log").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    said = [line for line in text.splitlines() if "could not start" in line]
+    assert len(said) == 1 and "the checkpoint writer process could not start (" in said[0] \
+        and "saving synchronously instead" in said[0], text[-3000:]
+    assert [step for step, _ in complete_steps(run / "checkpoints")] == [3, 6, 9]
+    again = small_loop(run, 12)
+    assert again.returncode == 0 and "resumed at step 9" in again.stdout, again.stderr[-3000:]
+
+
+def test_a_save_keeps_a_step_left_off_the_timeline_it_would_replace(tmp_path):
+    """A crash between a save's rename and `latest`: the resume leaves that step's folder
+    where it is ("it is kept"), and the save of the same step later keeps it too."""
+    run = tmp_path / "run"
+    assert small_loop(run, 6).returncode == 0
+    left = run / "checkpoints" / "step-000000006"
+    manifest = (left / "MANIFEST.json").read_bytes()
+    (run / "checkpoints" / "latest").write_text("step-000000003\n")
+    done = small_loop(run, 6)
+    assert done.returncode == 0 and "resumed at step 3" in done.stdout, done.stderr[-3000:]
+    assert "it is kept" in done.stderr
+    [kept] = (run / "checkpoints").glob("step-000000006.abandoned-*")
+    assert (kept / "MANIFEST.json").read_bytes() == manifest and left.is_dir()
+    assert latest_step(run / "checkpoints") == 6

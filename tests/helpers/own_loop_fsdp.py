@@ -3,7 +3,8 @@ tests/e2e/test_checkpoint_own_loop.py):
 
     python tests/helpers/own_loop_fsdp.py FOLDER STEPS
 
-Saves every 3 steps; rank 0 prints the step it started from and a digest of the full
+Saves every 3 steps, each rank with an `extra` of its own; every rank prints the `extra`
+it resumed with, and rank 0 the step it started from and a digest of the full
 parameters at the end."""
 
 import hashlib
@@ -29,13 +30,15 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     ckpt = Checkpoints(sys.argv[1])
     start = ckpt.resume(model=model, optimizer=optimizer)
+    print(f"rank {me.rank} resumed with extra {ckpt.extra}", flush=True)
     for step in range(start, int(sys.argv[2])):
         batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * me.rank + step))
         model(batch).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         if (step + 1) % 3 == 0:
-            ckpt.save(step + 1, model=model, optimizer=optimizer)
+            ckpt.save(step + 1, model=model, optimizer=optimizer,
+                      extra={"rank": me.rank, "batches": step + 1})  # each rank's own
     digest = hashlib.sha256()
     for param in model.parameters():
         digest.update(param.full_tensor().detach().numpy().tobytes())

@@ -234,3 +234,78 @@ def test_leaving_on_an_exception_commits_the_save_in_flight_and_keeps_the_error(
             raise KeyError("the loop's own")
     with Checkpoints(tmp_path) as again:
         assert again.resume(**parts()) == 1
+
+
+def nested(levels: int):
+    value = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+class Unshowable(dict):
+    def __repr__(self):
+        raise RuntimeError("a repr that fails")
+
+
+def test_what_no_resume_could_read_is_refused_at_the_save(ckpt):
+    """The reader's limits (nesting, counts) apply at the save: a save never writes a
+    checkpoint that every resume would move aside as corrupt."""
+    refused(lambda: ckpt.save(1, **parts(), extra={"deep": nested(30)}),
+            "is nested too deeply for a checkpoint to read back")
+    refused(lambda: ckpt.save(2**70, **parts()), "step 1180591620717411303424 is not a "
+            "whole number", "below 2^62")
+    assert not ckpt.root.exists() or not any(ckpt.root.iterdir())
+    ckpt.save(1, **parts(), extra={"deep": nested(20)})
+    assert ckpt.resume(**parts()) == 1 and ckpt.extra == {"deep": nested(20)}
+
+
+@pytest.mark.parametrize("extra", [Unshowable(a=object()), Unshowable(a=float("inf"))])
+def test_extra_whose_repr_fails_is_refused_in_one_line(ckpt, extra):
+    refused(lambda: ckpt.save(1, **parts(), extra=extra),
+            "extra=<a Unshowable whose repr() fails> is not JSON-able")
+
+
+@pytest.mark.parametrize("call", ["save", "resume"])
+@pytest.mark.parametrize("name, value, words", [
+    ("model", object(), "model=<object object at"),
+    ("model", None, "model=None is not a torch.nn.Module"),
+    ("optimizer", "adam", "optimizer='adam' is not a torch optimizer"),
+    ("scheduler", object(), "has no state_dict() and load_state_dict()"),
+    ("scaler", 3, "scaler=3 has no state_dict()"),
+])
+def test_objects_without_a_state_are_refused_in_one_line(ckpt, call, name, value, words):
+    objects = dict(parts(), **{name: value})
+    arguments = (1,) if call == "save" else ()
+    refused(lambda: getattr(ckpt, call)(*arguments, **objects), f"Checkpoints.{call}:",
+            words)
+
+
+def test_a_folder_with_a_newline_is_refused_and_nothing_is_made(tmp_path):
+    refused(lambda: Checkpoints(tmp_path / "run\nx"), "run\\nx", "control character")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_and_torch_whole_numbers_are_steps(ckpt):
+    import numpy as np
+
+    ckpt.save(np.int64(3), **parts())
+    ckpt.save(torch.tensor(4), **parts())
+    assert ckpt.resume(**parts()) == 4
+    assert [step for step, _ in complete_steps(ckpt.root)] == [3, 4]
+    Checkpoints(ckpt.folder.parent / "other", keep=np.int64(2)).close()
+
+
+def test_a_save_before_resume_or_of_an_earlier_step_is_refused(tmp_path):
+    with Checkpoints(tmp_path, async_save=False) as first:
+        first.save(4, **parts())
+        refused(lambda: first.save(2, **parts()), "step 2 is before step 4", "(nothing was "
+                "written)")
+        first.save(4, **parts())  # the same step again: the same timeline
+    with Checkpoints(tmp_path, async_save=False) as second:
+        refused(lambda: second.save(1, **parts()), "holds checkpoints (the newest at step 4)",
+                "call ckpt.resume(")
+        assert second.resume(**parts()) == 4
+        refused(lambda: second.save(3, **parts()), "step 3 is before step 4")
+        second.save(5, **parts())
+    assert [step for step, _ in complete_steps(tmp_path / "checkpoints")] == [4, 5]

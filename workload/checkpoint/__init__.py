@@ -20,6 +20,8 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
                  whether one fits this run
     lock.py      one writer per run folder (train.lock, stale-lock detection)
     loop.py      Checkpoints: the same saves and resumes for a user's own training loop
+    loopargs.py  the checks of what a loop passes to Checkpoints, by the reader's limits,
+                 and each rank's `extra`
     background.py  asynchronous saves: the staging buffer and the requests to the writer
     writer.py    the writer process (torch-free: it starts at once)
     handover.py  the hand-over of a save to the writer and every rank's agreement on its

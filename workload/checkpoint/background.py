@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -46,11 +48,12 @@ from workload.checkpoint import writer
 from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
-from workload.checkpoint.saving import snapshot_bytes
+from workload.checkpoint.saving import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
+from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal
 from workload.checkpoint.store import Snapshot, header
 from workload.errors import UsageError
-from workload.logs import say
+from workload.logs import logger, say
 
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
 
@@ -60,8 +63,20 @@ class WriterFailed(UsageError):
     exit status 2, as a full disk)."""
 
 
-class NoStagingRoom(OSError):
-    """No folder has room for the staging buffer; str() is one line."""
+class NoBackground(OSError):
+    """An asynchronous save cannot be made here; str() is one line, and `hint` what would
+    make the saves asynchronous (the saves are synchronous from then on)."""
+    hint = ""
+
+
+class NoStagingRoom(NoBackground):
+    """No folder has room for the staging buffer."""
+    hint = " (a larger /dev/shm, e.g. docker run --shm-size, makes the saves asynchronous)"
+
+
+class NoWriter(NoBackground):
+    """The writer process could not start: a pids limit (fork's EAGAIN), an interpreter
+    that cannot be run again (removed, or on a noexec mount)."""
 
 
 STAGING_FOLDERS = (Path("/dev/shm"), None)  # None: the temporary folder
@@ -153,17 +168,30 @@ class Stage:
 def _tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
+    elif isinstance(value, (dict, list, tuple)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, HOLDERS):
+                yield from _tensors(item)
 
 
 def _starting_thread() -> str:
     """Which thread starts the writer: "main", or "thread" (writer.die_with)."""
     return "main" if threading.current_thread() is threading.main_thread() else "thread"
+
+
+def _start_writer() -> subprocess.Popen:
+    """The writer process, with the signals it ignores blocked until it ignores them;
+    NoWriter when it cannot start."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
+    try:
+        return subprocess.Popen([sys.executable, "-m", writer.__name__, str(os.getpid()),
+                                 _starting_thread()],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    except OSError as error:
+        raise NoWriter(f"the checkpoint writer process could not start ({sys.executable}: "
+                       f"{error.strerror or error})") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class Writer:
@@ -174,6 +202,7 @@ class Writer:
         self.stage = Stage()
         self.proc: subprocess.Popen | None = None
         self.in_flight: int | None = None  # the step being written
+        self.answer: str | None = None  # the writer's answer to it, read before `wait`
 
     def submit(self, root: Path, tmp: Path, snapshot: Snapshot, keep: int,
                copy_to: Path | None = None) -> None:
@@ -184,20 +213,24 @@ class Writer:
         request.update(root=str(root), tmp=str(tmp), keep=keep,
                        copy_to=None if copy_to is None else str(copy_to))
         if self.proc is None:
-            before = signal.pthread_sigmask(signal.SIG_BLOCK, writer.IGNORED)
-            try:
-                self.proc = subprocess.Popen([sys.executable, "-m", writer.__name__,
-                                              str(os.getpid()), _starting_thread()],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             text=True)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            self.proc = _start_writer()
         self.in_flight = snapshot.trainer["step"]
         try:
             self.proc.stdin.write(json.dumps(request, allow_nan=False) + "\n")
             self.proc.stdin.flush()
         except OSError:  # the writer is gone: wait() says how
             pass
+
+    def failed_by_now(self) -> bool:
+        """Without waiting: whether the save in flight failed or the writer died (`wait`
+        then raises why). An answer that came is kept for `wait`."""
+        if self.proc is None:
+            return False
+        if self.in_flight is None:
+            return self.proc.poll() is not None
+        if self.answer is None and select.select([self.proc.stdout], [], [], 0)[0]:
+            self.answer = self.proc.stdout.readline()  # "" at the end: the writer died
+        return self.answer is not None and "saved" not in json.loads(self.answer or "{}")
 
     def wait(self) -> None:
         """Until the save in flight is committed; DiskFull or WriterFailed if it was not,
@@ -206,7 +239,7 @@ class Writer:
             return
         if self.in_flight is not None:
             step, self.in_flight = self.in_flight, None
-            line = self.proc.stdout.readline()
+            line, self.answer = self.answer or self._answer(step), None
             if not line:
                 self._died(f"while saving step {step}; that checkpoint was not committed")
             reply = json.loads(line)
@@ -217,6 +250,38 @@ class Writer:
                                    f"{reply['error']}")
         if self.proc.poll() is not None:
             self._died("after its last save, which was committed")
+
+    def _answer(self, step: int) -> str:
+        """The writer's answer line ("" when it died), waited for in slices: a writer that
+        takes long is named with its state at 10, 20, 40 ... s, and a preemption signal
+        that comes while it is stopped or hung leaves without this save (exit 75)."""
+        started, say_at, stuck = time.monotonic(), STALL_SAY_S, StallWatch(self.proc.pid)
+        while not select.select([self.proc.stdout], [], [], 1.0)[0]:
+            waited = time.monotonic() - started
+            if waited >= say_at:
+                say_at *= 2
+                logger.warning(f"still waiting for the checkpoint writer ({stuck.named()}) "
+                               f"to commit step {step}, for {waited:.0f} s; a stopped one "
+                               f"goes on after kill -CONT {self.proc.pid}, and a preemption "
+                               "signal leaves without this save while it is stopped or hung")
+            signal_name = preemption_signal()
+            if signal_name and stuck.stuck():
+                self._abandon(step, signal_name, stuck.named())
+        return self.proc.stdout.readline()
+
+    def _abandon(self, step: int, signal_name: str, named: str) -> None:
+        """A preemption while the writer is stopped or hung: it is killed, the save it held
+        is left unfinished (moved aside at the next resume), and the process exits for a
+        requeue, as from a preemption's save (workload.launch.exit_for_requeue)."""
+        from workload.launch.preemption import exit_for_requeue
+
+        self.proc.kill()  # SIGKILL ends a stopped process too
+        self.proc.wait()
+        self.proc, self.in_flight = None, None
+        logger.warning(f"{signal_name} while the checkpoint writer ({named}) held the save "
+                       f"of step {step}: leaving without it; the next run resumes from the "
+                       "newest committed checkpoint")
+        exit_for_requeue(step, signal_name)
 
     def _died(self, when: str) -> None:
         status = self.proc.wait()

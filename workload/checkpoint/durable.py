@@ -59,8 +59,11 @@ def write_durably(path: Path, data: bytes) -> dict:
     digest, hashing = hashlib.sha256(), None
     if len(data) >= HASH_IN_A_THREAD:
         hashing = threading.Thread(target=digest.update, args=(data,))
-        hashing.start()
-    else:
+        try:
+            hashing.start()
+        except RuntimeError:  # no thread to be had (a pids limit): hashed in place
+            hashing = None
+    if hashing is None:
         digest.update(data)
     try:
         with os.fdopen(create_new(path), "wb") as f:  # never through a planted link

@@ -189,8 +189,16 @@ def move_aside(path: Path, why: str) -> Path:
 
 
 def _rename_into_place(tmp: Path, final: Path) -> None:
-    """os.replace cannot replace a non-empty folder: an older save of the same step (the
-    epoch end after a preemption save) is renamed away first, then removed."""
+    """os.replace cannot replace a non-empty folder: an older save of the same step that
+    `latest` names (the last save, such as a preemption's before the epoch end's) is
+    renamed away first, then removed. One `latest` does not name was left off the
+    timeline (a crash between its rename and `latest`) and is kept, as a resume promised:
+    moved aside as abandoned, with a line."""
+    if (final.exists() or final.is_symlink()) and latest_step(final.parent) != \
+            int(final.name.removeprefix("step-")):
+        moved = move_aside(final, "abandoned")
+        logger.warning(f"saving {final.name}: the folder of that name, not on the run's "
+                       f"timeline, moved to {moved.name} (kept, never resumed)")
     if final.exists() or final.is_symlink():
         old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
         os.replace(final, old)

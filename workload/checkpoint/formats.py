@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint.durable import (SAFETENSORS_METADATA, CorruptCheckpoint, json_bytes,
-                                        read_json, sniff, write_durably)
+                                        MAX_DEPTH, read_json, sniff, write_durably)
 
 PART_FORMAT = 2
+_PLAIN = (int, str, bool, type(None))  # JSON as they are (a float may be non-finite)
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__", "__shard__")
 
 
@@ -88,8 +89,10 @@ def encode(value, tensors: dict, key: str = "t", put=cpu_copy):
         return {"__float__": str(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, (list, tuple)):
-        items = [encode(v, tensors, f"{key}.{i}", put) for i, v in enumerate(value)]
+    if isinstance(value, (list, tuple)):  # plain items as they are (fast: a loop's `extra`
+        # may hold millions of numbers)
+        items = [v if type(v) in _PLAIN else encode(v, tensors, f"{key}.{i}", put)
+                 for i, v in enumerate(value)]
         return items if isinstance(value, list) else {"__tuple__": items}
     if isinstance(value, dict):
         plain = all(isinstance(k, str) for k in value) and not set(value) & set(_TAGS)
@@ -105,7 +108,7 @@ def decode(data, tensors: dict):
     """The tree `encode` was given (shards as `Shard`); KeyError/TypeError/ValueError when
     the data does not fit the tensors."""
     if isinstance(data, list):
-        return [decode(v, tensors) for v in data]
+        return [v if type(v) in _PLAIN else decode(v, tensors) for v in data]
     if not isinstance(data, dict):
         return data
     if len(data) == 1 and next(iter(data)) in _TAGS:
@@ -182,6 +185,28 @@ def part_files(name: str, value, put=cpu_copy) -> list[tuple[str, bytes | dict]]
     tensors: dict = {}
     data = json_bytes(dict(format=PART_FORMAT, data=encode(value, tensors, put=put)))
     return [*([(f"{name}.safetensors", tensors)] if tensors else []), (f"{name}.json", data)]
+
+
+def too_deep_to_read(value, depth: int) -> bool:
+    """Whether the reader would refuse a part that holds `value` at `depth` (the part's
+    file is at 0) for its nesting (workload.checkpoint.durable.read_json: nothing at
+    MAX_DEPTH or deeper), nested as `encode` writes it: a dict with a tag among its keys
+    as `{"__items__": [[key, value], ...]}`, a tuple as `{"__tuple__": [...]}`. Walked
+    without recursion and without encoding, and through containers only (a loop's
+    `extra` may hold millions of numbers)."""
+    containers = (dict, list, tuple)
+    pending = [(value, depth)] if isinstance(value, containers) else []
+    while pending:
+        item, at = pending.pop()
+        if isinstance(item, dict):
+            tagged = bool(set(item) & set(_TAGS)) or not all(isinstance(k, str) for k in item)
+            below, children = at + (3 if tagged else 1), list(item.values())
+        else:
+            below, children = at + (1 if isinstance(item, list) else 2), item
+        if children and below >= MAX_DEPTH:
+            return True
+        pending += [(child, below) for child in children if isinstance(child, containers)]
+    return False
 
 
 def as_bytes(files) -> Iterator[tuple[str, bytes]]:

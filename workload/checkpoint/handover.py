@@ -7,15 +7,16 @@ nothing to write (FSDP2's per-rank shards are saved synchronously by the caller)
 the next save, a resume, the end of the run or its exit for a requeue, `settle` waits for
 the save in flight; with a process group every rank then learns (one all-reduce) whether
 it failed, so that all stop at the same point and none waits in a collective for a rank
-that left. Where no folder has room for the staging buffer, rank 0 saves synchronously
-from then on (said once); only rank 0 knows, and the others' steps stay the same.
+that left. Where no folder has room for the staging buffer, or the writer process
+cannot start (a pids limit), rank 0 saves synchronously from then on (said once); only
+rank 0 knows, and the others' steps stay the same.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from workload.checkpoint.background import NoStagingRoom, Writer
+from workload.checkpoint.background import NoBackground, Writer
 from workload.checkpoint.folder import prune, step_name
 from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.saving import commit, start_save
@@ -30,7 +31,7 @@ class AsyncSaves:
     def __init__(self, info, enabled: bool):
         self.info, self.enabled = info, enabled
         self.writer: Writer | None = None
-        self.staging_refused = False  # rank 0: no room for the staging buffer
+        self.staging_refused = False  # rank 0: no staging buffer or no writer process
 
     def hand_over(self, root: Path, snapshot, keep: int, copy_to: Path | None = None
                   ) -> Path:
@@ -52,16 +53,22 @@ class AsyncSaves:
         try:
             self.writer.submit(root, tmp, snapshot, keep, copy_to)
             return True
-        except NoStagingRoom as error:
+        except NoBackground as error:  # said once: every later save is synchronous
             self.staging_refused = True
-            logger.warning(f"{error}: saving synchronously instead (a larger /dev/shm, "
-                           f"e.g. docker run --shm-size, makes the saves asynchronous)")
+            self.writer.stop()
+            self.writer = None
+            logger.warning(f"{error}: saving synchronously instead{error.hint}")
             return False
 
     @property
     def in_flight(self) -> int | None:
         """The step being written (rank 0), None when none is."""
         return self.writer.in_flight if self.writer is not None else None
+
+    def failed_by_now(self) -> bool:
+        """Rank 0, without waiting: whether the save in flight failed (the caller agrees
+        on it with the other ranks and `settle`s, which raises it)."""
+        return self.writer is not None and self.writer.failed_by_now()
 
     def settle(self) -> None:
         """Every rank calls it: wait for the save in flight (rank 0's writer); its failure

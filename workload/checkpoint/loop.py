@@ -16,31 +16,35 @@ only adapts a loop's objects to the state those read and set: a step and no epoc
 batch of train's (the loop keeps its own position in `extra`, saved in trainer.json),
 and a missing scheduler or scaler saved as an empty state.
 
-What a checkpoint records of its loop (its config.json) is which parts were saved and a
-digest of the model's parameter names and shapes: a resume with other parts or another
-model is refused in one line and nothing is moved aside (the files are good; they belong
-to another loop). Importing this module imports no torch; the calls do.
+What a checkpoint records of its loop (its config.json) is which parts were saved, a
+digest of the model's parameter names and shapes, the class of each part and how many
+parameters the optimizer steps: a resume with other parts, another model, another
+optimizer or a layer frozen since is refused in one line naming what differs, and so is
+one whose state does not fit the live objects; nothing is moved aside (the files are
+good; they belong to another loop). A save continues the folder's timeline: a first save
+over checkpoints the loop did not resume, or a step before the last one, is refused.
+Importing this module imports no torch; the calls do.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
-import json
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workload.checkpoint.lock import lock_run_folder
+from workload.checkpoint.loopargs import (check_parts, every_rank_extra, extra_problem,
+                                          folder_path, json_extra, keep_count, make_folder,
+                                          rank_extra, step_count, switch)
 from workload.errors import UsageError
-from workload.files import unwritable_reason
-from workload.logs import shown
+from workload.logs import logger, shown
 
 # How the lock's messages name the folder (train names its --output-dir).
 NAMED = "Checkpoints(folder)"
 WRITER = "workload.checkpoint.Checkpoints"
-JSON_VALUES = ("JSON values (dicts with string keys, lists, strings, finite numbers, "
-               "booleans, None)")
 
 
 class _Absent:
@@ -76,46 +80,51 @@ class Checkpoints:
     creates it, after init_process_group when there is a group; rank 0 takes the folder's
     lock, and a second writer is refused in one line. `async_save`: a save returns once
     the state is copied to host memory and a writer process commits it
-    (workload.checkpoint.background); FSDP2's per-rank shards are saved synchronously."""
+    (workload.checkpoint.background); FSDP2's per-rank shards are saved synchronously.
+    A loop that ends without close() has its save in flight committed at the
+    interpreter's exit (atexit, which workload.launch.end_process runs too)."""
 
     def __init__(self, folder, keep: int = 3, async_save: bool = True):
         from workload.checkpoint.folder import checkpoints_dir
         from workload.distributed import DistInfo
 
-        self.folder, self.keep = _folder(folder), _keep(keep)
-        self.async_save = _switch(async_save)
+        self.folder, self.keep = folder_path(folder), keep_count(keep)
+        self.async_save = switch(async_save)
         self.root, self.info = checkpoints_dir(self.folder), DistInfo.of_group()
         self._saves = _saves(self.info, self.async_save)
         self.extra: dict = {}
+        self._last: int | None = None  # the step of the last resume or save (None: neither)
         if self.info.is_main:
-            _make(self.folder)
+            make_folder(self.folder)
         self._held: ExitStack | None = ExitStack()
         self._held.enter_context(lock_run_folder(self.folder, self.info, NAMED))
+        self._pid = os.getpid()
+        atexit.register(self._at_exit)
 
     def resume(self, model, optimizer, scheduler=None, scaler=None) -> int:
         """Load the newest good checkpoint into these objects (every rank calls it) and
         return its step, the step to start from: 0 when there is none. `self.extra` is
-        then the `extra` saved with it ({} when none)."""
-        from workload.checkpoint.content import check_fits
+        then the `extra` this rank saved with it ({} when none)."""
         from workload.checkpoint.folder import step_name
         from workload.checkpoint.resuming import newest_on_every_rank
         from workload.checkpoint.snapshot import restore
 
         self._open("resume")
+        check_parts("resume", model, optimizer, scheduler, scaler)
         self._settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
-        step, snapshot = newest_on_every_rank(
-            self.root, lambda path: _read(path, current, state), self.info)
+        step, snapshot = newest_on_every_rank(self.root, _read, self.info)
         if step is None:
-            self.extra = {}
+            self.extra, self._last = {}, 0
             return 0
         path = self.root / step_name(step)
-        snapshot = snapshot or _read(path, current, state)
+        snapshot = snapshot or _read(path)
         _same_loop(snapshot.config, current, path)
-        check_fits(snapshot, state, path, schedule_per_step=False)
+        _fits(snapshot, state, path)
         restore(snapshot, state, self.info.rank, self.info.world_size)
-        self.extra = snapshot.trainer.get("extra", {})
+        self.extra = rank_extra(snapshot.trainer, self.info.rank)
+        self._last = state.step
         return state.step
 
     def save(self, step: int, model, optimizer, scheduler=None, scaler=None,
@@ -123,18 +132,22 @@ class Checkpoints:
         """Save the loop's state as of `step` (the optimizer steps done: what resume
         returns); every rank calls it. It returns once the checkpoint is complete on disk,
         or with `async_save` once the state is copied (the save before it committed
-        first). `extra`: JSON data of the loop's own (its position in the data)."""
+        first). `extra`: JSON data of the loop's own (its position in the data); each
+        rank's is kept."""
         from workload.checkpoint.saving import save_checkpoint
         from workload.checkpoint.snapshot import is_sharded, take_snapshot
 
         self._open("save")
-        _check_step(step)
-        extra = _json_extra(extra)
+        step = step_count(step)
+        check_parts("save", model, optimizer, scheduler, scaler)
+        extra = json_extra(extra)
         self._settle()
+        self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
         sharded = is_sharded(model)
         snapshot = take_snapshot(state, _settings(state), self.info.world_size, sharded)
-        snapshot.trainer["extra"] = extra
+        snapshot.trainer.update(every_rank_extra(extra, self.info.world_size))
+        self._last = step
         if self.async_save and not sharded:
             return self._saves.hand_over(self.root, snapshot, self.keep)
         return save_checkpoint(self.root, snapshot, self.keep, self.info.is_main,
@@ -148,24 +161,48 @@ class Checkpoints:
 
     def preempted(self, flag) -> bool:
         """Whether any rank's PreemptionFlag (workload.launch) is set: one all-reduce, so
-        that every rank stops at the same step (every rank calls it)."""
-        mine = flag.is_set()
-        if self.info.world_size == 1:
-            return mine
-        from workload.distributed import any_rank
+        that every rank stops at the same step (every rank calls it). A save in flight that
+        failed meanwhile is raised here, on every rank, in the same all-reduce."""
+        mine, failed = flag.is_set(), self._saves.failed_by_now()
+        if self.info.world_size > 1:
+            from workload.distributed import any_rank
 
-        return any_rank([mine], self.info.device)[0]
+            mine, failed = any_rank([mine, failed], self.info.device)
+        if failed:
+            self._settle()
+        return mine
 
     def close(self) -> None:
         """Wait for the save in flight to be committed (its error raised here), stop the
         writer and release the folder's lock (every rank calls it)."""
         self._release(agree=True)
 
+    def _goes_on(self, step: int) -> None:
+        """A save continues this folder's timeline: a first save over checkpoints the loop
+        did not resume from, or a step before the last one, would start another."""
+        if self._last is None:
+            newest = _newest_saved(self.root, self.info)
+            if newest is not None:
+                raise UsageError(
+                    f"Checkpoints.save: {self.root} holds checkpoints (the newest at step "
+                    f"{newest}) and this loop saves before calling resume(), which would "
+                    "start another timeline over them; call ckpt.resume(model=..., "
+                    "optimizer=...) first and continue from the step it returns, or pass "
+                    f"another {NAMED} (nothing was written)")
+        elif step < self._last:
+            raise UsageError(
+                f"Checkpoints.save: step {step} is before step {self._last}, where this loop "
+                "last resumed or saved; a save of an earlier step would start another "
+                "timeline over the later checkpoints: pass the optimizer steps done so far "
+                f"(they only grow), or pass another {NAMED} to start afresh (nothing was "
+                "written)")
+
     def _release(self, agree: bool) -> None:
         """`agree`: every rank learns whether the save in flight failed (a collective);
         not when leaving on an exception, which another rank may not share."""
         if self._held is None:
             return
+        atexit.unregister(self._at_exit)
         try:
             if agree:
                 self._settle()
@@ -175,6 +212,18 @@ class Checkpoints:
             self._saves.stop()
             self._held.close()
             self._held = None
+
+    def _at_exit(self) -> None:
+        """The interpreter exits and the loop did not close(): the save in flight is
+        committed first (rank 0 alone; no collective: the other ranks may be gone), and the
+        lock released. Not in a forked child (a DataLoader worker), whose parent's it is."""
+        if os.getpid() != self._pid or self._held is None:
+            return
+        step = self._saves.in_flight
+        if step is not None:
+            logger.warning(f"{NAMED} {self.folder}: the loop ended without close(); waiting "
+                           f"for the save of step {step} to be committed")
+        self._release(agree=False)
 
     def _settle(self) -> None:
         """Wait for the save in flight; every rank learns whether it failed."""
@@ -200,85 +249,37 @@ def _saves(info, enabled: bool):
     return AsyncSaves(info, enabled)
 
 
-def _folder(folder) -> Path:
-    if not isinstance(folder, (str, os.PathLike)) or not str(folder):
-        raise UsageError(f"Checkpoints: folder {shown(folder)} is not a path; pass the "
-                         "folder of this run, e.g. Checkpoints('runs/mine')")
-    return Path(folder)
-
-
-def _make(folder: Path) -> None:
-    reason = unwritable_reason(folder, create=True)
-    if reason:
-        raise UsageError(f"Checkpoints: {reason}; pass a folder you can write (it is "
-                         "created when missing), e.g. Checkpoints('runs/mine')")
-
-
-def _switch(value) -> bool:
-    if not isinstance(value, bool):
-        raise UsageError(f"Checkpoints: async_save={shown(value)} is not True or False; "
-                         "pass async_save=False for saves that return once on disk")
-    return value
-
-
-def _keep(keep) -> int:
-    if type(keep) is not int or keep < 1:
-        raise UsageError(f"Checkpoints: keep={shown(keep)} is not a whole number of 1 or "
-                         "more; pass how many of the newest checkpoints to keep, e.g. keep=3")
-    return keep
-
-
-def _check_step(step) -> None:
-    if type(step) is not int or step < 0:
-        raise UsageError(f"Checkpoints.save: step {shown(step)} is not a whole number of 0 "
-                         "or more; pass the optimizer steps done so far (step + 1 after "
-                         "the step with index `step`), the number resume() returns")
-
-
-def _json_extra(extra) -> dict:
-    """`extra` as JSON gives it back (what `ckpt.extra` holds after a resume)."""
-    if extra is None:
-        return {}
-    if not isinstance(extra, dict):
-        raise UsageError(f"Checkpoints.save: extra={shown(extra)} is not a dict; pass a "
-                         f"dict of {JSON_VALUES}, e.g. extra={{'epoch': epoch, 'batch': i}}")
-    try:
-        text = json.dumps(extra, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as error:
-        raise UsageError(f"Checkpoints.save: extra={shown(extra)} is not JSON-able "
-                         f"({error}); pass only {JSON_VALUES}, e.g. the epoch and the batch "
-                         "within it") from None
-    return json.loads(text)
-
-
 # --- what a checkpoint records of its loop ------------------------------------------------
 
 def _settings(state: _LoopState) -> dict:
-    """The parts a save holds and a digest of the model's parameter names and shapes
-    (FSDP2's sharded parameters have their global shapes)."""
+    """The parts a save holds, a digest of the model's parameter names and shapes (FSDP2's
+    sharded parameters have their global shapes), the class of each part and how many
+    parameters each of the optimizer's groups steps (a frozen layer's are not)."""
     from workload.distributed import unwrap
 
     live = unwrap(state.model).state_dict()
     shapes = ";".join(f"{name}:{list(tensor.shape)}" for name, tensor in live.items())
-    parts = ["model", "optimizer"] + [name for name, part in
-                                      (("scheduler", state.schedule), ("scaler", state.scaler))
-                                      if not isinstance(part, _Absent)]
-    return {"written_by": WRITER, "parts": parts,
-            "model": hashlib.sha256(shapes.encode()).hexdigest()[:16], "tensors": len(live)}
+    present = [(name, part) for name, part in (("optimizer", state.optimizer),
+                                               ("scheduler", state.schedule),
+                                               ("scaler", state.scaler))
+               if not isinstance(part, _Absent)]
+    return {"written_by": WRITER, "parts": ["model"] + [name for name, _ in present],
+            "model": hashlib.sha256(shapes.encode()).hexdigest()[:16], "tensors": len(live),
+            "classes": {name: type(part).__name__ for name, part in present},
+            "optimized": [len(group["params"]) for group in state.optimizer.param_groups]}
 
 
-def _read(path: Path, current: dict, state: _LoopState):
-    """One checkpoint, verified; when it is this loop's, it must fit the live objects
-    (CorruptCheckpoint: moved aside, the one before is tried)."""
-    from workload.checkpoint.content import check_fits
+def _read(path: Path):
+    """One checkpoint, verified, its files read and checked (CorruptCheckpoint: moved
+    aside, the one before is tried). Whether it fits the live objects is decided after,
+    on every rank: one of this loop that does not is another loop's, never moved."""
     from workload.checkpoint.durable import CorruptCheckpoint
     from workload.checkpoint.snapshot import read_checkpoint
 
     snapshot = read_checkpoint(path)
-    if not isinstance(snapshot.trainer.get("extra", {}), dict):
-        raise CorruptCheckpoint(f"{path.name}/trainer.json: `extra` is not a dictionary")
-    if not _differences(snapshot.config, current):
-        check_fits(snapshot, state, path, schedule_per_step=False)
+    problem = extra_problem(snapshot.trainer)
+    if problem:
+        raise CorruptCheckpoint(f"{path.name}/trainer.json: {problem}")
     return snapshot
 
 
@@ -292,6 +293,13 @@ def _differences(saved: dict, current: dict) -> list[str]:
     if (saved.get("model"), saved.get("tensors")) != (current["model"], current["tensors"]):
         found.append(f"its model's {shown(saved.get('tensors'))} tensors have other names "
                      f"or shapes than this model's {current['tensors']}")
+    classes = saved.get("classes") if isinstance(saved.get("classes"), dict) else {}
+    for name, kind in current["classes"].items():  # a checkpoint of before: not recorded
+        if name in classes and classes[name] != kind:
+            found.append(f"its {name} is {shown(classes[name])}, this resume passes {kind}")
+    if saved.get("optimized", current["optimized"]) != current["optimized"]:
+        found.append(f"its optimizer steps {shown(saved['optimized'])} parameters (per "
+                     f"group), this one {current['optimized']} (a layer frozen or thawed?)")
     return found
 
 
@@ -301,3 +309,27 @@ def _same_loop(saved: dict, current: dict, path: Path) -> None:
         raise UsageError(f"{path} belongs to another training loop ({'; '.join(found)}); "
                          "resume with the model and parts it was saved with, or pass another "
                          f"{NAMED} (nothing was moved or deleted)")
+
+
+def _fits(snapshot, state: _LoopState, path: Path) -> None:
+    """Every tensor, number and switch of the checkpoint against the live objects: one of
+    this loop that does not fit them is refused like another loop's, nothing moved."""
+    from workload.checkpoint.content import check_fits
+    from workload.checkpoint.durable import CorruptCheckpoint
+
+    try:
+        check_fits(snapshot, state, path, schedule_per_step=False)
+    except CorruptCheckpoint as error:
+        raise UsageError(f"{path} does not fit this loop's objects ({error}); resume with "
+                         "the model, optimizer and parts it was saved with, or pass another "
+                         f"{NAMED} (nothing was moved or deleted)") from None
+
+
+def _newest_saved(root: Path, info) -> int | None:
+    """Rank 0's newest complete checkpoint in `root`, on every rank (None: none)."""
+    from workload.checkpoint.folder import complete_steps
+    from workload.distributed import main_rank_numbers
+
+    steps = complete_steps(root) if info.is_main else []
+    found, newest = main_rank_numbers([bool(steps), steps[-1][0] if steps else 0], info)
+    return newest if found else None

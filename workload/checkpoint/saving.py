@@ -41,15 +41,19 @@ from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-e
                                         PreemptionFlag, request_requeue)
 from workload.logs import logger
 
+# What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
+HOLDERS = (torch.Tensor, dict, list, tuple)
+
+
 def tensor_bytes(value) -> int:
     """The bytes of every tensor in nested dicts and lists."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(v) for v in value)
-    return 0
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 0
+    return sum(tensor_bytes(v) for v in value if isinstance(v, HOLDERS))
 
 
 def snapshot_bytes(snapshot: Snapshot) -> int:
@@ -146,9 +150,12 @@ class Checkpointer:
         state = self.state
         due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
         due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
-        preempt = self.flag.is_set()
+        preempt, failed = self.flag.is_set(), self.saves.failed_by_now()
         if self.info.world_size > 1:  # one collective: every rank takes the same decision
-            preempt, due_time = distributed.any_rank([preempt, due_time], self.info.device)
+            preempt, due_time, failed = distributed.any_rank([preempt, due_time, failed],
+                                                             self.info.device)
+        if failed:  # the save in flight failed: said now, not at the next save
+            self.settle()
         if preempt:
             self.save("preemption")
             self.settle(say=True)  # committed before any rank leaves

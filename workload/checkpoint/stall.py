@@ -1,0 +1,74 @@
+"""A background writer that does not answer (workload.checkpoint.background): how it is
+named while the loop waits, whether it is stuck, and whether a preemption came meanwhile.
+Torch-free.
+
+The loop waits for the writer in slices of a second, so that it can say what the writer
+is doing (its state, from /proc/PID/stat: stopped by SIGSTOP or a debugger, waiting for a
+disk, sleeping) and act on a preemption signal, which only sets a flag
+(workload.launch.preemption) and is otherwise never looked at while the loop waits. A
+stopped writer, or one that used no CPU time for HUNG_S seconds after the signal (a hung
+file system), will not commit the save within a grace time: the loop leaves without it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+# The first line about a writer that has not answered, then at twice the time each.
+STALL_SAY_S = 10.0
+# After a preemption signal: a writer that used no CPU time for this long is hung.
+HUNG_S = 10.0
+STATES = {"R": "running", "S": "sleeping", "D": "waiting for a disk (uninterruptible)",
+          "T": "stopped", "t": "stopped by a debugger", "Z": "ended, not yet reaped"}
+# The signals a PreemptionFlag may hold (workload.launch.preemption's choices).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT,
+                      signal.SIGHUP)
+
+
+class StallWatch:
+    """The writer process `pid`, as the loop waits for it."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.cpu: int | None = None  # its CPU time (clock ticks) when last seen to change
+        self.since = time.monotonic()
+
+    def _stat(self) -> tuple[str, int] | None:
+        """Its state letter and CPU time (user + system clock ticks); None when gone."""
+        try:
+            text = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = text.rsplit(")", 1)[1].split()  # the name in brackets may hold spaces
+        return fields[0], int(fields[11]) + int(fields[12])
+
+    def named(self) -> str:
+        stat = self._stat()
+        if stat is None:
+            return f"PID {self.pid}, gone"
+        return f"PID {self.pid}, state {stat[0]}: {STATES.get(stat[0], 'unknown')}"
+
+    def stuck(self) -> bool:
+        """Stopped, or no CPU time used for HUNG_S seconds since it was first asked."""
+        stat = self._stat()
+        if stat is None:
+            return False  # gone: its answer (the end of its output) is there to read
+        state, cpu = stat
+        now = time.monotonic()
+        if cpu != self.cpu:
+            self.cpu, self.since = cpu, now
+        return state in "Tt" or now - self.since >= HUNG_S
+
+
+def preemption_signal() -> str | None:
+    """The signal a PreemptionFlag of this process recorded, None when none did. The flag
+    is found through the handler it installed (its bound method), so that any loop's
+    flag counts, train's and a user's alike."""
+    for number in PREEMPTION_SIGNALS:
+        name = getattr(getattr(signal.getsignal(number), "__self__", None), "signal_name",
+                       None)
+        if isinstance(name, str):
+            return name
+    return None
