@@ -13,12 +13,14 @@ import pytest
 from workload.bench import first_step, kit, levers
 
 OOM = "CUDA error: an illegal memory access was encountered"
-RATES = {"reference": 100.0, "defaults": 300.0, "compile-blocks": 450.0}
+RATES = {"reference": 100.0, "defaults": 300.0, "compile-blocks": 450.0,
+         "max-autotune": 500.0}
 
 
 def fake_measure(rows, args, cfg, info, meter=None) -> list[dict]:
     """wrn: the reference 100 images/s, defaults 300, per-block compile 450 after 20 s of
-    compile; the whole-model compile fails to build. resnet18: the process fails."""
+    compile, max-autotune 500 (its exact resume untested), the others 200; the
+    whole-model compile fails to build. resnet18: the process fails."""
     if args["model"] == "resnet18":
         raise RuntimeError(OOM)
     found = []
@@ -90,11 +92,12 @@ def test_a_failed_part_and_row_are_named_and_the_other_rows_kept(saved):
     assert final["profile"] is None and final["parts_done"] == final["parts"]
 
 
-def test_bench_chooses_the_fastest_measured_config_and_says_why(saved):
+def test_bench_chooses_the_fastest_config_with_a_tested_exact_resume_and_says_why(saved):
     choice = saved[-1]["bench"]["choice"]["wrn"]
     assert choice["config"] == "compile-blocks" and choice["vs_defaults"] == 1.5
     assert choice["why"] == ("the fastest measured, 450 images/s, 1.50x train's defaults, "
-                             "for 20 s of compile at the start")
+                             "for 20 s of compile at the start; faster but without a tested "
+                             "exact resume: max-autotune")
 
 
 def test_the_result_says_what_data_was_measured(saved):

@@ -70,13 +70,6 @@ def bench_args(device: str, size: dict, model: str) -> dict:
                 **size["models"][model])
 
 
-def mfu(result: dict, device) -> float | None:
-    """Model FLOPs utilisation: achieved TFLOP/s over the GPU's dense bf16 peak; None on a
-    CPU or a GPU without a known peak."""
-    peak = peak_tflops(device, "bf16")
-    return None if peak is None else result["achieved_tflops"] / peak[1]
-
-
 def facts() -> dict:
     """The device and the versions the figures depend on (CUDA, cuDNN and NCCL among them)."""
     found = fingerprint()

@@ -9,14 +9,14 @@ check, staging, the datasets), the model (built, wrapped, its optimizer), the re
 cuDNN's autotuning (`cudnn autotune`: in benchmark mode on CUDA, one forward and backward
 at the run's batch shape before the first step, so the time cuDNN spends choosing its
 algorithms is its own phase; a moment where nothing is tuned: the CPU,
---no-cudnn-benchmark, FSDP), and the first step (the loader's workers, the first collectives), with the compilers'
-share of it split out as `compile` (torch.compile's own timers). Each rank
+--no-cudnn-benchmark, FSDP), and the first step (the loader's workers, the first collectives), with
+the compilers' share of it split out as `compile` (torch.compile's own timers). Each rank
 writes its marks as they happen to `diagnostics/startup-rank-N.json` once the run folder
-exists (a requeued job's from the start), so a job that never reached its first step
-still says which phase it was in. After the first step the
-ranks exchange their phases in one small all-gather; rank 0 logs them with the slowest
-rank of each, keeps them in summary.json (`startup`), and names a phase that took far
-longer than in the run's previous job.
+exists (a requeued job's from the start), so a job that never reached its first step still
+says which phase it was in. After the first step the ranks exchange their phases in one
+small all-gather; rank 0 logs them with the slowest rank of each, keeps them in
+summary.json (`startup`), and names a phase that took far longer than in the run's
+previous job.
 """
 
 from __future__ import annotations
