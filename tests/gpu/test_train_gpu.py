@@ -86,6 +86,7 @@ def deterministic_train(args: list[str], out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.timeout(420)  # compiled: two jobs, each with Inductor's compile
 @pytest.mark.parametrize("compiled", [[], ["--compile", "--compile-scope", "blocks"]],
                          ids=["eager", "compiled-blocks"])
 def test_a_cuda_run_resumes_exactly_from_a_mid_epoch_checkpoint(cuda, tmp_path, compiled):
