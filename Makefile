@@ -11,7 +11,9 @@
 #   make gpu-wheels    # here, with network: the wheels it installs, into .gpu-wheels/
 #   make gpu-check     # there: install without network, GPU tests, benchmarks, report
 #                      # (PART=tests|bench for halves, DEVICE=cpu as CI runs it (the quick
-#                      #  sizes), GPU_CHECK_OUT=DIR for the report folder, DEADLINE=SECONDS
+#                      #  sizes), GPU_CHECK_OUT=DIR for the report folder,
+#                      #  BENCH_SKIP=max-autotune to leave benchmark rows or parts out,
+#                      #  DEADLINE=SECONDS
 #                      #  for the whole run, 540 unless told, 0 for none)
 
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
@@ -82,7 +84,8 @@ test: system-deps check
 
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --device $(DEVICE) --part $(PART) --out $(GPU_CHECK_OUT) \
-		--wheels $(GPU_WHEELS) --deadline $(DEADLINE) $(if $(filter 1 yes true,$(QUICK)),--quick)
+		--wheels $(GPU_WHEELS) --deadline $(DEADLINE) $(if $(filter 1 yes true,$(QUICK)),--quick) \
+		$(if $(BENCH_SKIP),--skip $(BENCH_SKIP))
 
 # A stamp per wheel list: the wheels are built again only when the list changes.
 gpu-wheels: $(GPU_WHEELS)/.built

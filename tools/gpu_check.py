@@ -52,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (the CPU form in CI); --device cpu implies it")
     p.add_argument("--part", default="all", choices=("all", "tests", "bench"))
+    p.add_argument("--skip", default="", help="the benchmark's configs or parts to leave out "
+                                              "(python -m workload.bench.kit --help)")
     p.add_argument("--out", default="runs/gpu-check", help="report folder")
     p.add_argument("--wheels", default=str(REPO / ".gpu-wheels"),
                    help="folder holding the wheels of requirements/gpu-wheels.txt")
@@ -156,7 +158,8 @@ def tests_record(finished: Finished, why_limit: str, out: Path) -> dict:
 
 def bench_command(args: argparse.Namespace, out: Path) -> list[str]:
     return [sys.executable, "-m", "workload.bench.kit", "--device", args.device,
-            "--json", str(out / "bench.json"), *(["--quick"] if args.quick else [])]
+            "--json", str(out / "bench.json"), *(["--quick"] if args.quick else []),
+            *(["--skip", args.skip] if args.skip else [])]
 
 
 def bench_record(finished: Finished, why_limit: str, out: Path) -> dict:
@@ -167,9 +170,11 @@ def bench_record(finished: Finished, why_limit: str, out: Path) -> dict:
         measured = json.loads((out / "bench.json").read_text()).get("bench") or {}
     except (OSError, ValueError):
         measured = {}
-    record.update(rows=measured.get("rows", []), profile=measured.get("profile"),
+    record.update(rows=measured.get("rows", []), choice=measured.get("choice", {}),
+                  first_step=measured.get("first_step"), profile=measured.get("profile"),
                   errors=measured.get("errors", []), sizes=measured.get("sizes"),
-                  data=measured.get("data"))
+                  data=measured.get("data"), parts=measured.get("parts", []),
+                  parts_done=measured.get("parts_done", []))
     return record
 
 

@@ -152,23 +152,64 @@ def tests_lines(record: dict) -> list[str]:
 def bench_lines(record: dict) -> list[str]:
     lines = data_lines(record["data"]) if record.get("data") else []
     if rows := record.get("rows"):
-        lines += ["| model | batch | reference images/s | reference precision | reference MFU "
-                  "| train images/s | train precision | ratio | MFU |",
-                  "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |"]
-        lines += [f"| {r['model']} | {r['batch_size']} | {r['reference_images_per_second']:,.1f}"
-                  f" | {r['reference_precision']} | {percent(r['reference_mfu'])} "
-                  f"| {r['images_per_second']:,.1f} | {r['precision']} | {r['ratio']:.2f} "
-                  f"| {percent(r['mfu'])} |" for r in rows]
-        lines += ["", "MFU: achieved TFLOP/s over the GPU's dense bf16 datasheet peak.", ""]
+        lines += rows_lines(rows, record.get("choice") or {})
     measured = {r["model"] for r in rows or []} | {e["part"] for e in record.get("errors", [])}
     missing = [m for m in (record.get("sizes") or {}).get("models", {}) if m not in measured]
     lines += [f"- failed: {e['part']}: {e['error']}" for e in record.get("errors", [])]
     lines += [f"- not measured: {m}" for m in missing]
+    lines += [f"- not reached: {part}" for part in record.get("parts", [])
+              if part not in record.get("parts_done", []) and part not in missing]
+    if record.get("first_step"):
+        lines += ([""] if lines and lines[-1] else []) + first_step_lines(record["first_step"])
     if record.get("profile"):
         lines += ([""] if lines and lines[-1] else []) + profile_lines(record["profile"])
     elif record.get("status") != "not run":
         lines += ["- profile: not measured", ""]
     return lines
+
+
+def rows_lines(rows: list[dict], choice: dict) -> list[str]:
+    """One line per model and config: its figures, or why it has none."""
+    lines = ["| model | config | images/s | x reference | MFU | precision | J/image "
+             "| compile s | step GiB |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        if r["status"] != "measured":
+            lines.append(f"| {r['model']} | {r['config']} | {r['status']}: {r['reason']} "
+                         "| | | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['config']} | {r['images_per_second']:,.1f} "
+                     f"| {number(r['ratio'], '.2f')} | {percent(r['mfu'])} | {r['precision']} "
+                     f"| {number(r['energy_j_per_image'], '.4f')} | {number(r['compile_s'], '.1f')}"
+                     f" | {number(r['peak_step_memory_gib'], '.2f')} |")
+    lines += ["", "MFU: achieved TFLOP/s over the GPU's dense bf16 datasheet peak. J/image: "
+              "the GPU board's energy counter (NVML) over the timed steps. step GiB: the "
+              "step's peak memory above what the process held before it.", ""]
+    lines += [f"- bench would choose for {model}: {c['config']} ({c['why']})"
+              for model, c in choice.items()]
+    return lines + [""]
+
+
+def first_step_lines(part: dict) -> list[str]:
+    """The starts of train (cold, warm, cuDNN's settings): each phase in seconds."""
+    starts = part.get("starts", [])
+    phases = list(dict.fromkeys(name for s in starts for name in s.get("phases_s") or {}))
+    lines = ["### The first step, taken apart (`train` started as a new process each)", "",
+             "| start | " + " | ".join(phases) + " | to first step | images/s after |",
+             "| --- |" + " ---: |" * (len(phases) + 2)]
+    for s in starts:
+        if s["status"] != "measured":
+            lines.append(f"| {s['name']} | {s['status']}: {s['reason']} |")
+            continue
+        cells = [number(s["phases_s"].get(name), ".2f") for name in phases]
+        lines.append(f"| {s['name']} | " + " | ".join(cells) + f" | "
+                     f"{number(s['to_first_step_s'], '.2f')} | "
+                     f"{number(s['images_per_second'], ',.1f')} |")
+    return lines + ["", f"Command: `{' '.join(part.get('command', []))}`", ""]
+
+
+def number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def data_lines(data: dict) -> list[str]:

@@ -32,18 +32,60 @@ def switches_kept():
     """The TF32 and cuDNN switches (configure_tf32, configure_cudnn) put back as they were
     afterwards: a program that runs a command in its own process keeps its own."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.benchmark)
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit)
     try:
         yield
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.benchmark) = saved
+         torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit) = saved
 
 
-def configure_cudnn(device: torch.device) -> None:
-    """cuDNN benchmark mode on CUDA: the input shape is fixed for a whole run, so timing the
-    convolution algorithms once on the first step pays back on every later one."""
-    torch.backends.cudnn.benchmark = device.type == "cuda"
+def configure_cudnn(device: torch.device, benchmark: bool = True, limit: int = 10) -> None:
+    """cuDNN benchmark mode on CUDA (unless --no-cudnn-benchmark): the input shape is fixed
+    for a whole run, so timing the convolution algorithms once before the first step pays
+    back on every later one. `limit`: how many algorithms it tries per convolution (torch's
+    default 10; 0 = every one), which bounds how long that timing takes."""
+    torch.backends.cudnn.benchmark = benchmark and device.type == "cuda"
+    torch.backends.cudnn.benchmark_limit = limit
+
+
+def autotune_convolutions(model: torch.nn.Module, images: tuple[int, ...], channels_last: bool,
+                          precision: str, device: torch.device) -> bool:
+    """Let cuDNN time its algorithms before the first step, so that the start-up shows it
+    as a phase of its own: one step of `model` undone (one_step_undone) at the run's batch
+    shape, memory format and autocast. cuDNN keys what it found by shape, type and layout,
+    so the first step's convolutions find it. Whether it ran: only on CUDA in benchmark
+    mode (elsewhere nothing is tuned)."""
+    if device.type != "cuda" or not torch.backends.cudnn.benchmark:
+        return False
+    one_step_undone(model, images, channels_last, precision, device)
+    torch.cuda.synchronize(device)
+    return True
+
+
+def one_step_undone(model: torch.nn.Module, images: tuple[int, ...], channels_last: bool,
+                    precision: str, device: torch.device) -> None:
+    """A forward and backward of `model` (eager, whatever is compiled in it) on random
+    images in training mode, then the model as it was: its buffers (BatchNorm's
+    statistics), no gradients, its mode, and the random states, so a run and its resume
+    train the same with it or without it."""
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    was_training = model.training
+    model.train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.compiler.set_stance("force_eager"):
+        batch = torch.randn(images, device=device)
+        if channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        with autocast(precision, device):
+            out = model(batch)
+        out.float().sum().backward()
+    with torch.no_grad():
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+    for parameter in model.parameters():
+        parameter.grad = None
+    model.train(was_training)
 
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

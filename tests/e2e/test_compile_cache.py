@@ -6,7 +6,9 @@ compilers' own lands in the run folder but that one file. The jobs run as subpro
 (`python -m workload.train`), as a job script starts them: a cold job of four steps, then
 one on "another node" that resumes from its step-2 checkpoint (`--resume PATH`) and
 compiles from the file, so that both end at step 4 and one cold compilation serves both
-the first job's test and the reference (each takes about a minute of CPU here).
+the first job's test and the reference (each takes about a minute of CPU here). Both
+with the whole model compiled and with each residual block compiled on its own
+(`--compile-scope blocks`): either keeps exact resume.
 """
 
 from __future__ import annotations
@@ -45,17 +47,20 @@ def finish(proc, top: Path, name: str, out: Path) -> tuple[dict, str]:
     return json.loads((out / "summary.json").read_text()), text
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
+@pytest.fixture(scope="module", params=["model", "blocks"])
+def jobs(request, tmp_path_factory):
     """The cold job (home: an empty folder), then the warm one on "another node", with HOME
-    unset, from the cold job's step-2 checkpoint to the same step 4."""
+    unset, from the cold job's step-2 checkpoint to the same step 4; the whole model
+    compiled, or each residual block (--compile-scope blocks, the regions in which
+    Inductor fuses BatchNorm, ReLU and the residual add)."""
     top = tmp_path_factory.mktemp("compile")
     home = top / "home"
     home.mkdir()
-    ran = {"first": finish(start(top / "run", top, "first", "--max-steps", "4", home=home),
-                           top, "first", top / "run")}
+    scope = ["--compile-scope", request.param]
+    ran = {"first": finish(start(top / "run", top, "first", "--max-steps", "4", *scope,
+                                 home=home), top, "first", top / "run")}
     middle = top / "run" / "checkpoints" / "step-000000002"
-    ran["second"] = finish(start(top / "run", top, "second", "--max-steps", "4",
+    ran["second"] = finish(start(top / "run", top, "second", "--max-steps", "4", *scope,
                                  "--resume", str(middle)), top, "second", top / "run")
     return top, ran
 

@@ -1,8 +1,9 @@
 """The GPU check in its CPU form, exactly as CI runs it: `make gpu-check DEVICE=cpu
 GPU_CHECK_OUT=DIR` (the quick sizes) installs the package and the carried wheels without
-network, runs the GPU tier (its CUDA tests skip here), the benchmark comparison with its
-MFU arithmetic and the profiler summary at tiny sizes, and writes the report whose shape
-is checked here.
+network, runs the GPU tier (its CUDA tests skip here), the benchmark's rows (one per model
+and speed lever: the compiled ones say why they do not run here) with their MFU
+arithmetic, the first step taken apart (train started cold and warm), the profiler
+summary at tiny sizes, and writes the report whose shape is checked here.
 (`make gpu-wheels` first: it builds the carried wheels once, here, where pip can fetch.)"""
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from tests.helpers import REPO, clean_env
 
 pytestmark = pytest.mark.slow
 
-ROW_KEYS = {"model", "batch_size", "reference_images_per_second", "images_per_second",
-            "ratio", "mfu"}
-
+ROW_KEYS = {"model", "config", "batch_size", "status", "reason", "images_per_second", "ratio",
+            "mfu", "precision", "energy_j_per_image", "energy_note", "compile_s",
+            "peak_step_memory_gib"}
+CONFIGS = ["reference", "defaults", "compile", "cudagraphs", "compile-blocks", "max-autotune"]
 
 def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
     # The Python running this suite is the one with torch: first on PATH for make.
@@ -53,14 +55,52 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
     assert all("CUDA is absent" in skip["reason"] for skip in tests["skips"])
     assert report["bench"]["errors"] == [] and report["bench"]["data"]["kind"] == "synthetic"
     rows = report["bench"]["rows"]
-    assert [row["model"] for row in rows] == ["wrn", "resnet18"]
+    # Side by side per model; max-autotune (the least known compile time) last, apart.
+    assert [(r["model"], r["config"]) for r in rows] == [
+        (model, config) for model in ("wrn", "resnet18") for config in CONFIGS[:-1]] + [
+        ("wrn", "max-autotune"), ("resnet18", "max-autotune")]
+    assert report["bench"]["parts_done"] == report["bench"]["parts"]
     for row in rows:
-        assert ROW_KEYS <= row.keys()
-        assert row["images_per_second"] > 0 and row["reference_images_per_second"] > 0
-        assert row["ratio"] == pytest.approx(
-            row["images_per_second"] / row["reference_images_per_second"])
-        assert row["mfu"] is None  # no bf16 peak for a CPU
+        if row["config"] in ("reference", "defaults"):  # measured on the CPU too
+            assert ROW_KEYS <= row.keys() and row["status"] == "measured", row
+            assert row["images_per_second"] > 0 and row["reason"] is None
+            assert row["mfu"] is None  # no bf16 peak for a CPU
+            # No GPU board counter here: no J/image, and the reason why.
+            assert row["energy_j_per_image"] is None and "CPU" in row["energy_note"]
+        else:  # the compiled rows say why they do not run in the CPU form
+            assert row["status"] == "not run" and "images_per_second" not in row, row
+            words = "CUDA graphs need a GPU" if row["config"] == "cudagraphs" else \
+                "not run in the CPU form"
+            assert words in row["reason"], row
+    for model in ("wrn", "resnet18"):
+        mine = {r["config"]: r for r in rows if r["model"] == model}
+        reference, defaults = mine["reference"], mine["defaults"]
+        assert defaults["ratio"] == pytest.approx(
+            defaults["images_per_second"] / reference["images_per_second"])
+        chosen = report["bench"]["choice"][model]
+        assert chosen["config"] == "defaults" and "the fastest measured" in chosen["why"]
 
+
+def test_the_report_takes_the_first_step_apart_cold_warm_and_under_cudnn_settings(report_dir):
+    """train started cold and warm as new processes, its start-up phases with cuDNN's
+    autotuning among them; the cuDNN variants say they do not apply on the CPU."""
+    part = json.loads((report_dir / "gpu-check.json").read_text())["bench"]["first_step"]
+    starts = {start["name"]: start for start in part["starts"]}
+    assert list(starts) == ["cold", "warm", "benchmark-limit-1", "benchmark-limit-0",
+                            "benchmark-off"]
+    for name in ("cold", "warm"):
+        start = starts[name]
+        assert start["status"] == "measured", start
+        assert list(start["phases_s"]) == ["imports", "process group", "data", "model",
+                                           "resume", "cudnn autotune", "first step"]
+        assert sum(start["phases_s"].values()) == pytest.approx(start["to_first_step_s"])
+        assert start["images_per_second"] > 0
+    for name in ("benchmark-limit-1", "benchmark-limit-0", "benchmark-off"):
+        assert starts[name]["status"] == "not run"
+        assert "does not apply on the CPU" in starts[name]["reason"]
+    markdown = (report_dir / "gpu-check.md").read_text()
+    assert "### The first step, taken apart" in markdown and "| cudnn autotune |" in markdown
+    assert "| warm | " in markdown
 
 def test_the_report_says_where_a_train_step_spends_its_time(report_dir):
     profile = json.loads((report_dir / "gpu-check.json").read_text())["bench"]["profile"]
@@ -70,7 +110,9 @@ def test_the_report_says_where_a_train_step_spends_its_time(report_dir):
     assert phases["forward"]["ms"] > 0 and phases["backward"]["ms"] > 0
     assert profile["top"] and profile["host_syncs"]["total"] >= 0
     markdown = (report_dir / "gpu-check.md").read_text()
-    for words in ("## Tests (`pytest -m gpu tests/gpu`): passed", "| wrn |", "| resnet18 |",
-                  "| backward |", "top operators", "CIFAR-100-shaped"):
+    for words in ("## Tests (`pytest -m gpu tests/gpu`): passed", "| wrn | defaults |",
+                  "| resnet18 | cudagraphs | not run: CUDA graphs need a GPU",
+                  "bench would choose for wrn: defaults", "| backward |", "top operators",
+                  "CIFAR-100-shaped"):
         assert words in markdown
 

@@ -36,6 +36,8 @@ def parse(argv: list[str]) -> dict:
     (["--channels-last"], "hardware", "channels_last", True),
     (["--no-channels-last"], "hardware", "channels_last", False),
     (["--compile"], "hardware", "compile", True),
+    (["--compile", "--compile-scope", "blocks"], "hardware", "compile_scope", "blocks"),
+    (["--no-cudnn-benchmark"], "hardware", "cudnn_benchmark", False),
     (["--strategy", "fsdp"], "distributed", "strategy", "fsdp"),
     (["--dist-timeout", "30"], "distributed", "dist_timeout_s", 30.0),
     (["--dist-start-timeout", "900"], "distributed", "dist_start_timeout_s", 900.0),
@@ -126,6 +128,11 @@ def test_every_reads_steps_or_durations_and_writes_them_back(text, steps, second
     ({"stage_to": "/tmp", "dataset": "digits"}, ["--stage-to", "digits"]),
     ({"resume": "/nonexistent/step-1"}, ["--resume /nonexistent/step-1", "auto"]),
     ({"overwrite": True}, ["--overwrite", "--resume never"]),
+    ({"compile_scope": "blocks"}, ["--compile-scope blocks", "add --compile"]),
+    ({"compile_mode": "reduce-overhead"}, ["--compile-mode reduce-overhead", "--compile"]),
+    ({"compile": True, "compile_scope": "blocks", "model": "vit_b_16"},
+     ["--compile-scope blocks", "--model vit_b_16", "--compile-scope model"]),
+    ({"cudnn_benchmark_limit": -1}, ["--cudnn-benchmark-limit", "0"]),
 ])
 def test_bad_values_name_the_flag_and_the_fix(values, words):
     with pytest.raises(UsageError) as error:

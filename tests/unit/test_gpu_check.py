@@ -23,9 +23,9 @@ import gpu_check_procs  # noqa: E402
 from gpu_check_procs import Finished, run_logged  # noqa: E402
 from gpu_check_report import Report, markdown  # noqa: E402
 
-ROW = dict(model="wrn", batch_size=256, reference_images_per_second=1000.0,
-           images_per_second=5000.0, ratio=5.0, mfu=0.4, reference_mfu=0.05,
-           precision="bf16", reference_precision="fp32 (TF32)")
+ROW = dict(model="wrn", config="compile", batch_size=256, status="measured", reason=None,
+           images_per_second=5000.0, ratio=5.0, mfu=0.4, precision="bf16",
+           energy_j_per_image=0.0571, compile_s=12.9, peak_step_memory_gib=3.5)
 
 
 def running(pid: int) -> bool:
@@ -134,12 +134,37 @@ def test_subprocess_timeouts_in_the_gpu_tier_stay_inside_its_part():
         assert not too_long, f"{path.name}: timeouts {too_long} reach the part's limit"
 
 
-def write_bench_json(out: Path, rows: list, errors=(), profile=None) -> None:
+def write_bench_json(out: Path, rows: list, errors=(), profile=None, **more) -> None:
     sizes = dict(models={"wrn": {}, "resnet18": {}})
     data = dict(kind="synthetic", shaped_as="CIFAR-100", images=10_000, classes=100,
                 channels=3, image_size={"wrn": 32, "resnet18": 32}, note="random images")
     (out / "bench.json").write_text(json.dumps(dict(bench=dict(
-        rows=rows, errors=list(errors), profile=profile, sizes=sizes, data=data))))
+        rows=rows, errors=list(errors), profile=profile, sizes=sizes, data=data, **more))))
+
+
+def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(tmp_path):
+    """A row that did not run says why; the starts of train phase by phase; a part the
+    stop never reached is named."""
+    starts = [dict(name="cold", status="measured", to_first_step_s=13.3,
+                   images_per_second=19_000.0,
+                   phases_s={"imports": 3.1, "cudnn autotune": 4.5, "first step": 1.8}),
+              dict(name="benchmark-off", status="failed", reason="train exited 1")]
+    write_bench_json(tmp_path, [ROW, dict(model="wrn", config="cudagraphs", status="not run",
+                                          reason="left out (--skip)")],
+                     first_step=dict(command=["train", "--model", "wrn"], starts=starts),
+                     choice={"wrn": dict(config="compile", why="the fastest measured")},
+                     parts=["wrn", "first step", "wrn max-autotune"],
+                     parts_done=["wrn", "first step"])
+    report = report_for(tmp_path, ("bench",))
+    report.set("bench", gpu_check.bench_record(Finished(-2, 451.0, 450, True),
+                                               "the part's limit", tmp_path))
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "| wrn | cudagraphs | not run: left out (--skip) |" in md
+    assert "- bench would choose for wrn: compile (the fastest measured)" in md
+    assert "| start | imports | cudnn autotune | first step | to first step |" in md
+    assert "| cold | 3.10 | 4.50 | 1.80 | 13.30 | 19,000.0 |" in md
+    assert "| benchmark-off | failed: train exited 1 |" in md
+    assert "- not reached: wrn max-autotune" in md and "Command: `train --model wrn`" in md
 
 
 def test_a_stopped_benchmark_says_so_and_shows_the_rows_measured_before(tmp_path):
@@ -149,7 +174,7 @@ def test_a_stopped_benchmark_says_so_and_shows_the_rows_measured_before(tmp_path
                                                "the part's limit", tmp_path))
     md = (tmp_path / "gpu-check.md").read_text()
     assert "Benchmark (`python -m workload.bench.kit`): STOPPED; stopped after 450 s" in md
-    assert "| wrn | 256 | 1,000.0 | fp32 (TF32) | 5.0 % | 5,000.0 | bf16 | 5.00 | 40.0 % |" in md
+    assert "| wrn | compile | 5,000.0 | 5.00 | 40.0 % | bf16 | 0.0571 | 12.9 | 3.50 |" in md
     assert "- not measured: resnet18" in md and "- profile: not measured" in md
     assert "CIFAR-100-shaped: 10,000 images of 3 channels (wrn 32x32, resnet18 32x32), " \
            "100 classes" in md

@@ -87,3 +87,26 @@ def test_the_compilers_share_is_split_out_of_the_first_step(monkeypatch):
     monkeypatch.setattr(module, "compile_seconds", lambda: 1e9)  # never more than the step
     clock.mark("first step")
     assert clock.phases()["first step"] == 0.0
+
+
+def test_the_autotuning_step_leaves_the_model_and_the_random_state_as_they_were():
+    """cudnn autotune's step (one forward and backward before the first one) is undone:
+    BatchNorm's statistics, the gradients, the mode and the random state are as before,
+    so a run trains the same with the phase as without it (here on the CPU, where train
+    itself skips it: nothing is tuned there)."""
+    import torch
+
+    from workload.models import build_model
+    from workload.precision import autotune_convolutions, one_step_undone
+
+    torch.manual_seed(0)
+    model = build_model("wrn", num_classes=4, width=8, blocks_per_stage=1).eval()
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    one_step_undone(model, (4, 3, 16, 16), True, "fp32", torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), rng) and not model.training
+    assert all(p.grad is None for p in model.parameters())
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert not autotune_convolutions(model, (4, 3, 16, 16), False, "fp32",
+                                     torch.device("cpu"))

@@ -1,10 +1,15 @@
-"""The GPU check's benchmark part: the reference loop against `train`'s defaults, side by
-side in one process, for the Wide ResNet and ResNet-18 on CIFAR-100-shaped data at batch
-256; MFU against the GPU's dense bf16 peak; a torch.profiler summary of one train step.
+"""The GPU check's benchmark part, in order of priority (PARTS): the Wide ResNet under
+each speed lever beside the reference loop in one process, a row each (levers.py:
+train's defaults, torch.compile, max-autotune, CUDA graphs, per-block compile; images/s,
+MFU against the GPU's dense bf16 peak, J/image, compile time, step memory) and the config
+bench would choose; the first step taken apart, cold, warm and under cuDNN's settings
+(first_step.py); ResNet-18's rows; a torch.profiler summary of one train step. Synthetic
+CIFAR-100-shaped data at batch 256.
 
 `make gpu-check` (tools/gpu_check.py) runs it; by hand:
     python -m workload.bench.kit --json bench.json                 # on a GPU
     python -m workload.bench.kit --device cpu --quick --json b.json  # CPU smoke run
+    python -m workload.bench.kit --skip max-autotune,profile       # leave rows or parts out
     python -m workload.bench.kit --facts                           # device and versions only
 
 The profile: torch.profiler over a few steps of `train`'s own step (the bench Runner:
@@ -16,8 +21,8 @@ is autograd's evaluate_function events, the optimizer is torch's
 Optimizer.step/zero_grad annotations, data is the next batch (`data` below), and forward
 is what is left of the step (step_profile.py reads the events).
 
-The JSON is written as the figures come: the facts first, then after each model's row and
-after the profile. A model or the profile that fails is named under `errors` (the exit
+The JSON is written as the figures come: the facts first, then after each part (and each
+start of the first step). A part or a row that fails is named under `errors` (the exit
 status is then 1) and the others still run, so one failure or a stop loses nothing
 measured before it.
 """
@@ -36,11 +41,10 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from workload import distributed
-from workload.bench.common import bench_process, config_from, fingerprint
+from workload.bench import first_step, levers, step_profile
+from workload.bench.common import bench_process, config_from, fingerprint, print_table
+from workload.bench.train import Runner, specs_for
 from workload.files import replace_file
-from workload.bench.train import Runner, peak_tflops, specs_for
-from workload.bench.train import run as bench_train
-from workload.bench import step_profile
 from workload.training.trainer import sync
 
 # The comparison at full size (GPU) and at tiny sizes (--quick: CI on a 2-core CPU). Both
@@ -50,6 +54,9 @@ FULL = dict(batch_size=256, synthetic_size=10_000, num_classes=100, warmup=3, st
 QUICK = dict(batch_size=4, synthetic_size=32, num_classes=10, warmup=1, steps=1, rounds=1,
              models={"wrn": dict(width=8, blocks_per_stage=1),
                      "resnet18": dict(image_size=16)})
+# The kit's parts in order of priority: a part stopped at its limit loses the last ones.
+PARTS = ("wrn", "first step", "resnet18", "profile", "wrn max-autotune",
+         "resnet18 max-autotune")
 
 
 def bench_args(device: str, size: dict, model: str) -> dict:
@@ -61,25 +68,6 @@ def bench_args(device: str, size: dict, model: str) -> dict:
                 compile=False, warmup=size["warmup"], steps=size["steps"],
                 rounds=size["rounds"], json=None, threads=0, seed=0,
                 **size["models"][model])
-
-
-def mfu(result: dict, device) -> float | None:
-    """Model FLOPs utilisation: achieved TFLOP/s over the GPU's dense bf16 peak; None on a
-    CPU or a GPU without a known peak."""
-    peak = peak_tflops(device, "bf16")
-    return None if peak is None else result["achieved_tflops"] / peak[1]
-
-
-def row(model: str, results: dict, device) -> dict:
-    reference, optimised = results["reference"], results["optimised"]
-    return dict(model=model, batch_size=optimised["batch_size"],
-                reference_images_per_second=reference["images_per_second"],
-                images_per_second=optimised["images_per_second"],
-                ratio=optimised["vs_reference"], mfu=mfu(optimised, device),
-                reference_mfu=mfu(reference, device), precision=optimised["precision"],
-                reference_precision=reference["precision"],
-                channels_last=optimised["channels_last"], pipeline=optimised["pipeline"],
-                flops_per_image=optimised["flops_per_image"])
 
 
 def facts() -> dict:
@@ -110,25 +98,68 @@ def recorded(bench: dict, part: str) -> Iterator[None]:
         bench["errors"].append(dict(part=part, error=f"{type(exc).__name__}: {exc}"[:500]))
 
 
-def run_bench(device_flag: str, quick: bool, save) -> dict:
-    """Each model's row, then the profile; `save(bench)` after each, so a later failure or
-    a stop keeps what was measured."""
+def run_bench(device_flag: str, quick: bool, save, skip: frozenset = frozenset()) -> dict:
+    """The parts in PARTS order, each named under `errors` if it fails; `save(bench)`
+    after each (and after each start of the first step), so a later failure or a stop
+    keeps what was measured."""
     size = QUICK if quick else FULL
     device = distributed.resolve_device(device_flag)
-    bench = dict(rows=[], profile=None, errors=[], sizes=dict(size), data=measured_data(size),
+    bench = dict(rows=[], choice={}, profile=None, first_step=None, errors=[],
+                 sizes=dict(size), data=measured_data(size), skipped=sorted(skip),
+                 parts=[part for part in PARTS if part not in skip], parts_done=[],
                  peak_note="mfu: achieved TFLOP/s (FlopCounterMode's count) over the GPU's "
                            "dense bf16 datasheet peak")
     save(bench)
-    for model in size["models"]:
-        with recorded(bench, model):
-            bench["rows"].append(row(model, bench_train(bench_args(device_flag, size, model)),
-                                     device))
+    for part in PARTS:
+        if part in skip:
+            continue
+        with recorded(bench, part):
+            if part == "first step":
+                bench["first_step"] = first_step.measure(device, quick, lambda found: save(
+                    dict(bench, first_step=found)))
+            elif part == "profile":
+                bench["profile"] = profile_step(bench_args(device_flag, size, "wrn"))
+                print_summary(bench["profile"])
+            else:
+                model, late = part.split()[0], part.endswith(levers.LATE)
+                model_part(bench, bench_args(device_flag, size, model), device, skip, late)
+        bench["parts_done"].append(part)
         save(bench)
-    with recorded(bench, "profile"):
-        bench["profile"] = profile_step(bench_args(device_flag, size, "wrn"))
-        print_summary(bench["profile"])
-    save(bench)
     return bench
+
+
+def model_part(bench: dict, args: dict, device, skip: frozenset, late: bool) -> None:
+    """One model's rows (MAIN, or LATE beside the reference again, whose row is then not
+    repeated); a failed row is also an error of the kit; bench's choice from all the
+    model's rows so far."""
+    configs = ("reference", *levers.LATE) if late else levers.MAIN
+    rows = levers.planned(args["model"], args["batch_size"], configs, device, skip)
+    if levers.worth_a_process(rows):
+        cfg = config_from(args)
+        with bench_process(args, cfg) as info:
+            found = levers.measure_rows(rows, args, cfg, info)
+    else:
+        found = [levers.described(row, None, device, None, None) for row in rows]
+    found = [row for row in found if not (late and row["config"] == "reference")]
+    bench["rows"] += found
+    mine = [row for row in bench["rows"] if row["model"] == args["model"]]
+    bench["choice"][args["model"]] = levers.choice(mine)
+    bench["errors"] += [dict(part=f"{r['model']} {r['config']}", error=r["reason"])
+                        for r in found if r["status"] == "failed"]
+    print_rows(found, bench["choice"][args["model"]])
+
+
+def print_rows(rows: list[dict], chosen: dict) -> None:
+    print_table(["model", "config", "status", "images/s", "x reference", "MFU %", "J/image",
+                 "compile s", "step GiB"],
+                [[r["model"], r["config"], r["status"], r.get("images_per_second"),
+                  r.get("ratio"), None if r.get("mfu") is None else 100 * r["mfu"],
+                  r.get("energy_j_per_image"), r.get("compile_s"),
+                  r.get("peak_step_memory_gib")] for r in rows])
+    for r in rows:
+        if r["reason"]:
+            print(f"  {r['config']}: {r['reason']}")
+    print(f"  would choose: {chosen['config']} ({chosen['why']})", flush=True)
 
 
 def save_result(path: str | None, result: dict, bench: dict | None) -> None:
@@ -188,11 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
     p.add_argument("--facts", action="store_true", help="only the device and versions")
     p.add_argument("--json", help="write the result here (else stdout)")
+    p.add_argument("--skip", default="", help="comma-separated configs (" + ", ".join(
+        levers.CONFIGS) + ") or parts (" + ", ".join(PARTS) + ") to leave out")
     args = p.parse_args(argv)
+    skip = frozenset(filter(None, (word.strip() for word in args.skip.split(","))))
+    if unknown := skip - set(levers.CONFIGS) - set(PARTS):
+        p.error(f"--skip {args.skip}: {', '.join(sorted(unknown))} is not a config or part; "
+                f"known: {', '.join([*levers.CONFIGS, *PARTS])}")
     result = facts()
     save = partial(save_result, args.json, result)
     save(None)
-    bench = None if args.facts else run_bench(args.device, args.quick, save)
+    bench = None if args.facts else run_bench(args.device, args.quick, save, skip)
     if not args.json:
         print(json.dumps(result if bench is None else dict(result, bench=bench), indent=2,
                          default=str))

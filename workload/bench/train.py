@@ -48,6 +48,8 @@ class Spec:
     channels_last: bool
     compile: bool = False
     reference: bool = False
+    compile_mode: str = "default"
+    compile_scope: str = "model"
 
 
 def reference_step(model, optimizer, loss_fn, images, labels) -> None:
@@ -85,7 +87,8 @@ class Runner:
         self.spec, self.info, self.device = spec, info, info.device
         cfg = base_cfg.replace(model=spec.model, batch_size=spec.batch_size,
                                precision=spec.precision, channels_last=spec.channels_last,
-                               compile=spec.compile)
+                               compile=spec.compile, compile_mode=spec.compile_mode,
+                               compile_scope=spec.compile_scope)
         self.cfg, self.precision = cfg, resolve_precision(spec.precision, info.device)
         if spec.reference:
             self._build_reference(cfg)
@@ -138,14 +141,17 @@ def specs_for(args: dict, cfg, device: torch.device) -> list[Spec]:
         reference_precision = "tf32" if device.type == "cuda" else "fp32"
         specs = [Spec("reference", model, batch, reference_precision, False, reference=True),
                  Spec("optimised", model, batch, opt_precision, channels_last)]
+        hw = cfg.hardware
         if args.get("compile"):
             specs.append(Spec("optimised+compile", model, batch, opt_precision, channels_last,
-                              compile=True))
+                              compile=True, compile_mode=hw.compile_mode,
+                              compile_scope=hw.compile_scope))
         return specs
     models = [args["model"]] if args.get("model") else list(DEFAULT_MODELS)
     sizes = parse_sizes(args["batch_sizes"]) if not args.get("batch_size") else [args["batch_size"]]
     hw = cfg.hardware
-    return [Spec(f"{m}-bs{b}", m, b, precision, hw.channels_last, hw.compile)
+    return [Spec(f"{m}-bs{b}", m, b, precision, hw.channels_last, hw.compile,
+                 compile_mode=hw.compile_mode, compile_scope=hw.compile_scope)
             for m in models for b in sizes]
 
 

@@ -196,6 +196,20 @@ def _check_model(c: dict) -> None:
              "(see docs/your-data.md, 'Starting from published weights')")
     _require(not c["init_reinit_head"] or bool(init),
              "--init-reinit-head only goes with --init-from FILE.safetensors")
+    _check_compile(c)
+
+
+def _check_compile(c: dict) -> None:
+    """--compile-mode and --compile-scope shape --compile; blocks are the residual blocks
+    of wrn and the ResNet family (workload.models.residual_blocks)."""
+    for key, default in (("compile_mode", "default"), ("compile_scope", "model")):
+        _require(c["compile"] or c[key] == default,
+                 f"{flag_of(key)} {c[key]} shapes torch.compile; add --compile")
+    _require(c["compile_scope"] != "blocks" or c["model"] == "wrn"
+             or c["model"].startswith(RESNET_FAMILY),
+             f"--compile-scope blocks compiles residual blocks, which --model {c['model']} "
+             "has none of (wrn and resnet*, resnext*, wide_resnet* have); use "
+             "--compile-scope model")
 
 
 def _check_shards(c: dict) -> None:

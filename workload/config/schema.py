@@ -27,6 +27,10 @@ DATA_BACKENDS = ("auto", "device", "dali", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp")
+# torch.compile's modes that train offers (reduce-overhead: CUDA graphs over the compiled
+# forward and backward) and what it compiles: the whole model, or each residual block.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+COMPILE_SCOPES = ("model", "blocks")
 LR_SCALINGS = ("none", "linear")
 # Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
@@ -160,6 +164,18 @@ class Hardware:
                                          "on the CPU)")
     compile: bool = setting(False, "torch.compile the model; compile time is reported apart",
                             resumable=True)
+    compile_mode: str = setting("default", "with --compile: torch.compile's mode "
+                                "(reduce-overhead adds CUDA graphs)", choices=COMPILE_MODES,
+                                resumable=True)
+    compile_scope: str = setting("model", "with --compile: the whole model, or each residual "
+                                          "block on its own (blocks: wrn and the ResNets)",
+                                 choices=COMPILE_SCOPES, resumable=True)
+    cudnn_benchmark: bool = setting(True, "cuDNN benchmark mode on CUDA: time the "
+                                          "convolution algorithms before the first step",
+                                    resumable=True)
+    cudnn_benchmark_limit: int = setting(10, "algorithms cuDNN tries per convolution in "
+                                             "benchmark mode; 0 = every one",
+                                         bounds=between(0, 10_000), resumable=True)
 
 
 @dataclass

@@ -29,7 +29,8 @@ DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
 FR_PREFIX = "fr-rank-"           # torch appends the rank: fr-rank-0, fr-rank-1, ...
 STARTUP_PREFIX = "startup-rank-"  # train's start-up marks: startup-rank-<N>.json
 # The phases of a start, in order (workload.training.startup marks each one's end).
-STARTUP_PHASES = ("imports", "process group", "data", "model", "resume", "first step")
+STARTUP_PHASES = ("imports", "process group", "data", "model", "resume", "cudnn autotune",
+                  "first step")
 # The phases as summary.json and report show them: the time before the process where SLURM
 # gives the job's start, and the compilers' share of the first step, split out of it.
 STARTUP_ORDER = ("before this process", *STARTUP_PHASES[:-1], "compile", STARTUP_PHASES[-1])

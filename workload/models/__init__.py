@@ -27,7 +27,8 @@ from workload.models.description import (MODEL_JSON, WEIGHTS, ModelDescription, 
 # Each torch name -> the module that holds it, imported on the name's first use.
 _TORCH_NAMES = {
     **dict.fromkeys(("ResidualBlock", "WideResNet", "build_model", "check_model_name",
-                     "conv_bn_relu", "count_parameters", "model_for", "small_image_stem"),
+                     "conv_bn_relu", "count_parameters", "model_for", "residual_blocks",
+                     "small_image_stem"),
                     "networks"),
     **dict.fromkeys(("load_described", "load_initial_weights", "load_trained", "model_input",
                      "save_weights"), "weights"),

@@ -143,5 +143,15 @@ def model_for(cfg: TrainConfig, num_classes: int) -> nn.Module:
                        stem=resolve_stem(cfg), image_size=image_size_of(cfg))
 
 
+def residual_blocks(model: nn.Module) -> list[nn.Module]:
+    """The residual blocks of wrn and torchvision's ResNet family (--compile-scope blocks):
+    a conv-BatchNorm-ReLU body and its skip connection, where the bytes that BatchNorm,
+    ReLU and the add move between the convolutions are, and what one compiled region
+    fuses."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    return [m for m in model.modules() if isinstance(m, (ResidualBlock, BasicBlock, Bottleneck))]
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -23,7 +23,7 @@ from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.caches import user_cache_problems
 from workload.logs import logger, setup_logging
-from workload.models import load_initial_weights, model_for
+from workload.models import load_initial_weights, model_for, residual_blocks
 from workload.precision import (configure_cudnn, configure_tf32, grad_scaler, resolve_precision,
                                 switches_kept)
 from workload.training.trainer import TrainState
@@ -68,7 +68,8 @@ def joined(cfg: TrainConfig, info: DistInfo) -> Iterator[str]:
             logger.warning(problem)
         precision = resolve_precision(cfg.hardware.precision, info.device)
         configure_tf32(precision)
-        configure_cudnn(info.device)
+        hw = cfg.hardware
+        configure_cudnn(info.device, hw.cudnn_benchmark, hw.cudnn_benchmark_limit)
         torch.manual_seed(cfg.training.seed)
         yield precision
     finally:
@@ -141,5 +142,18 @@ def build_state(cfg: TrainConfig, info: DistInfo, num_classes: int, steps_per_ep
     state = TrainState(model, optimizer, build_schedule(optimizer, cfg, steps_per_epoch),
                        grad_scaler(precision, info.device))
     if cfg.hardware.compile:
-        state.model = torch.compile(model)
+        state.model = compiled(model, cfg.hardware.compile_mode, cfg.hardware.compile_scope)
     return state
+
+
+def compiled(model: nn.Module, mode: str, scope: str) -> nn.Module:
+    """torch.compile in `mode`, over the whole model or each residual block on its own.
+    Blocks compile in place (their state_dict keys unchanged, so checkpoints are the
+    eager model's); each is a region of its own in which Inductor fuses BatchNorm, ReLU
+    and the residual add, forward and backward, and blocks of one shape share the code.
+    Static shapes: a block of another width is another graph, never a dynamic one."""
+    if scope == "model":
+        return torch.compile(model, mode=mode)
+    for block in residual_blocks(distributed.unwrap(model)):
+        block.compile(mode=mode, dynamic=False)
+    return model

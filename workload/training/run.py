@@ -23,7 +23,8 @@ from workload.records import model_sha256, open_board, prepare_output_dir, versi
 from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.compile_cache import CompileCache
-from workload.training.startup import StartupClock, across_ranks, log_startup, record_name
+from workload.training.startup import (StartupClock, across_ranks, log_startup, record_name,
+                                       tune_convolutions)
 from workload.training.progress import ProgressLog
 from workload.training.trainer import Hooks, Trainer, sync
 from workload.training.stragglers import StragglerWatch
@@ -75,6 +76,8 @@ def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
     log_start(cfg, info, data, state.model, precision)
     checkpoint.resume(cfg, info, state, out, data.num_classes)
     clock.mark("resume")
+    tune_convolutions(state.model, cfg, info.device, precision)
+    clock.mark("cudnn autotune")
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(out / "config.json", cfg.recorded())
     checkpointer = Checkpointer(cfg, info, state, out, len(data.train),

@@ -6,14 +6,17 @@ the first line of ours), or where the job started when SLURM says
 batch script's earlier steps) is then the first phase. `run` marks the end of each later
 phase: imports (the interpreter, torch and ours), the process group, the data (download
 check, staging, the datasets), the model (built, wrapped, its optimizer), the resume,
-and the first step (the loader's workers, the first collectives), with the compilers'
-share of it split out as `compile` (torch.compile's own timers). Each rank
+cuDNN's autotuning (`cudnn autotune`: in benchmark mode on CUDA, one forward and backward
+at the run's batch shape before the first step, so the time cuDNN spends choosing its
+algorithms is its own phase; a moment where nothing is tuned: the CPU,
+--no-cudnn-benchmark, FSDP), and the first step (the loader's workers, the first collectives), with
+the compilers' share of it split out as `compile` (torch.compile's own timers). Each rank
 writes its marks as they happen to `diagnostics/startup-rank-N.json` once the run folder
-exists (a requeued job's from the start), so a job that never reached its first step
-still says which phase it was in. After the first step the
-ranks exchange their phases in one small all-gather; rank 0 logs them with the slowest
-rank of each, keeps them in summary.json (`startup`), and names a phase that took far
-longer than in the run's previous job.
+exists (a requeued job's from the start), so a job that never reached its first step still
+says which phase it was in. After the first step the ranks exchange their phases in one
+small all-gather; rank 0 logs them with the slowest rank of each, keeps them in
+summary.json (`startup`), and names a phase that took far longer than in the run's
+previous job.
 """
 
 from __future__ import annotations
@@ -60,6 +63,22 @@ def compile_seconds() -> float:
     utils = sys.modules.get("torch._dynamo.utils")  # imported only once something compiled
     metrics = getattr(utils, "compilation_time_metrics", None) or {}
     return float(sum(sum(metrics.get(timer, ())) for timer in COMPILE_TIMERS))
+
+
+def tune_convolutions(model, cfg, device, precision: str) -> None:
+    """The cuDNN autotuning phase (precision.autotune_convolutions) on this rank's model
+    at the run's batch shape; nothing where benchmark mode is off (the CPU, or
+    --no-cudnn-benchmark) or under FSDP (whose sharded forward is not run outside a
+    step), so the phase is then the moment between two marks."""
+    from workload import distributed  # here: the clock itself is read before torch is
+    from workload.config import image_size_of
+    from workload.precision import autotune_convolutions
+
+    if cfg.distributed.strategy == "fsdp":
+        return
+    side = image_size_of(cfg)
+    autotune_convolutions(distributed.unwrap(model), (cfg.training.batch_size, 3, side, side),
+                          cfg.hardware.channels_last, precision, device)
 
 
 def record_name(env=os.environ) -> str:
