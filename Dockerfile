@@ -16,7 +16,7 @@
 #     2.10.0 fixes GHSA-63cw-57p8-fm3p (torch.load(weights_only=True) let a crafted
 #     checkpoint SETITEM into objects that are not dicts).
 #   cuda12: NGC PyTorch 25.06, CUDA 12.9, for R5xx drivers: R575+ natively, older R5xx
-#     (Olivia's R565) through CUDA 12 minor-version compatibility and NGC's forward-
+#     through CUDA 12 minor-version compatibility and NGC's forward-
 #     compatibility libraries on data-centre GPUs (check NVIDIA's 25.06 release notes for
 #     the supported branches). Its torch (2.8.0a0) predates that fix: load only
 #     checkpoints you trust there.

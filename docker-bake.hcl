@@ -1,7 +1,7 @@
 # docker-bake.hcl: the hpc-train image in two flavours for GH200 (linux/arm64) and
 # A100/H100 (linux/amd64). A flavour is the NGC PyTorch base, nothing else:
 #   cuda13  NGC PyTorch 26.02, CUDA 13, R580+ drivers; its torch has the GHSA-63cw-57p8-fm3p fix
-#   cuda12  NGC PyTorch 25.06, CUDA 12.9, R5xx drivers (forward compatibility), as Olivia uses
+#   cuda12  NGC PyTorch 25.06, CUDA 12.9, R5xx drivers (forward compatibility)
 #
 # Tags (TAG=X.Y.Z):
 #   X.Y.Z-cuda13, X.Y.Z         multi-arch, CUDA 13 flavour (the plain tag is CUDA 13)
@@ -38,7 +38,7 @@ variable "CUDA13_BASE_TAG" {
   default = "26.02-py3"
 }
 
-# NGC PyTorch release of the CUDA 12 flavour: 25.06 (CUDA 12.9), as Olivia uses.
+# NGC PyTorch release of the CUDA 12 flavour: 25.06 (CUDA 12.9), for R5xx drivers older than R580.
 variable "CUDA12_BASE_TAG" {
   default = "25.06-py3"
 }

@@ -67,9 +67,11 @@ SETTINGS = {"alliance.sbatch": alliance_settings, "sigma2-olivia.sbatch": olivia
             "jsc-juwels-booster.sbatch": lambda tmp_path: {}}
 # Sizes for a cluster of 2 CPUs a node: Perlmutter's script starts a task per GPU itself.
 SIZES = {"nersc-perlmutter.sbatch": ["--ntasks-per-node=2", "--cpus-per-task=1"]}
-# Header lines for what this cluster has not: GPUs, and NERSC's Shifter image, modules
-# and node feature (the image's part is the local `shifter` above).
-SITE_ONLY = ("#SBATCH --gpus", "#SBATCH --image", "#SBATCH --module", "#SBATCH --constraint")
+# Header lines for what this cluster has not: GPUs and the memory that goes with them
+# (--mem-per-gpu; the sbatch line gives --mem), and NERSC's Shifter image, modules and
+# node feature (the image's part is the local `shifter` above).
+SITE_ONLY = ("#SBATCH --gpus", "#SBATCH --mem", "#SBATCH --image", "#SBATCH --module",
+             "#SBATCH --constraint")
 
 
 def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str]):

@@ -1,16 +1,18 @@
 """The page is the test: each site page's marked steps, typed in order into that centre's
 twin on the suite's SLURM cluster (tests/helpers/twins.py, tests/twins/*.toml), reach
-`train`'s first step on 2 nodes; and a page edited into a real mistake fails, naming it.
+`train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU; and a
+page edited into a real mistake (the catalogue below) fails in its twin, naming it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.twins import FIRST_STEP, Twin, twin_data
+from tests.helpers.twins import FIRST_STEP, Twin, centre_faults, twin_data
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -24,8 +26,8 @@ def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
 
 
-def run_page(slurm_cluster, tmp_path, site: str, page: str):
-    return Twin(site, slurm_cluster, tmp_path).run(page)
+def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False):
+    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check)
 
 
 @pytest.mark.parametrize("site", SITES)
@@ -43,100 +45,121 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
         assert sizes <= {str(SITES[site])}, (sizes, log[-3000:])
     # No launch warning tells the user to undo what the page had them type.
     assert "is already set and kept" not in text, text[-4000:]
+    # Every rank of every training step gets the CPUs the centre gives a GPU, and every
+    # GPU the centre's memory: held against the steps the twin saw (never none).
+    assert any("cpus_per_rank" in entry for entry in result.requests), result.requests
+    assert centre_faults(site, result) == [], result.requests
 
 
-def mutated(site: str, old: str, new: str) -> str:
+def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
     page = page_of(site)
-    assert page.count(old) == 1, f"{old!r} is not once on the page: update the mutation"
-    return page.replace(old, new)
+    for old, new in edits:
+        assert page.count(old) == 1, f"{old!r} is not once on the page: update the mutation"
+        page = page.replace(old, new)
+    return page
 
 
-def refused_at_login(slurm_cluster, tmp_path, site: str, page: str) -> str:
-    """A page edited into a mistake that stops at the login prompt: the shell failed and
-    no job was submitted. Returns what the login shell printed."""
-    result = run_page(slurm_cluster, tmp_path, site, page)
-    assert result.status != 0 and not result.jobs, result.login[-3000:]
-    return result.login
+@dataclass(frozen=True)
+class Mistake:
+    """A page mistake: the edits that make it, and what the twin says (a regex)."""
+    name: str
+    site: str
+    edits: tuple[tuple[str, str], ...]
+    says: str
 
 
-def test_olivia_running_the_arm64_image_on_the_login_node_fails(slurm_cluster, tmp_path):
-    # Step 3 typed at the login prompt instead of in a job on a GPU node.
-    page = mutated("sigma2-olivia", "srun --account=nnXXXXk --partition=accel --gpus=1 "
-                   "--cpus-per-task=72 --mem=110G --time=00:30:00 \\\n  bash -c", "bash -c")
-    login = refused_at_login(slurm_cluster, tmp_path, "sigma2-olivia", page)
-    assert "the image's architecture (arm64) could not run on the host's (amd64)" in login, \
-        login[-3000:]
+OLIVIA_BUILD = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-task=72 --mem=110G "
+                "--time=01:00:00 \\\n  bash -c")
+OLIVIA_DATA = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-task=72 --mem=110G "
+               "--time=00:30:00 \\\n  bash -c")
+OLIVIA_JOB = "IMAGE=$PWD/hpc-train.sif DATA_DIR=$WORK/data sbatch --account=nnXXXXk jobs/"
+ALLIANCE_JOB = "sbatch --account=def-me jobs/sites/alliance.sbatch --epochs 30"
+CATALOGUE = [
+    Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
+            ((OLIVIA_DATA, "bash -c"),),
+            re.escape("the image's architecture (arm64) could not run on the host's (amd64)")),
+    Mistake("olivia: NCCL loaded before NRIS/GPU", "sigma2-olivia",
+            (("module load NRIS/GPU\nmodule load NCCL/2.30.4",
+              "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
+              "module load NCCL/2.30.4"),),
+            re.escape('The following module(s) are unknown: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-'
+                      '13.0.0"')),
+    Mistake("olivia: a GPU job without --partition=accel", "sigma2-olivia",
+            ((OLIVIA_BUILD, OLIVIA_BUILD.replace("--partition=accel ", "")),),
+            "Unable to allocate resources: Requested node configuration is not available"),
+    Mistake("olivia: the data folder outside the bound folders", "sigma2-olivia",
+            (("apptainer exec --bind $WORK hpc-train.sif", "apptainer exec hpc-train.sif"),),
+            r"/cluster/work/projects/nn0000k/\w+/data is not in the container"),
+    Mistake("olivia: more memory than an accel node has", "sigma2-olivia",
+            ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
+            "Batch job submission failed: Requested node configuration is not available"),
+    Mistake("cscs: the batch line without its CPUs", "cscs-alps",
+            ((" sbatch --cpus-per-task=288 jobs/multinode", " sbatch jobs/multinode"),),
+            r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
+    Mistake("cscs: an EDF that does not exist", "cscs-alps",
+            (("--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
+              "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train"),),
+            re.escape("hpc-trian.toml (--environment=hpc-trian) does not exist")),
+    Mistake("alliance: untyped GPUs", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--gpus-per-node=4 --account")),),
+            "--gpus-per-node=4 names no GPU model: this cluster refuses an untyped GPU request"),
+    Mistake("alliance: Narval's GPU model on Fir", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--gpus-per-node=a100:4 --account")),
+             ),
+            re.escape("Invalid generic resource (gres) specification")),
+    Mistake("alliance: a whole node's memory for 4 GPUs", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--mem=0 --account")),),
+            re.escape("memory a GPU: the job gives a GPU all of the node's (--mem=0), the "
+                      "centre's share is 250 GiB")),
+    Mistake("alliance: 8 CPUs a rank in the by-hand step", "alliance",
+            (("--ntasks-per-node=4 --cpus-per-task=12 --kill-on-bad-exit=1 \\\n     apptainer",
+              "--ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 \\\n     apptainer"),),
+            r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 12"),
+    Mistake("alliance: apptainer before `module load apptainer`", "alliance",
+            (("   module load apptainer\n   git clone", "   git clone"),),
+            "bash: apptainer: command not found"),
+    Mistake("pyxis: CPUs from a job variable at the login prompt", "pyxis",
+            (("--cpus-per-task=$CPUS_PER_GPU", "--cpus-per-task=$((SLURM_CPUS_ON_NODE / 4))"),),
+            re.escape('srun: error: Invalid numeric value "0" for --cpus-per-task.')),
+    Mistake("pyxis: the run without the data step, its mount missing", "pyxis",
+            (("<!-- step: login -->\n```bash\nmkdir -p $SCRATCH/data",
+              "```bash\nmkdir -p $SCRATCH/data"),),
+            r"pyxis: \[ERROR\] No such file or directory: \S+/scratch/\w+/data"),
+    Mistake("pyxis: the job script's default CPUs", "pyxis",
+            (("  sbatch --cpus-per-task=$((4 * CPUS_PER_GPU)) jobs/", "  sbatch jobs/"),),
+            r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 16"),
+    Mistake("nersc: the image before `shifterimg pull`", "nersc-perlmutter",
+            (("   shifterimg pull $IMAGE\n", ""),),
+            r"image docker\.io/\w+/hpc-train:0\.1\.0-cuda12 not found: pull it first"),
+    Mistake("nersc: an image nobody pushed", "nersc-perlmutter",
+            (("export IMAGE=docker.io/$USER/hpc-train",
+              "export IMAGE=ghcr.io/hpc-train/hpc-train"),),
+            re.escape("failed to pull ghcr.io/hpc-train/hpc-train:0.1.0-cuda12: the image does "
+                      "not exist in the registry")),
+    Mistake("nersc: the by-hand step without its runs folder", "nersc-perlmutter",
+            (("   <!-- step: login -->\n   ```bash\n   sbatch", "   ```bash\n   sbatch"),
+             ("   mkdir -p runs\n   srun", "   srun")),
+            r"volume source \S+/runs \(-V"),
+]
 
 
-def test_olivia_loading_nccl_before_nris_gpu_fails(slurm_cluster, tmp_path):
-    page = mutated("sigma2-olivia", "module load NRIS/GPU\nmodule load NCCL/2.30.4",
-                   "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
-                   "module load NCCL/2.30.4")
-    result = run_page(slurm_cluster, tmp_path, "sigma2-olivia", page)
-    [failed] = [log for state, log in result.jobs.values() if state == "FAILED"]
-    assert ('The following module(s) are unknown: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"'
-            in failed), failed[-3000:]
-
-
-def test_cscs_an_edf_that_does_not_exist_fails(slurm_cluster, tmp_path):
-    page = mutated("cscs-alps", "--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
-                   "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train")
-    result = run_page(slurm_cluster, tmp_path, "cscs-alps", page)
-    assert result.status != 0
-    assert "hpc-trian.toml (--environment=hpc-trian) does not exist" in result.login, \
-        result.login[-3000:]
-
-
-def test_alliance_apptainer_before_module_load_apptainer_fails(slurm_cluster, tmp_path):
-    # Apptainer is a module on the Alliance clusters: not on PATH until it is loaded.
-    page = mutated("alliance", "   module load apptainer\n   git clone", "   git clone")
-    result = run_page(slurm_cluster, tmp_path, "alliance", page)
-    assert result.status == 127 and not result.jobs
-    assert "bash: apptainer: command not found" in result.login, result.login[-3000:]
+@pytest.mark.parametrize("mistake", CATALOGUE, ids=lambda mistake: mistake.name)
+def test_a_page_mistake_fails_in_its_twin_naming_it(slurm_cluster, tmp_path, mistake):
+    result = run_page(slurm_cluster, tmp_path, mistake.site,
+                      mutated(mistake.site, mistake.edits), launch_check=True)
+    faults = centre_faults(mistake.site, result)
+    failed = (result.status != 0 or faults
+              or any(state != "COMPLETED" for state, _ in result.jobs.values()))
+    seen = result.text() + "\n".join(faults)
+    assert failed and re.search(mistake.says, seen), seen[-4000:]
 
 
 def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, tmp_path):
     # In the job, srun takes SLURM_NTASKS (the header's one task) over --ntasks-per-node.
-    page = mutated("alliance", "srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=8 "
-                   "--kill-on-bad-exit=1 \\\n     apptainer",
-                   "srun --ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 \\\n"
-                   "     apptainer")
+    page = mutated("alliance", (("srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=12 "
+                                 "--kill-on-bad-exit=1 \\\n     apptainer",
+                                 "srun --ntasks-per-node=4 --cpus-per-task=12 "
+                                 "--kill-on-bad-exit=1 \\\n     apptainer"),))
     result = run_page(slurm_cluster, tmp_path, "alliance", page)
     logs = [log for _, log in result.jobs.values()]
     assert any("world size 1 (per-task)" in log for log in logs), logs
-
-
-def test_pyxis_cpus_from_a_job_variable_at_the_login_prompt_fails(slurm_cluster, tmp_path):
-    # SLURM_CPUS_ON_NODE is a job's: typed at the login prompt, $((... / 4)) is 0.
-    page = mutated("pyxis", "--cpus-per-task=$CPUS_PER_GPU",
-                   "--cpus-per-task=$((SLURM_CPUS_ON_NODE / 4))")
-    login = refused_at_login(slurm_cluster, tmp_path, "pyxis", page)
-    assert 'srun: error: Invalid numeric value "0" for --cpus-per-task.' in login, \
-        login[-3000:]
-
-
-def test_pyxis_without_the_data_step_the_mount_is_missing(slurm_cluster, tmp_path):
-    # The page as it was: no data step, and the run mounts $SCRATCH/data.
-    page = mutated("pyxis", "<!-- step: login -->\n```bash\nmkdir -p $SCRATCH/data",
-                   "```bash\nmkdir -p $SCRATCH/data")
-    login = refused_at_login(slurm_cluster, tmp_path, "pyxis", page)
-    assert re.search(r"pyxis: \[ERROR\] No such file or directory: \S+/scratch/\w+/data",
-                     login), login[-3000:]
-
-
-def test_nersc_running_the_image_before_shifterimg_pull_fails(slurm_cluster, tmp_path):
-    page = mutated("nersc-perlmutter", "   <!-- step: login -->\n   ```bash\n   shifterimg pull",
-                   "   ```bash\n   shifterimg pull")
-    login = refused_at_login(slurm_cluster, tmp_path, "nersc-perlmutter", page)
-    assert "image ghcr.io/hpc-train/hpc-train:0.1.0-cuda12 not found: pull it first" in login, \
-        login[-3000:]
-
-
-def test_nersc_the_by_hand_step_without_its_runs_folder_fails(slurm_cluster, tmp_path):
-    # The by-hand step alone (not after the job script, which makes runs/ itself).
-    page = mutated("nersc-perlmutter", "   <!-- step: login -->\n   ```bash\n   sbatch",
-                   "   ```bash\n   sbatch")
-    page = page.replace("   mkdir -p runs\n   srun", "   srun", 1)
-    result = run_page(slurm_cluster, tmp_path, "nersc-perlmutter", page)
-    [(state, log)] = result.jobs.values()
-    assert state == "FAILED" and re.search(r"volume source \S+/runs \(-V", log), log[-3000:]

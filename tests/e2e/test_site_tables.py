@@ -43,6 +43,9 @@ NERSC_SCRIPTS = "https://github.com/NERSC/sc25-dl-tutorial"
 # JSC's own pages could not be read: these values are marked "NOT CONFIRMED" in the files.
 JUWELS_BOOSTER = "https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"
 UNCONFIRMED = ""
+ALLIANCE_GPUS = "https://docs.alliancecan.ca/wiki/Using_GPUs_with_Slurm"
+ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_scheduling"
+                    "#Ratios_in_bundles")
 
 # name -> (value, the page that publishes it)
 PRESETS: dict[str, dict[str, tuple[str, str]]] = {
@@ -117,18 +120,19 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
         "--constraint": ("gpu", NERSC_SCRIPTS), "--ntasks-per-node": ("4", NERSC_SCRIPTS),
         "--gpus-per-node": ("4", NERSC_SCRIPTS), "--cpus-per-task": ("32", NERSC_SCRIPTS),
         "--module": ("gpu,nccl-plugin", NERSC_SCRIPTS),
-        # The flavour is this project's choice: Perlmutter's driver is not confirmed.
-        "--image": ("ghcr.io/hpc-train/hpc-train:0.1.0-cuda12", UNCONFIRMED),
+        # The user's own image, on the sbatch line: no published one to name here.
+        "--image": (None, UNCONFIRMED),
     },
     "jsc-juwels-booster.sbatch": {
         "--partition": ("booster", UNCONFIRMED), "--gpus-per-node": ("4", JUWELS_BOOSTER),
         "--cpus-per-task": ("48", JUWELS_BOOSTER),
     },
     "alliance.sbatch": {
-        # The ratio per GPU is on Alliance's "Ratios in bundles" page, which we could not
-        # read: 32 CPUs and all the node's memory are this project's, not confirmed.
-        "--nodes": ("1", ""), "--ntasks-per-node": ("1", ""), "--gpus-per-node": ("4", ""),
-        "--cpus-per-task": ("32", ""), "--mem": ("0", ""),
+        # Fir's: the GPU model its job_submit requires, and its H100 bundle (12 cores,
+        # 250 GB a GPU); memory per GPU, not --mem=0 (a whole node).
+        "--nodes": ("1", ""), "--ntasks-per-node": ("1", ""),
+        "--gpus-per-node": ("h100:4", ALLIANCE_GPUS), "--cpus-per-task": ("48", ALLIANCE_BUNDLES),
+        "--mem-per-gpu": ("250G", ALLIANCE_BUNDLES), "--mem": (None, ALLIANCE_BUNDLES),
     },
 }
 
@@ -331,11 +335,17 @@ def test_the_uenv_route_sets_up_python_as_cscs_guide_says_before_each_use():
     view's root before the venv is made, and so in the job step that uses it."""
     page = (REPO / CSCS_PAGE).read_text()
     route_b = page[page.index("## B. "):page.index("## The first lines")]
+    checked = []
     for block in re.findall(r"```bash\n(.*?)```", route_b, re.S):
         for use in ("python -m venv", "venv/bin/activate"):
             if use in block:
                 assert block.index("unset PYTHONPATH") < block.index("export PYTHONUSERBASE") \
                     < block.index(use), (use, block)
+                checked.append(use)
+    # The venv is made once and activated in the job: both uses are held, or the loops
+    # above matched nothing and checked nothing (a renamed heading, a changed fence).
+    assert sorted(set(checked)) == ["python -m venv", "venv/bin/activate"], checked
+    assert checked.count("venv/bin/activate") >= 2, checked
 
 
 def test_every_alliance_block_that_reads_data_dir_stages_it_first():
@@ -347,3 +357,67 @@ def test_every_alliance_block_that_reads_data_dir_stages_it_first():
     for block in users:
         assert "source jobs/sites/alliance-stage-data.sh" in block, block
         assert block.index("stage_dataset ") < block.index("$DATA_DIR"), block
+
+
+# Facts corrected after reading the centres again on 2026-11-28 (issue 46, W1-W11): each
+# right value next to its page and the date, and the wrong form gone from the file.
+READ_W = "2026-11-28"
+CSCS_SLURM = "https://docs.cscs.ch/running/slurm/"
+OLIVIA_OPENMPI = "https://documentation.sigma2.no/hpc_machines/olivia/openmpi.html"
+APPTAINER_BINDS = "https://apptainer.org/docs/user/latest/bind_paths_and_mounts.html"
+ALLIANCE_POLICY = "https://docs.alliancecan.ca/wiki/Scheduling_policy_updates"
+ALLIANCE_PYTORCH = "https://docs.alliancecan.ca/wiki/PyTorch"
+ALLIANCE_PAGE = "docs/sites/alliance.md"
+NERSC_PAGE = "docs/sites/nersc-perlmutter.md"
+# (W, file, right value or None, its page or "", the wrong form or None)
+CORRECTIONS = [
+    ("W1", CSCS_PAGE, "EDF=hpc-train DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 "
+     "jobs/multinode.sbatch", CSCS_SLURM, "EDF=hpc-train sbatch jobs/multinode.sbatch"),
+    ("W2", ALLIANCE_PAGE, "`--gpus-per-node=h100:4`", ALLIANCE_POLICY, None),
+    ("W2", "jobs/sites/alliance.sbatch", "#SBATCH --gpus-per-node=h100:4", ALLIANCE_POLICY,
+     "#SBATCH --gpus-per-node=4"),
+    ("W3", ALLIANCE_PAGE, "`--mem-per-gpu=250G`", ALLIANCE_BUNDLES, None),
+    ("W3", "jobs/sites/alliance.sbatch", "#SBATCH --mem-per-gpu=250G", ALLIANCE_BUNDLES,
+     "#SBATCH --mem=0"),
+    ("W4", ALLIANCE_PAGE, "differs between the Alliance's clusters", "",
+     "Compute nodes have no internet access"),
+    ("W5", ALLIANCE_PAGE, "virtualenv --no-download $SLURM_TMPDIR/env && source "
+     "$SLURM_TMPDIR/env/bin/activate", ALLIANCE_PYTORCH,
+     "source ~/venv-hpc-train/bin/activate\nsource jobs/sites"),
+    ("W6", OLIVIA_PAGE, "`srun --cpu-bind=verbose,cores`", OLIVIA_OPENMPI,
+     "give no `--cpu-bind` advice"),
+    ("W7", OLIVIA_PAGE, "apptainer exec --bind $WORK hpc-train.sif train", APPTAINER_BINDS,
+     "apptainer exec hpc-train.sif train"),
+    ("W8", "Dockerfile", None, "", "Olivia's R565"),
+    ("W8", "docker-bake.hcl", None, "", "as Olivia uses"),
+    ("W8", "apptainer/hpc-train-ngc.def", None, "", "as\n# Olivia uses"),
+    ("W9", NERSC_PAGE, "sbatch --account=<project> --image=$IMAGE", "",
+     "ghcr.io/hpc-train/hpc-train:0.1.0-cuda12"),
+    ("W9", "jobs/sites/nersc-perlmutter.sbatch", None, "",
+     "ghcr.io/hpc-train/hpc-train:0.1.0-cuda12"),
+    ("W11", "docs/cluster.md", "not a whole node", "", "allocate whole nodes"),
+    ("W11", "workload/launch/jobstep.py", None, "", "allocate whole nodes"),
+    ("W11", "workload/launch/jobstep.py", None, "", "the job scripts allocate"),
+]
+
+
+@pytest.mark.parametrize("fix,name,right,url,wrong", CORRECTIONS,
+                         ids=lambda v: str(v)[:30])
+def test_each_corrected_fact_is_cited_and_its_wrong_form_gone(fix, name, right, url, wrong):
+    text = (REPO / name).read_text()
+    flat = " ".join(text.split())
+    if right:
+        assert " ".join(right.split()) in flat, (fix, name, right)
+    if url:
+        assert url in text and READ_W in text, (fix, name, url)
+    if wrong:
+        assert wrong not in text, (fix, name, wrong)
+
+
+def test_the_job_scripts_table_names_every_site_script():
+    """W10: docs/cluster.md's row for jobs/sites/ names each script there."""
+    row = next(line for line in (REPO / "docs/cluster.md").read_text().splitlines()
+               if line.startswith("| `jobs/sites/*.sbatch`"))
+    scripts = sorted(path.name for path in (JOBS / "sites").glob("*.sbatch"))
+    assert len(scripts) == 4, scripts
+    assert [name for name in scripts if f"`{name}`" not in row] == [], row

@@ -9,7 +9,11 @@ are tests"):
 
 The block may be indented (a fence inside a numbered list); its lines lose the fence's
 indentation. A marker not followed by a fence is an error, so a step cannot silently drop
-out of the test.
+out of the test. A shell block that is no step says why, right above its fence:
+
+    <!-- not a step: REASON -->                what the twin cannot run, and why
+
+and `unmarked_blocks` finds a shell block with neither marker (the suite fails on one).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 
 MARKER = re.compile(r"^\s*<!-- step: (?P<kind>login|batch)(?: (?P<header>\S+))? -->\s*$")
 FENCE = re.compile(r"^(?P<indent>\s*)```")
+SHELL_FENCE = re.compile(r"^\s*```(bash|sh|shell|console)\s*$")
+NOT_A_STEP = re.compile(r"^\s*<!-- not a step: \S.*\S -->\s*$")
 
 
 @dataclass(frozen=True)
@@ -54,3 +60,12 @@ def page_steps(page: str) -> list[Step]:
         steps.append(Step(marker["kind"], marker["header"],
                           textwrap.dedent("\n".join(body)) + "\n", number + 2))
     return steps
+
+
+def unmarked_blocks(page: str) -> list[int]:
+    """The lines (1-based) of shell fences with no marker above them: neither a step nor
+    a `not a step: REASON`."""
+    lines = page.splitlines()
+    return [number + 1 for number, line in enumerate(lines)
+            if SHELL_FENCE.match(line) and not (number and any(
+                marker.match(lines[number - 1]) for marker in (MARKER, NOT_A_STEP)))]

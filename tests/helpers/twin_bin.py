@@ -9,11 +9,16 @@ partitions, account, architectures, file-system roots, the real srun/sbatch and 
 SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job or a
 step); the login node everywhere else.
 
-- srun/sbatch check a request against the centre's nodes, partitions and account, with
-  SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a
-  job, included), then ask the cluster for what it has (its partition, its CPUs, no GPUs
-  or memory size); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the
-  job's and sets the centre's job variables ($SLURM_TMPDIR). `srun --environment=EDF` is
+- srun/sbatch check a request against the centre's nodes, partitions, account and GPU
+  model rule, with SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))`
+  is outside a job, included), then ask the cluster for what it has (its partition, its
+  CPUs, no GPUs or memory size); sbatch adds the tiny training's arguments
+  (TWIN_TRAIN_ARGS) to the job's and sets the centre's job variables ($SLURM_TMPDIR).
+  The job sees its request as the centre's SLURM gives it (SLURM_CPUS_PER_TASK,
+  SLURM_GPUS_PER_NODE), so the job's own arithmetic runs on the centre's numbers; srun
+  scales them to the cluster's. Each step that trains, and each job, is written to
+  requests.jsonl (the CPUs each rank gets, the memory a GPU gets, at the centre's scale)
+  for the site test to hold against the centre's figures. `srun --environment=EDF` is
   CSCS's Container Engine; `srun --container-image=FILE` is pyxis.
 - A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
   not found" until that module is loaded.
@@ -37,9 +42,9 @@ from pathlib import Path
 GO_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
 VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account",
                  "partition", "time", "output", "error", "job-name", "gpus", "gpus-per-node",
-                 "gpus-per-task", "mem", "mem-per-cpu", "constraint", "environment", "uenv",
-                 "view", "image", "module", "gres", "cpu-bind", "export", "chdir",
-                 "container-image", "container-mounts", "container-workdir"}
+                 "gpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "constraint",
+                 "environment", "uenv", "view", "image", "module", "gres", "cpu-bind", "export",
+                 "chdir", "container-image", "container-mounts", "container-workdir"}
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
          "-G": "gpus", "-C": "constraint"}
@@ -47,9 +52,11 @@ SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-entrypoint",
          "no-container-entrypoint", "container-writable", "container-readonly"}
 SITE_ONLY = {"account", "partition", "gpus", "gpus-per-node", "gpus-per-task", "mem",
-             "mem-per-cpu", "constraint", "gres", "uenv", "view", "image", "module",
+             "mem-per-cpu", "mem-per-gpu", "constraint", "gres", "uenv", "view", "image", "module",
              "environment"} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
+# What the job sees as the centre's SLURM sets it; srun gives the cluster its own back.
+CENTRE_VIEW = ("SLURM_CPUS_PER_TASK", "SLURM_GPUS_PER_NODE")
 
 
 def fail(message: str, status: int = 1):
@@ -114,6 +121,37 @@ def check_numbers(program: str, options: dict[str, str | None]) -> None:
             fail(f'{program}: error: Invalid numeric value "{value}" for --{name}.')
 
 
+def gpu_request(options: dict[str, str | None]) -> tuple[str, str, int] | None:
+    """(the option, its GPU model or "", GPUs a node) of a GPU request, else None."""
+    nodes = int(options.get("nodes") or 1)
+    for name in ("gpus-per-node", "gpus", "gres", "gpus-per-task"):
+        value = options.get(name)
+        if not value or (name == "gres" and not value.startswith("gpu")):
+            continue
+        model, _, count = value.removeprefix("gpu").lstrip(":").rpartition(":")
+        count = int(count or 1)
+        per_node = (count // nodes if name == "gpus" else
+                    count * int(options.get("ntasks-per-node") or 1) if name == "gpus-per-task"
+                    else count)
+        return name, model, max(per_node, 1)
+    return None
+
+
+def check_gpu_model(refused: str, options: dict[str, str | None]) -> None:
+    """Where the centre requires a GPU model (its job_submit.lua refuses an untyped
+    request), an untyped one is refused; a model the cluster has not, as SLURM does."""
+    request, model = gpu_request(options), CONFIG["slurm"].get("gpu_model")
+    if not request or not model:
+        return
+    name, asked, _ = request
+    if not asked:
+        fail(f"{refused}--{name}={options[name]} names no GPU model: this cluster refuses an "
+             f"untyped GPU request (give --{name}={model}:N). [twin: the rule is the "
+             "centre's, this wording is the twin's]")
+    if asked != model:
+        fail(f"{refused}Invalid generic resource (gres) specification")
+
+
 def check_request(program: str, options: dict[str, str | None]) -> None:
     """Refuse what the centre would refuse, with SLURM's messages."""
     slurm, node = CONFIG["slurm"], CONFIG["compute"]
@@ -130,9 +168,12 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     account = options.get("account")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
+    check_gpu_model(refused, options)
+    gpu_partitions = slurm.get("gpu_partitions")
+    if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
+        fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
     per_node = int(options.get("ntasks-per-node") or 1)
-    gpus = int(options.get("gpus-per-node") or 0) or int(
-        options.get("gpus") or 0) // int(options.get("nodes") or 1)
+    gpus = (gpu_request(options) or ("", "", 0))[2]
     too_big = (per_node * int(options.get("cpus-per-task") or 1) > node["cpus"]
                or gpus > node["gpus"]
                or ("memory_gib" in node and options.get("mem")
@@ -161,8 +202,33 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
     return [f"--{name}" if value is None else f"--{name}={value}" for name, value in kept.items()]
 
 
-def gpus_per_node(options: dict[str, str | None]) -> int:
-    return int(options.get("gpus-per-node") or 0) or int(options.get("gpus") or 0)
+def record(entry: dict) -> None:
+    """A request at the centre's scale, for the site test (requests.jsonl)."""
+    with open(Path(CONFIG["state"]) / "requests.jsonl", "a") as requests:
+        requests.write(json.dumps(entry) + "\n")
+
+
+def trains(command: list[str]) -> bool:
+    """A step whose tasks are training ranks: train, torchrun, a script, or the job
+    scripts' check of that layout (LAUNCH_CHECK=1); not the data step, which only
+    fetches."""
+    check = [arg for arg in command if arg in ("workload.launch", "check")]
+    return "--prepare-data" not in command and (check == ["workload.launch", "check"] or any(
+        Path(arg).name in ("train", "torchrun") or arg.endswith(".py") for arg in command))
+
+
+def record_ranks(options: dict[str, str | None], command: list[str]) -> None:
+    """The CPUs each training rank of the step gets, as the centre's SLURM gives them: the
+    step's --cpus-per-task, else the job's (srun inherits it, SRUN_CPUS_PER_TASK since
+    Slurm 23.11); a torchrun task shares its CPUs among the node's GPUs."""
+    if not trains(command):
+        return
+    cpus = int(options.get("cpus-per-task") or (
+        os.environ.get("SLURM_CPUS_PER_TASK") if on_compute() else None) or 1)
+    per_node = int(options.get("ntasks-per-node") or 1)
+    ranks = (CONFIG["compute"]["gpus"] // per_node
+             if any(Path(arg).name == "torchrun" for arg in command) else 1)
+    record({"step": " ".join(command[:3]), "cpus_per_rank": cpus // max(ranks, 1)})
 
 
 def srun(args: list[str]) -> None:
@@ -174,6 +240,13 @@ def srun(args: list[str]) -> None:
     elif int(options.get("cpus-per-task") or 1) > CONFIG["compute"]["cpus"]:
         fail("srun: error: Unable to create step for job "
              f"{os.environ['SLURM_JOB_ID']}: More processors requested than permitted")
+    record_ranks(options, command)
+    # The cluster's own values of what the job saw at the centre's scale.
+    for name, value in json.loads(os.environ.pop("TWIN_CLUSTER_VIEW", "{}")).items():
+        if not value:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if options.get("environment"):
         command = [sys.executable, __file__, "ce-task", str(find_edf(options["environment"])),
                    "--", *command]
@@ -192,24 +265,55 @@ def script_header(script: Path) -> list[tuple[str, str | None]]:
     return options
 
 
-def with_job_variables(lines: list[str]) -> list[str]:
+def centre_view(options: dict[str, str | None]) -> list[str]:
+    """The job's request as the centre's SLURM shows it to the job (its CPUs a task, its
+    GPUs a node), the cluster's own values kept for srun (TWIN_CLUSTER_VIEW)."""
+    view = {"SLURM_CPUS_PER_TASK": options.get("cpus-per-task"),
+            "SLURM_GPUS_PER_NODE": options.get("gpus-per-node")}
+    if not any(view.values()):
+        return []
+    kept = ", ".join(f'\\"{name}\\": \\"${{{name}:-}}\\"' for name in CENTRE_VIEW)
+    return [f'export TWIN_CLUSTER_VIEW="{{{kept}}}"\n',
+            "".join(f"export {name}={value}\n" for name, value in view.items() if value)]
+
+
+def with_job_variables(lines: list[str], options: dict[str, str | None]) -> list[str]:
     """The variables the centre's job starts with (Alliance's $SLURM_TMPDIR, a node-local
-    folder made for the job), set after the script's header as the centre's prolog would
-    before it."""
+    folder made for the job; the request as the centre's SLURM gives it), set after the
+    script's header as the centre's prolog would before it."""
     variables = CONFIG["compute"].get("job_variables", {})
     body = next((i for i, line in enumerate(lines) if i and not line.startswith("#")),
                 len(lines))
-    made = []
+    made = centre_view(options)
     for name, value in variables.items():
         path = CONFIG["root_dir"] + value.format(user=os.environ["USER"], job="${SLURM_JOB_ID}")
         made.append(f'export {name}="{path}"; mkdir -p "${{{name}}}"\n')
     return lines[:body] + made + lines[body:]
 
 
+def record_memory(listed: list[tuple[str, str | None]]) -> None:
+    """The host memory a GPU of the job gets: --mem-per-gpu, --mem over the GPUs a node,
+    or "node" for --mem=0 (all of each node's memory, whatever its GPUs). The options
+    exclude each other: the last given wins (the command line's over the header's)."""
+    request = gpu_request(dict(listed))
+    if not request:
+        return
+    name, value = next(((n, v) for n, v in reversed(listed) if n in ("mem", "mem-per-gpu")),
+                       (None, None))
+    if name == "mem-per-gpu":
+        share = memory_gib(value)
+    elif name == "mem":
+        share = memory_gib(value) / request[2] if memory_gib(value) else "node"
+    else:
+        share = None
+    record({"job": Path(CONFIG["state"]).name, "mem_per_gpu_gib": share})
+
+
 def sbatch(args: list[str]) -> None:
     listed, rest = parse_options(args)
     script = Path(rest[0])
-    options = dict(script_header(script) + listed)  # the command line wins, as in sbatch
+    listed = script_header(script) + listed
+    options = dict(listed)  # the command line wins, as in sbatch
     check_numbers("sbatch", options)
     check_request("sbatch", options)
     # The script without the header lines the cluster cannot have (the command line
@@ -221,11 +325,10 @@ def sbatch(args: list[str]) -> None:
              if not (line.startswith("#SBATCH ") and
                      parse_options(line.split(None, 1)[1].split())[0][0][0] in SITE_ONLY | {
                          "cpus-per-task", "ntasks-per-node"})]
-    copy.write_text("".join(with_job_variables(lines)))
+    copy.write_text("".join(with_job_variables(lines, options)))
     if options.get("image"):  # Shifter's image for the job's `shifter` commands
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
-    if gpus_per_node(options):
-        os.environ["GPUS_PER_NODE"] = str(min(gpus_per_node(options), CONFIG["cluster_cpus"]))
+    record_memory(listed)
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
                            *json.loads(os.environ.get("TWIN_TRAIN_ARGS", "[]"))],
@@ -291,6 +394,28 @@ def check_module(command: str) -> None:
         fail(f"bash: {command}: command not found", 127)
 
 
+def check_bound(command: list[str], binds: list[str]) -> None:
+    """Apptainer's bind model: a site path the command names is in the container only
+    under what Apptainer binds by default ($HOME, the current folder, /tmp, /var/tmp:
+    https://apptainer.org/docs/user/latest/bind_paths_and_mounts.html), what the centre's
+    configuration binds (the twin's runtime.binds, each cited) and the --bind folders (at
+    their destination). Anything else is absent in the container."""
+    # (/tmp and /var/tmp are the node's own: no site path is under them at the centre,
+    # though the twin's folder is under the test machine's /tmp.)
+    inside = [str(Path.home()), os.getcwd(),
+              *(str(site_path(path)) for path in CONFIG["runtime"].get("binds", [])),
+              *(bind.split(":")[1] if ":" in bind else bind.split(":")[0] for bind in binds)]
+    for arg in command:
+        path = arg.rpartition("=")[2]
+        if not path.startswith(CONFIG["root_dir"] + "/"):
+            continue
+        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in inside):
+            fail(f"twin: {path} is not in the container: Apptainer binds $HOME, the current "
+                 f"folder ({os.getcwd()}), /tmp and the --bind folders, and none holds it "
+                 "(bind it: apptainer exec --bind FOLDER ...); what the command writes "
+                 "there would not reach the host", 255)
+
+
 def apptainer(args: list[str]) -> None:
     check_module("apptainer")
     action, args = args[0], args[1:]
@@ -321,6 +446,7 @@ def apptainer(args: list[str]) -> None:
                 fail(f"FATAL:   container creation failed: mount hook function failure: "
                      f"mount {source}->{source} error: while mounting {source}: mount "
                      f"source {source} doesn't exist", 255)
+        check_bound(args[1:], binds)
         # Apptainer passes the host's variables in but PATH and LD_LIBRARY_PATH; the
         # APPTAINERENV_ ones are set in the container ($LD_LIBRARY_PATH: the image's).
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPTAINERENV_")}
@@ -471,14 +597,16 @@ def shifter_image(name: str) -> Path:
 
 
 def shifterimg(args: list[str]) -> None:
-    """`shifterimg pull NAME`: from the twin's registry (the image the page names, as the
-    user pushed it), into Shifter's image store. The wording of Shifter's errors is NOT
-    CONFIRMED here: the messages name the image."""
+    """`shifterimg pull NAME`: from the twin's registry (what the user pushed), into
+    Shifter's image store. The wording of Shifter's errors is NOT CONFIRMED here: the
+    messages name the image."""
     if args[:1] != ["pull"] or len(args) != 2:
         fail(f"twin: shifterimg {' '.join(args)}: the twin has `shifterimg pull NAME` only")
-    registry = CONFIG["runtime"].get("registry", {})
+    registry = {name.format(user=os.environ["USER"]): arch
+                for name, arch in CONFIG["runtime"].get("registry", {}).items()}
     if args[1] not in registry:
-        fail(f"shifterimg: ERROR: failed to pull {args[1]}: not in the registry", 1)
+        fail(f"shifterimg: ERROR: failed to pull {args[1]}: the image does not exist in "
+             "the registry", 1)
     write_image(shifter_image(args[1]), registry[args[1]], args[1])
 
 

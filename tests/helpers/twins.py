@@ -94,9 +94,31 @@ class Result:
     status: int
     login: str                  # what the login shell printed
     jobs: dict[int, tuple[str, str]]  # job id: (final state, log)
+    requests: list[dict]        # the steps' and jobs' requests at the centre's scale
 
     def text(self) -> str:
         return self.login + "".join(log for _, log in self.jobs.values())
+
+
+def centre_faults(site: str, result: Result) -> list[str]:
+    """What the page's steps and jobs ask against the centre's own figures (the twin's,
+    each cited): every training rank gets the CPUs the centre gives a GPU (its node's
+    cores over its GPUs, or the cpus_per_gpu it publishes), and every GPU the host memory
+    the centre gives one, where it publishes that (mem_per_gpu_gib). One line a fault."""
+    compute = twin_data(site)["compute"]
+    per_gpu = compute.get("cpus_per_gpu", compute["cpus"] // compute["gpus"])
+    memory = compute.get("mem_per_gpu_gib")
+    faults = []
+    for entry in result.requests:
+        if entry.get("cpus_per_rank", per_gpu) != per_gpu:
+            faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
+                          f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
+        if memory and entry.get("mem_per_gpu_gib", memory) != memory:
+            shown = ("all of the node's (--mem=0)" if entry["mem_per_gpu_gib"] == "node"
+                     else f"{entry['mem_per_gpu_gib']} GiB")
+            faults.append(f"memory a GPU: the job gives a GPU {shown}, the centre's share "
+                          f"is {memory} GiB")
+    return faults
 
 
 class Twin:
@@ -211,8 +233,11 @@ class Twin:
                 lines.append(self.substitute(step.text))
         return "\n".join(lines) + "\n"
 
-    def run(self, page: str, timeout: float = 400) -> Result:
-        done = subprocess.run(["bash", "-c", self.login_script(page)], env=self.environment(),
+    def run(self, page: str, timeout: float = 400, launch_check: bool = False) -> Result:
+        """launch_check: the job scripts run the layout's check instead of training
+        (LAUNCH_CHECK=1, jobs/lib/launch.sh), the same steps asked of SLURM, faster."""
+        env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {})
+        done = subprocess.run(["bash", "-c", self.login_script(page)], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
         jobs = {}
@@ -222,4 +247,7 @@ class Twin:
             shown = self.cluster.run(["scontrol", "show", "job", job]).stdout
             log = Path(re.search(r"StdOut=(\S+)", shown).group(1))
             jobs[int(job)] = (state, log.read_text() if log.exists() else "")
-        return Result(done.returncode, done.stdout, jobs)
+        asked = self.state / "requests.jsonl"
+        requests = [json.loads(line) for line in
+                    (asked.read_text().splitlines() if asked.exists() else [])]
+        return Result(done.returncode, done.stdout, jobs, requests)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.steps import page_steps
+from tests.helpers.steps import page_steps, unmarked_blocks
 from tests.helpers.twins import TWINS, twin_data
 
 PAGE = """Intro.
@@ -30,6 +30,20 @@ echo never
      indented
    ```
 """
+
+
+def test_a_shell_block_with_no_marker_is_found_and_a_reason_marks_one():
+    assert unmarked_blocks(PAGE) == [10]
+    marked = PAGE.replace("Not a step:\n\n", "<!-- not a step: needs ssh to a node -->\n")
+    assert unmarked_blocks(marked) == []
+    no_reason = PAGE.replace("Not a step:\n\n", "<!-- not a step: -->\n")
+    assert unmarked_blocks(no_reason) == [9]
+
+
+@pytest.mark.parametrize("site", sorted(path.stem for path in TWINS.glob("*.toml")))
+def test_every_shell_block_of_a_site_page_is_a_step_or_says_why_not(site):
+    page = (REPO / twin_data(site)["page"]).read_text()
+    assert unmarked_blocks(page) == [], f"{site}: a ```bash block with no step marker"
 
 
 def test_the_marked_blocks_are_the_steps_in_order_and_dedented():

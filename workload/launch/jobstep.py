@@ -8,8 +8,10 @@ DEST/lib/ beside launch.sh; in a source checkout launch.sh finds it here.
     python3 jobstep.py --jobs-dir DIR train [train arguments...]
     python3 jobstep.py --jobs-dir DIR script [script arguments...]   # SCRIPT, FORM
 
-The job scripts allocate whole nodes: one task per node holding the node's GPUs
-(--gpus-per-node) and CPUs (--cpus-per-task), and the step is shaped from that, so
+The job scripts ask one task per node holding the node's GPUs (--gpus-per-node) and
+the CPUs its header or the sbatch line gives (--cpus-per-task: not always the whole
+node's; docs/sites/ says how many each centre gives a GPU), and the step is shaped from
+that, so
 `sbatch --nodes=4 --gpus-per-node=2 jobs/X.sbatch` needs nothing else. In the per-task
 layout every task sees the node's GPUs and train takes GPU LOCAL_RANK (GPUs visible to
 each other keep NCCL's peer-to-peer paths, which per-task GPU cgroups can cut). Per-task
@@ -121,7 +123,7 @@ def gpus_per_node(env):
 def check_one_task_per_node(env):
     tasks = setting(env, "SLURM_NTASKS_PER_NODE", "1")
     if tasks != "1":
-        raise JobError("--ntasks-per-node={}: the job scripts allocate one task per node and "
+        raise JobError("--ntasks-per-node={}: the job scripts ask one task per node and "
                        "start GPUS_PER_NODE processes per node themselves; set "
                        "--gpus-per-node (or GPUS_PER_NODE) instead".format(shown(tasks)))
 
@@ -182,9 +184,9 @@ def runtime_commands(env, jobs_dir, names):
 
 
 def task_shape(env, layout, gpus):
-    """srun's task options for LAYOUT on whole nodes: --kill-on-bad-exit=1 so one failed
-    rank ends the step; --cpus-per-task given explicitly, as Slurm 22.05-23.02 srun does
-    not inherit it from sbatch."""
+    """srun's task options for LAYOUT from the job's one task per node:
+    --kill-on-bad-exit=1 so one failed rank ends the step; --cpus-per-task given
+    explicitly, as Slurm 22.05-23.02 srun does not inherit it from sbatch."""
     nodes = whole("SLURM_NNODES", setting(env, "SLURM_NNODES", "1"), "nodes",
                   "; sbatch sets it from --nodes")
     node_cpus = setting(env, "SLURM_CPUS_PER_TASK")
