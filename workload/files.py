@@ -21,11 +21,28 @@ def path_kind(path: Path) -> str:
     """What is at `path`, in words (a dangling link is named with its target)."""
     if path.is_symlink() and not path.exists():
         return f"a symbolic link to {os.readlink(path)}, which does not exist"
-    mode = path.stat().st_mode
+    return mode_kind(path.stat().st_mode)
+
+
+def mode_kind(mode: int) -> str:
+    """The kind of file a stat mode says, in words."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
              (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def open_regular(path: str | Path) -> int:
+    """A read-only descriptor of the regular file `path` (a link to one followed), or
+    OSError naming what else it is: opened without waiting (a FIFO's open waits for a
+    writer) and checked on the descriptor, so a swap after a check cannot slip in."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is {mode_kind(mode)}, not a file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def regular_file_problem(path: str | Path) -> str | None:
@@ -115,13 +132,28 @@ def strict_json(text: str):
         raise ValueError("it is nested too deeply to be data") from None
 
 
-def read_json_file(path: Path):
-    """strict_json of a regular file's UTF-8 text. OSError when it cannot be read or is
-    not a regular file (a FIFO would wait for a writer forever), ValueError when it is not
-    UTF-8 or not strict JSON."""
+def read_json_file(path: Path, limit: int | None = None):
+    """strict_json of a regular file's UTF-8 text (read_regular: at most `limit` bytes).
+    OSError when it cannot be read, is not a regular file (a FIFO would wait for a writer
+    forever) or is larger, ValueError when it is not UTF-8 or not strict JSON."""
+    return strict_json(read_regular(path, limit).decode("utf-8"))
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path` (a link to one followed). OSError naming it
+    when it is something else (never opened: a FIFO waits for a writer, /dev/zero never
+    ends) or holds more than `limit` bytes (checked on the open file, before reading)."""
     if problem := regular_file_problem(path):
         raise OSError(errno.EINVAL, problem)
-    return strict_json(path.read_bytes().decode("utf-8"))
+    with open(open_regular(path), "rb") as file:
+        if limit is None:
+            return file.read()
+        size = os.fstat(file.fileno()).st_size
+        data = file.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:  # a file that grew since is refused too
+        raise OSError(errno.EFBIG, f"{path} holds {max(size, len(data))} bytes, more "
+                                   f"than the {limit} such a file may have")
+    return data
 
 
 def _refuse_constant(word: str):
@@ -140,12 +172,13 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json_text(record) + "\n")
 
 
-def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
+def read_jsonl_lines(path: Path, limit: int | None = None
+                     ) -> list[tuple[int, dict | None, str]]:
     """Each line of a JSON-lines file that is not blank: (its number, its record, "") or
     (its number, None, why it is left out): a last line without its newline (a torn
     write: a full disk, a node that died), a line that is not UTF-8, not strict JSON
-    (strict_json) or not an object."""
-    lines = path.read_bytes().split(b"\n")
+    (strict_json) or not an object. OSError as read_regular (at most `limit` bytes)."""
+    lines = read_regular(path, limit).split(b"\n")
     found = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -162,17 +195,19 @@ def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
     return found
 
 
-def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
+def read_jsonl_records(path: Path, limit: int | None = None
+                       ) -> tuple[list[dict], list[str]]:
     """The records of a JSON-lines file and a description of each line left out
     (read_jsonl_lines)."""
-    found = read_jsonl_lines(path)
+    found = read_jsonl_lines(path, limit)
     return ([record for _, record, _ in found if record is not None],
             [f"line {number}: {why}" for number, _, why in found if why])
 
 
 def sha256_file(path: Path) -> str:
+    """The sha256 of a regular file (open_regular: anything else is an OSError)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
