@@ -111,6 +111,19 @@ def test_a_folder_train_did_not_make_is_never_replaced(tmp_path):
     assert (target / "train" / "cat" / "0.jpg").read_bytes() == b"the user's"
 
 
+def test_a_fifo_at_a_stagings_manifest_is_no_manifest_not_a_hang(tmp_path):
+    # The node-local folder may be shared ($TMPDIR): a FIFO planted at the manifest's name
+    # would hold a reader of it forever.
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    target, _ = stage_once(data, local)
+    manifest = local / f"{target.name}.manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    with pytest.raises(UsageError, match=f"{target} exists but was not made by --stage-to"):
+        stage_once(data, local)
+
+
 @pytest.mark.parametrize("loops", [1, 2])
 def test_link_loops_in_the_source_are_refused_before_copying(tmp_path, loops):
     data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
