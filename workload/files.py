@@ -29,11 +29,30 @@ def path_kind(path: Path) -> str:
     """What is at `path`, in words (a dangling link is named with its target)."""
     if path.is_symlink() and not path.exists():
         return f"a symbolic link to {os.readlink(path)}, which does not exist"
-    mode = path.stat().st_mode
+    return mode_kind(path.stat().st_mode)
+
+
+def mode_kind(mode: int) -> str:
+    """The kind of file a stat mode says, in words."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
              (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def open_regular(path: str | Path, follow_links: bool = True) -> int:
+    """A read-only descriptor of the regular file `path` (a link to one followed unless
+    `follow_links` is false: a file in a folder others may write), or OSError naming what
+    else it is: opened without waiting (a FIFO's open waits for a writer) and checked on
+    the descriptor, so a swap after a check cannot slip in."""
+    nofollow = 0 if follow_links else os.O_NOFOLLOW
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is {mode_kind(mode)}, not a file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def regular_file_problem(path: str | Path) -> str | None:
@@ -142,17 +161,6 @@ def open_append(path: Path, buffering: int = -1, binary: bool = False):
     return os.fdopen(fd, "ab" if binary else "a", buffering=buffering)
 
 
-def read_small(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, opened without following a
-    link or waiting on a FIFO, checked on its descriptor: OSError for anything else."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            raise OSError(errno.EINVAL, f"{path} is not a file of at most {limit} bytes")
-        return file.read(limit)
-
-
 def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
     """None when `path` is a folder of this user's that only this user can enter (made,
     mode 0700, when missing), else why not: a symbolic link or a folder of another uid,
@@ -210,13 +218,28 @@ def strict_json(text: str):
         raise ValueError("it is nested too deeply to be data") from None
 
 
-def read_json_file(path: Path):
-    """strict_json of a regular file's UTF-8 text. OSError when it cannot be read or is
-    not a regular file (a FIFO would wait for a writer forever), ValueError when it is not
-    UTF-8 or not strict JSON."""
-    if problem := regular_file_problem(path):
+def read_json_file(path: Path, limit: int | None = None):
+    """strict_json of a regular file's UTF-8 text (read_regular: at most `limit` bytes).
+    OSError when it cannot be read, is not a regular file (a FIFO would wait for a writer
+    forever) or is larger, ValueError when it is not UTF-8 or not strict JSON."""
+    return strict_json(read_regular(path, limit).decode("utf-8"))
+
+
+def read_regular(path: Path, limit: int | None = None, follow_links: bool = True) -> bytes:
+    """The bytes of the regular file `path` (open_regular). OSError naming it when it is
+    something else (never opened: a FIFO waits for a writer, /dev/zero never ends) or
+    holds more than `limit` bytes (checked on the open file, before reading)."""
+    if follow_links and (problem := regular_file_problem(path)):
         raise OSError(errno.EINVAL, problem)
-    return strict_json(path.read_bytes().decode("utf-8"))
+    with open(open_regular(path, follow_links), "rb") as file:
+        if limit is None:
+            return file.read()
+        size = os.fstat(file.fileno()).st_size
+        data = file.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:  # a file that grew since is refused too
+        raise OSError(errno.EFBIG, f"{path} holds {max(size, len(data))} bytes, more "
+                                   f"than the {limit} such a file may have")
+    return data
 
 
 def _refuse_constant(word: str):
@@ -235,12 +258,13 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json_text(record) + "\n")
 
 
-def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
+def read_jsonl_lines(path: Path, limit: int | None = None
+                     ) -> list[tuple[int, dict | None, str]]:
     """Each line of a JSON-lines file that is not blank: (its number, its record, "") or
     (its number, None, why it is left out): a last line without its newline (a torn
     write: a full disk, a node that died), a line that is not UTF-8, not strict JSON
-    (strict_json) or not an object."""
-    lines = path.read_bytes().split(b"\n")
+    (strict_json) or not an object. OSError as read_regular (at most `limit` bytes)."""
+    lines = read_regular(path, limit).split(b"\n")
     found = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -257,17 +281,19 @@ def read_jsonl_lines(path: Path) -> list[tuple[int, dict | None, str]]:
     return found
 
 
-def read_jsonl_records(path: Path) -> tuple[list[dict], list[str]]:
+def read_jsonl_records(path: Path, limit: int | None = None
+                       ) -> tuple[list[dict], list[str]]:
     """The records of a JSON-lines file and a description of each line left out
     (read_jsonl_lines)."""
-    found = read_jsonl_lines(path)
+    found = read_jsonl_lines(path, limit)
     return ([record for _, record, _ in found if record is not None],
             [f"line {number}: {why}" for number, _, why in found if why])
 
 
 def sha256_file(path: Path) -> str:
+    """The sha256 of a regular file (open_regular: anything else is an OSError)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

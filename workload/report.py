@@ -52,6 +52,9 @@ WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
 # drawn (beyond any run: a larger one is a damaged line that would break the axes).
 EPOCH_FIELDS = ("train_loss", "accuracy", "images_per_second")
 MAX_EPOCH = 10**9
+# The most bytes report reads of one file: a run of a million log intervals writes a few
+# hundred MB of steps.jsonl; a larger file is no run's, and would be held in memory whole.
+MAX_FILE_BYTES = 1 << 30
 
 
 def import_pyplot():
@@ -73,7 +76,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
         raise UsageError(f"RUN_DIR {run_dir} has no metrics.jsonl; pass the --output-dir of "
                          "a train run that finished at least one epoch")
     try:
-        lines = read_jsonl_lines(path)
+        lines = read_jsonl_lines(path, MAX_FILE_BYTES)
     except OSError as error:
         raise UsageError(f"{path} cannot be read ({error.strerror}); pass a run folder "
                          "you can read") from None
@@ -119,7 +122,7 @@ def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list
 def read_summary(run_dir: Path) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
     try:
-        summary = read_json_file(run_dir / "summary.json")
+        summary = read_json_file(run_dir / "summary.json", MAX_FILE_BYTES)
     except (OSError, ValueError):
         return {}
     return summary if isinstance(summary, dict) else {}
@@ -156,7 +159,7 @@ def _results(node, name: str = ""):
 
 def read_bench(path: Path) -> list[BenchPoint]:
     try:
-        data = read_json_file(path)
+        data = read_json_file(path, MAX_FILE_BYTES)
     except OSError as error:
         raise UsageError(f"bench file {path} cannot be read ({error.strerror}); pass the "
                          "file that `bench --json PATH` wrote") from None
@@ -209,9 +212,20 @@ def plot_throughput(plt, records: list[dict], summary: dict, path: Path) -> None
     _save(plt, fig, path)
 
 
+def step_records(path: Path) -> list[dict]:
+    """steps.jsonl's records, [] without one; one that cannot be read is a usage error."""
+    if not path.is_file():
+        return []
+    try:
+        return read_jsonl_records(path, MAX_FILE_BYTES)[0]
+    except OSError as error:
+        raise UsageError(f"{path} cannot be read ({error.strerror}); pass a run folder "
+                         "you can read") from None
+
+
 def rank_times(path: Path) -> list[dict]:
     """steps.jsonl's lines with every rank's busy time per step (several ranks only)."""
-    found = read_jsonl_records(path)[0] if path.is_file() else []
+    found = step_records(path)
     return [r for r in found if isinstance(r.get("step_busy_by_rank_s"), list)
             and all(_number(v) for v in r["step_busy_by_rank_s"]) and _number(r.get("step"))]
 
@@ -232,7 +246,7 @@ POWER = (("gpu_power_w", "GPUs, all ranks (NVML)"),
 
 def power_lines(path: Path) -> list[dict]:
     """steps.jsonl's lines with a mean power of their interval (GPU or CPU packages)."""
-    found = read_jsonl_records(path)[0] if path.is_file() else []
+    found = step_records(path)
     return [r for r in found if _number(r.get("step"))
             and any(_number(r.get(key)) for key, _ in POWER)]
 

@@ -1,5 +1,6 @@
 """Bad input: one clear line on stderr, exit status 2, nothing written, no training."""
 
+import json
 import subprocess
 import sys
 
@@ -36,6 +37,19 @@ def overlapping_stage(tmp_path, where: str) -> list[str]:
     return ["--data-dir", str(data), "--stage-to", str(stage)]
 
 
+def shard_manifest_saying(tmp_path, **entry) -> str:
+    """A shard folder whose manifest's one shard says `entry` (a count far past any data:
+    refused by the manifest's bounds, before anything is allocated or read by it)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    shard = {**dict(name="train-000000.tar", samples=10, bytes=40960, sha256="0" * 64,
+                    index=[0, 1000]), **entry}
+    (folder / "manifest.json").write_text(json.dumps(dict(
+        format="hpc-train-shards", format_version=2, classes=["a", "b"],
+        splits=dict(train=dict(samples=10, shards=[shard]), val=dict(samples=0, shards=[])))))
+    return str(folder)
+
+
 CASES = {
     # name: (extra args, builder of args needing tmp_path, words the message must contain)
     "batch size 0": (["--batch-size", "0"], None, ["--batch-size", "1 or more", "got 0"]),
@@ -68,9 +82,18 @@ CASES = {
     "a newline in --output-dir": (["--dataset", "digits"],
                                   lambda p: ["--output-dir", str(p / "run\nPATH=x")],
                                   ["--output-dir", "\\n", "control character"]),
+    "--init-from a file that is not there": (
+        ["--dataset", "digits"], lambda p: ["--init-from", str(p / "gone.safetensors")],
+        ["--init-from", "gone.safetensors does not exist", "path of a .safetensors file"]),
     "image folder link loop": (["--dataset", "imagefolder", "--image-size", "32"],
                                lambda p: ["--data-dir", looped_image_folder(p)],
                                ["symbolic link loop", "remove the link"]),
+    **{f"a shard manifest's {field} of {value:.0e}": (
+        ["--dataset", "shards", "--image-size", "32"],
+        lambda p, field=field, value=value: ["--data-dir", shard_manifest_saying(p, **{
+            field: value if field != "index" else [0, value]})],
+        ["manifest.json is not a shard manifest", f"{field}", "write the shards again"])
+       for field, value in (("samples", 10**15), ("bytes", 2**70), ("index", 10**15))},
 }
 
 

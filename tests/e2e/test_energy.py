@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TESTS, TINY, free_ports, local_rank_env, read_jsonl
+from tests.helpers import TESTS, TINY, clean_env, free_ports, local_rank_env, read_jsonl
 from workload.checkpoint.formats import read_part
 
 pytestmark = pytest.mark.slow
@@ -131,6 +131,32 @@ def test_no_counter_is_unavailable_never_zero_and_a_lost_gpu_is_said_once(tmp_pa
         "; rank 1: the GPU's energy counter cannot be read (Not Supported)")
     for line in read_jsonl(out / "steps.jsonl"):
         assert line["gpu_energy_j"] is None and line["gpu_energy_total_j"] is None, line
+
+
+@pytest.mark.root  # a mount namespace: a stand-in /sys/class/powercap for train alone
+def test_a_rapl_counter_that_is_no_number_leaves_the_cpu_figure_out_and_trains(tmp_path):
+    zone = tmp_path / "class" / "powercap" / "intel-rapl:0"
+    zone.mkdir(parents=True)
+    for name, text in (("name", "package-0"), ("energy_uj", "garbage"),
+                       ("max_energy_range_uj", "262143328850")):
+        (zone / name).write_text(text + "\n")
+    train = Path(sys.executable).with_name("train")
+    bind = 'mount --bind "$1" /sys/class && shift && exec "$@"'
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, "sh",
+         str(tmp_path / "class"), str(train), *ARGS, "--epochs", "1",
+         "--output-dir", str(tmp_path / "run")],
+        env={**clean_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "RAPL" in line]
+    assert said == ["train: energy: the node's CPU package energy (RAPL) is not counted: "
+                    "/sys/class/powercap/intel-rapl:0/energy_uj holds 'garbage\\n', not a "
+                    "whole number of microjoules"], done.stdout + done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cpu_package_energy_j"] is None
+    assert summary["cpu_package_energy_source"].startswith(
+        "unavailable: RAPL cannot be read (/sys/class/powercap/intel-rapl:0/energy_uj holds")
 
 
 def trainer_energy(out: Path, step: int) -> dict:

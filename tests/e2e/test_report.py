@@ -219,6 +219,21 @@ def test_a_nested_or_non_utf8_line_is_skipped_not_a_traceback(tmp_path, damaged,
         assert "line 2: not a JSON object" in done.stderr
 
 
+@pytest.mark.parametrize("huge", ["metrics.jsonl", "steps.jsonl"])
+def test_a_file_larger_than_any_runs_is_one_line_not_read_whole(tmp_path, huge):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, **GOOD_EPOCH}) + "\n")
+    with open(run / huge, "ab") as file:
+        file.truncate(3 << 30)  # sparse: 3 GiB that take no disk, and no memory unless read
+    done = report_command(run)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"report: error: {run / huge} cannot be read ({run / huge} holds "
+                     f"{3 << 30} bytes, more than the {1 << 30} such a file may have); pass a "
+                     "run folder you can read"]
+
+
 @pytest.mark.root  # a read-only tmpfs
 def test_a_read_only_run_folder_names_out_before_any_figure(tmp_path):
     with tmpfs(tmp_path / "ro", "size=1m") as run:

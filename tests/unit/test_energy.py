@@ -83,6 +83,24 @@ def test_rapl_reads_the_packages_once_each_across_their_wrap(tmp_path):
     assert energy.cpu_meter(0, tmp_path / "none").reason.startswith("no RAPL package zones")
 
 
+@pytest.mark.parametrize("file, holds", [("energy_uj", "garbage"), ("energy_uj", "-5"),
+                                         ("max_energy_range_uj", "12ab"),
+                                         ("max_energy_range_uj", "0"),
+                                         ("energy_uj", "9" * 5000)],
+                         ids=["garbage", "negative", "range-garbage", "range-0", "5000-digits"])
+def test_a_rapl_counter_that_is_no_number_is_one_line_and_no_figure(tmp_path, caplog, file,
+                                                                    holds):
+    zone = write_zone(tmp_path, "intel-rapl:0", "package-0", 900_000)
+    (zone / file).write_text(holds + "\n")
+    with caplog.at_level(logging.WARNING, logger="workload"):
+        meter = energy.cpu_meter(0, tmp_path)
+    assert meter.reason.startswith(f"RAPL cannot be read ({zone / file} holds ")
+    assert math.isnan(meter.total()) and meter.update() is None
+    said, = [r.getMessage() for r in caplog.records]
+    assert "energy: the node's CPU package energy (RAPL) is not counted: " in said
+    assert str(zone / file) in said and "\n" not in said and len(said) < 300
+
+
 def test_a_checkpoint_without_a_readable_record_leaves_the_total_unknown():
     account = energy.EnergyAccount(energy.Meter("g", scripted([1.0] * 9)),
                                    energy.Meter("c", scripted([1.0] * 9)),

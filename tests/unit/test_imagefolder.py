@@ -3,6 +3,8 @@ files are skipped with a warning naming them (the next readable file takes their
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,10 +26,15 @@ def test_unreadable_and_empty_images_are_skipped_with_a_warning(tmp_path, caplog
     (cats / "0.jpg").write_bytes(b"")                   # 0 bytes
     (cats / "1.jpg").write_bytes(b"not an image at all")
     (cats / "00.jpg").symlink_to(tmp_path / "gone.jpg")  # cannot be opened
+    os.mkfifo(cats / "01.jpg")  # an open for reading would wait for a writer forever
+    os.symlink("/dev/zero", cats / "02.jpg")  # a device that never ends
     train, _ = load_imagefolder(str(tmp_path), 32)
     images = [train[i] for i in range(len(train))]
     assert all(image.shape == (3, 32, 32) and image.dtype == torch.uint8
                for image, _ in images)
     for name in ("0.jpg", "1.jpg", "00.jpg"):
         assert f"skipping {cats / name}" in caplog.text
+    assert f"skipping {cats / '01.jpg'}: it cannot be read as an image ({cats / '01.jpg'} " \
+           "is a FIFO, not a file)" in caplog.text
+    assert f"({cats / '02.jpg'} is a character device, not a file)" in caplog.text
     assert images[0][1] == images[1][1] == 0  # stand-ins come with their own labels

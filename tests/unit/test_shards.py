@@ -154,9 +154,11 @@ def test_a_damaged_index_is_named_in_one_line(shard_folder, tmp_path, damage, wh
     assert f"shard {copy / shard_name('val', 0)} is damaged ({why}" in one_line(error)
 
 
-def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes) -> tuple[Path, dict]:
+def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes,
+                   row: list | None = None) -> tuple[Path, dict]:
     """A one-sample shard folder whose first member is `member`, its manifest and index
-    consistent with the shard's bytes, so that only the member itself is wrong."""
+    consistent with the shard's bytes, so that only the member itself is wrong (or the
+    index's `row` for it)."""
     folder, name = tmp_path / "hostile", shard_name("train", 0)
     folder.mkdir()
     with tarfile.open(folder / name, "w", format=tarfile.GNU_FORMAT) as tar:
@@ -164,7 +166,7 @@ def hostile_folder(tmp_path: Path, member: tarfile.TarInfo, data: bytes) -> tupl
         tar.addfile(member_header("00000000.cls", 1), io.BytesIO(b"0"))
     line = json.dumps(dict(shard=name, bytes=(folder / name).stat().st_size,
                            sha256=sha256_file(folder / name),
-                           samples=[["00000000", "jpg", 512, len(data), 0]])) + "\n"
+                           samples=[row or ["00000000", "jpg", 512, len(data), 0]])) + "\n"
     (folder / index_name("train")).write_text(line)
     entry = dict(name=name, samples=1, bytes=(folder / name).stat().st_size,
                  sha256=sha256_file(folder / name), index=[0, len(line)])
@@ -190,7 +192,9 @@ def link(name: str) -> tarfile.TarInfo:
 ], ids=["absolute", "dotdot", "link", "huge", "other-name"])
 def test_a_hostile_tar_is_refused_in_one_line(tmp_path, monkeypatch, member, why):
     monkeypatch.setattr("workload.data.shardformat.MAX_MEMBER_BYTES", 32)
-    folder, entry = hostile_folder(tmp_path, member, b"\xff" * member.size)
+    # The index names a sample of a size it may have: the member itself is what is wrong.
+    folder, entry = hostile_folder(tmp_path, member, b"\xff" * member.size,
+                                   ["00000000", "jpg", 512, min(member.size, 32), 0])
     refused = f"shard {entry['name']} is refused: the member {member.name!r}"
     with pytest.raises(UsageError) as error:
         verify_shards(folder, read_manifest(folder))
@@ -199,6 +203,31 @@ def test_a_hostile_tar_is_refused_in_one_line(tmp_path, monkeypatch, member, why
     with pytest.raises(UsageError) as error:
         train.read(0, 0)
     assert refused in one_line(error) and why in one_line(error)
+
+
+@pytest.mark.parametrize("row", [["00000000", "jpg", 2**70, 4, 0],
+                                 ["00000000", "jpg", 512, 10**12, 0]], ids=["offset", "size"])
+def test_an_index_row_past_its_shard_is_damage_in_one_line(tmp_path, row):
+    folder, entry = hostile_folder(tmp_path, member_header("00000000.jpg", 4), b"1234", row)
+    train, _, _ = load_shards(str(folder), 8)
+    with pytest.raises(UsageError) as error:  # not an OverflowError, nor a MemoryError
+        train.read(0, 0)
+    assert f"shard {folder / entry['name']} is damaged (its index puts sample 00000000 at " \
+           f"{row[2]}, {row[3]} bytes: outside the shard's {entry['bytes']} bytes)" \
+           in one_line(error)
+
+
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_a_fifo_in_a_shards_place_is_damage_in_one_line_not_a_hang(tmp_path, which):
+    folder, entry = hostile_folder(tmp_path, member_header("00000000.jpg", 4), b"1234")
+    path = folder / (entry["name"] if which == "shard" else index_name("train"))
+    path.unlink()
+    os.mkfifo(path)  # an open for reading would wait for a writer forever
+    train, _, _ = load_shards(str(folder), 8)
+    with pytest.raises(UsageError) as error:
+        train.read(0, 0)
+    assert f"shard {folder / entry['name']} is damaged (" in one_line(error)
+    assert f"{path} is a FIFO, not a file" in one_line(error)
 
 
 def test_a_refusal_in_a_dataloader_worker_is_one_line(tmp_path):
@@ -309,14 +338,40 @@ def test_a_process_keeps_only_a_few_shards_open(shard_folder, monkeypatch):
         assert len(train._open_shards) <= 2
 
 
-def test_a_file_that_is_no_image_is_left_out_of_the_shards_with_a_warning(shard_source,
-                                                                        tmp_path, caplog):
+def truncated_jpeg(path: Path) -> None:
+    """A JPEG whose header and half its scan are there: PIL's verify() passes it."""
+    import numpy as np
+    from PIL import Image
+
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64, 3)).astype("uint8")
+    Image.fromarray(noise).save(path, "JPEG")
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+def huge_png(path: Path) -> None:
+    from PIL import Image
+
+    Image.new("1", (8000, 8000)).save(path, "PNG")  # 64 Mpixel in a few kilobytes
+
+
+@pytest.mark.parametrize("bad, why", [
+    (lambda path: path.write_text("not an image"), "cannot identify image file"),
+    (truncated_jpeg, "image file is truncated"),
+    (huge_png, "8000 x 8000 pixels is more than the 40 Mpixel"),
+], ids=["text", "truncated-jpeg", "64-mpixel-png"])
+def test_a_file_the_reader_refuses_is_left_out_of_the_shards_with_a_warning(
+        shard_source, tmp_path, caplog, bad, why):
     source = tmp_path / "src"
     shutil.copytree(shard_source, source)
-    (source / "train" / "dog" / "3.jpg").write_text("not an image")
+    bad(source / "train" / "dog" / "3.jpg")
     said = write_shards(source, tmp_path / "dest", shard_size=25)
     assert "119 training and 120 validation images" in said
-    assert f"skipping {source / 'train' / 'dog' / '3.jpg'}" in caplog.text
+    warning, = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert warning.startswith(f"skipping {source / 'train' / 'dog' / '3.jpg'}: it cannot be "
+                              "read as an image (") and why in warning
+    train, _, _ = load_shards(str(tmp_path / "dest"), 8, verify=True)
+    for sample in range(len(train)):  # every image packed is one the reader takes
+        train.read(*train._locate(sample))
 
 
 def test_a_member_that_is_no_image_stops_the_reader_in_one_line(tmp_path):

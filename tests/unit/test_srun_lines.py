@@ -13,6 +13,9 @@ from tests.helpers import REPO
 
 # srun as a command word: at the start, or after a wrapper such as run_requeueable.
 SRUN = re.compile(r"(^|\s)srun\s+-")
+# In a page's bash block, whatever follows it: an option, `exec srun apptainer ...`, or
+# "srun ..." that a reader fills in (and may fill in without --cpus-per-task).
+SRUN_IN_CODE = re.compile(r"(^|[\s;&|(])srun\s")
 
 
 def joined(text: str) -> list[str]:
@@ -24,7 +27,8 @@ def doc_srun_lines() -> list[tuple[str, str]]:
     found = []
     for page in pages:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
-            found += [(page.name, line.strip()) for line in joined(block) if SRUN.search(line)]
+            found += [(page.name, line.strip()) for line in joined(block)
+                      if SRUN_IN_CODE.search(line)]
     return found
 
 

@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import (private_folder_problem, read_small, replace_file,
+from workload.files import (private_folder_problem, read_regular, replace_file,
                             unwritable_reason)
 from workload.logs import logger
 
@@ -177,6 +177,6 @@ def bind_to_run(local: str, out: Path) -> None:
 
 def _read_id(path: Path) -> str | None:
     try:
-        return read_small(path, 64).decode().strip() or None
+        return read_regular(path, 64, follow_links=False).decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None

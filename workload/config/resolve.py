@@ -191,9 +191,13 @@ def _check_model(c: dict) -> None:
     # The name itself is checked against torchvision's registry once torch is imported.
     _require(bool(c["model"].strip()), "--model must not be empty; pass e.g. --model wrn")
     init = c["init_from"]
-    _require(not init or (init.endswith(".safetensors") and Path(init).is_file()),
+    _require(not init or init.endswith(".safetensors"),
              f"--init-from {init} is not a .safetensors file; convert the weights first "
              "(see docs/your-data.md, 'Starting from published weights')")
+    weights = Path(init).expanduser()
+    _require(not init or weights.is_file(),
+             f"--init-from {init} {'is not a file' if weights.exists() else 'does not exist'}"
+             "; pass the path of a .safetensors file")
     _require(not c["init_reinit_head"] or bool(init),
              "--init-reinit-head only goes with --init-from FILE.safetensors")
     _check_compile(c)

@@ -115,8 +115,8 @@ class Data:
                               "into tar shards of about 1,000 images in this folder (train "
                               "from them with --dataset shards --data-dir DIR)", metavar="DIR",
                           one_shot=True)
-    shard_size: int = setting(1000, "with --shards: images per shard", bounds=at_least(1),
-                              one_shot=True)
+    shard_size: int = setting(1000, "with --shards: images per shard",
+                              bounds=between(1, 1_000_000), one_shot=True)
     data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
                                         "folders on a GPU, else torch (the reason is printed)",
                                 choices=DATA_BACKENDS)

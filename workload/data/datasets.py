@@ -18,6 +18,7 @@ stop the run.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from workload.errors import UsageError
+from workload.files import open_regular
 from workload.logs import logger
 
 # Per-channel mean and standard deviation used for normalisation (CIFAR-100's, as in the
@@ -142,10 +144,14 @@ MAX_PIXELS = 40_000_000
 UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, MemoryError)
 
 
-def open_rgb(path) -> Image.Image:
-    """An image file decoded as RGB, refused (ValueError) past MAX_PIXELS before its pixels
-    are decoded."""
-    with Image.open(path) as image:
+def open_rgb(source) -> Image.Image:
+    """An image decoded as RGB, whole (a truncated file is an OSError), refused
+    (ValueError) past MAX_PIXELS before its pixels are decoded. `source`: a file object, or
+    the path of a regular file (open_regular: a FIFO or a device is an OSError, never
+    opened to wait). The one check of an image, for the readers and the shard writer."""
+    file = open(open_regular(source), "rb") if isinstance(source, (str, os.PathLike)) \
+        else contextlib.nullcontext(source)
+    with file as opened, Image.open(opened) as image:
         width, height = image.size
         if width * height > MAX_PIXELS:
             raise ValueError(f"{width} x {height} pixels is more than the "
@@ -156,7 +162,8 @@ def open_rgb(path) -> Image.Image:
 def bad_file_note(path: str, error: Exception) -> None:
     if path not in _warned:
         _warned.add(path)
-        why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = getattr(error, "strerror", None) or str(error)  # no "[Errno 22]"
+        why = text.strip().splitlines()[0] if text.strip() else type(error).__name__
         logger.warning(f"skipping {path}: it cannot be read as an image ({why}); the next "
                        "readable image takes its place")
 

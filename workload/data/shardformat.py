@@ -29,8 +29,9 @@ import re
 import tarfile
 from pathlib import Path
 
+from workload.config import FIELDS
 from workload.errors import UsageError
-from workload.files import read_json_file, strict_json
+from workload.files import open_regular, read_json_file, strict_json
 
 MANIFEST = "manifest.json"
 FORMAT = "hpc-train-shards"
@@ -43,6 +44,16 @@ BLOCK = tarfile.BLOCKSIZE  # 512: a ustar header, and the unit member data is pa
 # ends a worker under a memory limit when read whole.
 MAX_MEMBER_BYTES = 256 << 20
 MAX_CLASS_TEXT = 16  # bytes of a .cls member: a decimal class number
+# What a manifest and an index may say, checked before anything is read or allocated by
+# it: past these a number is damage, not data (else a MemoryError or an OverflowError).
+MAX_MANIFEST_BYTES = 256 << 20  # a million shards' entries take about 200 MB
+MAX_CLASSES = FIELDS["num_classes"].metadata["bounds"].high  # a model's, as --num-classes
+MAX_SHARD_SAMPLES = FIELDS["shard_size"].metadata["bounds"].high  # --shard-size's most
+# 7 times ImageNet-21k; each process holds an epoch's order, a list of them.
+MAX_SPLIT_SAMPLES = 100_000_000
+MAX_ROW_BYTES = 128  # an index row, [key, ext, offset, size, class], takes about 40
+INDEX_LINE_BYTES = 1024  # an index line's fields besides its rows take about 200
+MAX_OFFSET = 1 << 50  # a byte offset in a file (1 PiB), far inside the kernel's off_t
 
 
 def shard_name(split: str, number: int) -> str:
@@ -114,7 +125,7 @@ def read_manifest(folder: Path) -> dict:
     """The folder's manifest, its shape checked (shard names confined to the folder)."""
     path = folder / MANIFEST
     try:
-        manifest = read_json_file(path)
+        manifest = read_json_file(path, MAX_MANIFEST_BYTES)
     except (OSError, ValueError) as error:
         raise UsageError(f"--data-dir {folder} has no readable {MANIFEST} ({error}); a shard "
                          "folder is written by train --dataset imagefolder --data-dir SRC "
@@ -134,13 +145,20 @@ def manifest_problem(manifest) -> str | None:
     classes = manifest.get("classes")
     if not isinstance(classes, list) or not classes:
         return "no classes"
+    if len(classes) > MAX_CLASSES:
+        return f"{len(classes)} classes, more than the {MAX_CLASSES} a model here may have"
     splits = manifest.get("splits")
     if not isinstance(splits, dict) or set(splits) != set(SPLITS):
         return f"splits must be {', '.join(SPLITS)}"
     for split in SPLITS:
-        for entry in splits[split].get("shards", []) if isinstance(splits[split], dict) else []:
+        entries = splits[split].get("shards", []) if isinstance(splits[split], dict) else []
+        if not isinstance(entries, list):
+            return f"{split}: its shards are not a list"
+        for entry in entries:
             if entry_problem(entry, split):
                 return f"{split}: {entry_problem(entry, split)}"
+        if sum(entry["samples"] for entry in entries) > MAX_SPLIT_SAMPLES:
+            return f"{split}: more than the {MAX_SPLIT_SAMPLES:,} samples a split may hold"
     return None
 
 
@@ -149,15 +167,20 @@ def entry_problem(entry, split: str) -> str | None:
         return f"a shard entry without a name like {shard_name(split, 0)}"
     if not str(entry["name"]).startswith(split + "-"):
         return f"{entry['name']} listed under {split}"
-    for field in ("samples", "bytes"):
-        if not isinstance(entry.get(field), int) or entry[field] < 0:
-            return f"{entry['name']}: {field} is not a count"
+    for field, most in (("samples", MAX_SHARD_SAMPLES), ("bytes", MAX_OFFSET)):
+        if not isinstance(entry.get(field), int) or not 0 <= entry[field] <= most:
+            return f"{entry['name']}: {field} is not a count from 0 to {most}"
     if not re.fullmatch(r"[0-9a-f]{64}", str(entry.get("sha256"))):
         return f"{entry['name']}: no sha256"
     at = entry.get("index")
+    longest = INDEX_LINE_BYTES + entry["samples"] * MAX_ROW_BYTES
     if not (isinstance(at, list) and len(at) == 2
             and all(isinstance(v, int) and v >= 0 for v in at)):
         return f"{entry['name']}: its index is not [offset, length] in {index_name(split)}"
+    if at[0] > MAX_OFFSET or at[1] > longest:
+        return (f"{entry['name']}: its index line in {index_name(split)} is said to be at "
+                f"{at[0]}, {at[1]} bytes long: not where, nor as long as, a line of "
+                f"{entry['samples']} samples is")
     return None
 
 
@@ -166,7 +189,7 @@ def read_index(folder: Path, split: str, entry: dict) -> list[list]:
     index file, read where the manifest's entry says and checked against that entry."""
     name, (offset, length) = entry["name"], entry["index"]
     try:
-        with open(folder / index_name(split), "rb") as file:
+        with open(open_regular(folder / index_name(split)), "rb") as file:
             line = os.pread(file.fileno(), length, offset)
         index = strict_json(line.decode("utf-8"))
     except (OSError, ValueError) as error:
@@ -181,5 +204,9 @@ def read_index(folder: Path, split: str, entry: dict) -> list[list]:
         if not (isinstance(row, list) and len(row) == 5 and re.fullmatch(r"\d+", str(row[0]))
                 and re.fullmatch(r"[a-z0-9]{1,8}", str(row[1]))
                 and all(isinstance(v, int) and v >= 0 for v in row[2:])):
-            raise damaged(folder, name, f"its index has a malformed row {row!r}")
+            raise damaged(folder, name, f"its index has a malformed row {row!r:.200}")
+        if row[3] > MAX_MEMBER_BYTES or row[2] + row[3] > entry["bytes"]:
+            raise damaged(folder, name, f"its index puts sample {row[0]} at {row[2]}, "
+                                        f"{row[3]} bytes: outside the shard's "
+                                        f"{entry['bytes']} bytes")
     return rows

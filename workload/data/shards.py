@@ -51,7 +51,7 @@ from workload.data import shardformat
 from workload.data.datasets import UNREADABLE, open_rgb
 from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
                                        damaged, padded, read_index, read_manifest)
-from workload.files import sha256_file
+from workload.files import open_regular, sha256_file
 from workload.logs import logger
 
 SHUFFLE_BUFFER = 1000  # samples in a lane's shuffle buffer: about one shard
@@ -210,7 +210,11 @@ class ShardSamples(torch.utils.data.Dataset):
             self._open_shards.move_to_end(j)
             return self._open_shards[j]
         rows = read_index(self.folder, self.split, self.entries[j])
-        self._open_shards[j] = os.open(self.folder / self.entries[j]["name"], os.O_RDONLY), rows
+        name = self.entries[j]["name"]
+        try:
+            self._open_shards[j] = open_regular(self.folder / name), rows
+        except OSError as error:
+            raise damaged(self.folder, name, f"it cannot be read: {error.strerror}") from None
         if len(self._open_shards) > self.open_limit:
             os.close(self._open_shards.popitem(last=False)[1][0])
         return self._open_shards[j]

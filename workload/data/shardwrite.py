@@ -26,16 +26,15 @@ import tarfile
 import time
 from pathlib import Path
 
-from PIL import Image
-
-from workload.data.datasets import UNREADABLE, bad_file_note
+from workload.data.datasets import UNREADABLE, bad_file_note, open_rgb
 from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEMBER_BYTES,
                                        SHARD_NAME, index_name, member_header, sample_key,
                                        shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
 from workload.files import (json_text, open_append, read_json_file, read_jsonl_records,
-                            replacing, sha256_file, unwritable_reason, write_json)
+                            read_regular, replacing, sha256_file, unwritable_reason,
+                            write_json)
 from workload.logs import logger
 
 SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
@@ -217,14 +216,13 @@ def add_sample(tar: tarfile.TarFile, position: int, path: str, label: int,
 
 
 def readable_image(path: str) -> bytes | None:
-    """The file's bytes if it is an image (its structure checked, not decoded), else None
-    with the warning the image-folder reader gives: it is left out of the shards."""
+    """The file's bytes if the shards' reader will take them (a regular file of at most
+    MAX_MEMBER_BYTES, decoded whole by the reader's open_rgb: a truncated JPEG or a
+    64 Mpixel PNG is refused here, not in the middle of a training), else None with the
+    warning the image-folder reader gives: it is left out of the shards."""
     try:
-        data = Path(path).read_bytes()
-        if len(data) > MAX_MEMBER_BYTES:
-            raise ValueError(f"{len(data)} bytes, more than {MAX_MEMBER_BYTES >> 20} MiB")
-        with Image.open(io.BytesIO(data)) as image:
-            image.verify()
+        data = read_regular(path, MAX_MEMBER_BYTES)
+        open_rgb(io.BytesIO(data))
         return data
     except UNREADABLE as error:
         bad_file_note(path, error)

@@ -33,6 +33,7 @@ from pathlib import Path
 from workload.config import TAR_SUFFIXES
 from workload.data.datasets import walk_once
 from workload.errors import UsageError
+from workload.files import open_regular
 from workload.launch.preemption import PreemptionFlag
 
 CHUNK = 8 << 20  # bytes copied between two looks at the preemption flag
@@ -140,7 +141,8 @@ def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None,
 
 
 def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
-    with open(source, "rb") as reader, open(target, "wb") as writer:
+    # open_regular: the file scanned may have been swapped for a FIFO since.
+    with open(open_regular(source), "rb") as reader, open(target, "wb") as writer:
         while True:
             stop_if_signalled(flag)
             chunk = reader.read(CHUNK)

@@ -24,7 +24,6 @@ without listing the staging either.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -41,7 +40,7 @@ from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_di
                                       remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import unwritable_reason, write_json
+from workload.files import read_json_file, unwritable_reason, write_json
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
                                         exit_for_requeue)
 from workload.launch.variables import node_name
@@ -120,9 +119,9 @@ def manifest_of(target: Path) -> Path:
 
 def read_manifest(target: Path) -> dict | None:
     """The manifest that says `target` is a staging made by train, else None."""
-    try:
-        recorded = json.loads(manifest_of(target).read_text())
-    except (OSError, ValueError, RecursionError):
+    try:  # a regular file of a bounded size: the node-local folder may be shared
+        recorded = read_json_file(manifest_of(target), shardformat.MAX_MANIFEST_BYTES)
+    except (OSError, ValueError):
         return None
     if not isinstance(recorded, dict) or recorded.get("staging") != target.name:
         return None

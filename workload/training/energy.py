@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from workload import distributed
+from workload.files import open_regular
 from workload.training.background_read import BackgroundReader
 from workload.logs import logger
 
@@ -136,13 +137,16 @@ class Rapl:
 
     def __init__(self, zones: list[Path]):
         self.zones = zones
-        self.ranges = [int((z / "max_energy_range_uj").read_text()) for z in zones]
+        self.ranges = [counter(z / "max_energy_range_uj") for z in zones]
+        if 0 in self.ranges:
+            zone = self.zones[self.ranges.index(0)]
+            raise ValueError(f"{zone / 'max_energy_range_uj'} holds 0, not a counter's range")
         self.raw = [self._raw(z) for z in zones]
         self.joules = 0.0
 
     @staticmethod
     def _raw(zone: Path) -> int:
-        return int((zone / "energy_uj").read_text())
+        return counter(zone / "energy_uj")
 
     def __call__(self) -> float:
         for i, zone in enumerate(self.zones):
@@ -150,6 +154,24 @@ class Rapl:
             self.joules += ((now - self.raw[i]) % self.ranges[i]) / 1e6
             self.raw[i] = now
         return self.joules
+
+
+# The most bytes a counter file holds: a microjoule count in decimal, with room to spare.
+COUNTER_BYTES = 64
+
+
+def counter(path: Path) -> int:
+    """A RAPL counter file's value, a whole number of microjoules; ValueError naming the
+    file and what it holds otherwise, OSError when it is no regular file (read once,
+    COUNTER_BYTES at most: a stand-in tree may hold anything)."""
+    with open(open_regular(path), "rb") as file:
+        text = file.read(COUNTER_BYTES + 1)
+    if len(text) > COUNTER_BYTES:
+        raise ValueError(f"{path} holds more than {COUNTER_BYTES} bytes, not a counter")
+    if not text.strip().isdigit():
+        raise ValueError(f"{path} holds {text.decode(errors='replace')!r}, not a whole "
+                         "number of microjoules")
+    return int(text)
 
 
 def package_zones(root: Path = POWERCAP) -> list[Path]:
@@ -175,8 +197,11 @@ def cpu_meter(local_rank: int, root: Path = POWERCAP) -> Meter:
         return Meter(name, reason=f"no RAPL package zones under {root}")
     try:
         return Meter(name, Rapl(zones))
-    except (OSError, ValueError) as error:  # energy_uj is root's alone on many kernels
+    except OSError as error:  # energy_uj is root's alone on many kernels: no news
         return Meter(name, reason=f"RAPL cannot be read ({error.strerror or error})")
+    except ValueError as error:  # a counter that is no number: worth a line
+        logger.warning(f"energy: {name} is not counted: {error}")
+        return Meter(name, reason=f"RAPL cannot be read ({error})")
 
 
 def ranks_sum(values: list[float]) -> float | None:
