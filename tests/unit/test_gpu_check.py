@@ -142,6 +142,14 @@ def write_bench_json(out: Path, rows: list, errors=(), profile=None, **more) -> 
         rows=rows, errors=list(errors), profile=profile, sizes=sizes, data=data, **more))))
 
 
+def stopped_bench_markdown(tmp_path: Path) -> str:
+    """gpu-check.md of a bench part stopped at its limit, from the bench.json there."""
+    report = report_for(tmp_path, ("bench",))
+    report.set("bench", gpu_check.bench_record(Finished(-2, 451.0, 450, True),
+                                               "the part's limit", tmp_path))
+    return (tmp_path / "gpu-check.md").read_text()
+
+
 def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(tmp_path):
     """A row that did not run says why; the starts of train phase by phase; a part the
     stop never reached is named."""
@@ -155,10 +163,7 @@ def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(
                      choice={"wrn": dict(config="compile", why="the fastest measured")},
                      parts=["wrn", "first step", "wrn max-autotune"],
                      parts_done=["wrn", "first step"])
-    report = report_for(tmp_path, ("bench",))
-    report.set("bench", gpu_check.bench_record(Finished(-2, 451.0, 450, True),
-                                               "the part's limit", tmp_path))
-    md = (tmp_path / "gpu-check.md").read_text()
+    md = stopped_bench_markdown(tmp_path)
     assert "| wrn | cudagraphs | not run: left out (--skip) |" in md
     assert "- bench would choose for wrn: compile (the fastest measured)" in md
     assert "| start | imports | cudnn autotune | first step | to first step |" in md
@@ -169,10 +174,7 @@ def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(
 
 def test_a_stopped_benchmark_says_so_and_shows_the_rows_measured_before(tmp_path):
     write_bench_json(tmp_path, [ROW])
-    report = report_for(tmp_path, ("bench",))
-    report.set("bench", gpu_check.bench_record(Finished(-2, 451.0, 450, True),
-                                               "the part's limit", tmp_path))
-    md = (tmp_path / "gpu-check.md").read_text()
+    md = stopped_bench_markdown(tmp_path)
     assert "Benchmark (`python -m workload.bench.kit`): STOPPED; stopped after 450 s" in md
     assert "| wrn | compile | 5,000.0 | 5.00 | 40.0 % | bf16 | 0.0571 | 12.9 | 3.50 |" in md
     assert "- not measured: resnet18" in md and "- profile: not measured" in md
