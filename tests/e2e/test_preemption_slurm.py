@@ -4,7 +4,9 @@ jobs/lib/requeue.sh, resumes from that step, stops requeueing at MAX_TIME_LIMIT_
 and a resubmission completes with the weights of an uninterrupted job. SLURM's own
 preemption (the `low` and `high` partitions): a plain `exec srun train` job is requeued by
 SLURM and ends with the uninterrupted run's weights; a job script with CONTINUE=chain
-continues in the next job."""
+continues in the next job. With DataLoader workers (an image folder and shards, at the
+default workers), SLURM's SIGTERM to every process of the step, at a time limit, on
+`scancel` and at a preemption, leaves a checkpoint of the step and the run resumes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -159,9 +162,9 @@ def submit_plain(cluster, folder: Path, partition: str, *options: str) -> tuple[
                             str(script)], env=env, cwd=folder), log
 
 
-def step_stopped(cluster, job: int) -> bool:
-    """Every process of the job's first step is stopped (state T)."""
-    done = cluster.run(["scontrol", "listpids", f"{job}.0", cluster.nodes[0]])
+def step_stopped(cluster, job: int, node: str | None = None) -> bool:
+    """Every process of the job's first step on `node` (the first) is stopped (state T)."""
+    done = cluster.run(["scontrol", "listpids", f"{job}.0", node or cluster.nodes[0]])
     pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
     states = []
     for pid in pids:
@@ -250,3 +253,124 @@ def test_job_script_chain_continues_a_preempted_run_in_the_next_job(slurm_cluste
                      following_log.read_text())
     assert (tmp_path / "runs" / str(job) / "summary.json").exists()
     assert not (tmp_path / f".train-continuations-{job}").exists()  # done: counts forgotten
+
+
+# Files read by DataLoader workers at their default count (1 on the cluster's nodes of 2
+# CPUs), which SLURM signals with the rest of the step: the session's image folder of 8 px
+# JPEGs and its shards, 2 epochs of 30 steps of 4 images (seconds of training).
+FILE_ARGS = [*TINY, "--image-size", "8", "--batch-size", "4", "--epochs", "2", "--seed", "4",
+             "--precision", "fp32", "--checkpoint-every", "0", "--log-every", "1"]
+# PLAIN_JOB of one task, not the whole node: two of them share the low partition's node.
+FILE_JOB = PLAIN_JOB.replace("#SBATCH --exclusive\n", "#SBATCH --ntasks=1\n")
+
+
+@dataclass
+class FileRun:
+    """One job of a run on files: `kind` imagefolder or shards."""
+    kind: str
+    job: int
+    log: Path
+    node: str
+
+
+@pytest.fixture
+def file_data(shard_source, shard_folder) -> dict[str, list[str]]:
+    return {"imagefolder": ["--dataset", "imagefolder", "--data-dir", str(shard_source)],
+            "shards": ["--dataset", "shards", "--data-dir", str(shard_folder)]}
+
+
+def submit_files(cluster, folder: Path, data: list[str], node: str, *options: str) -> int:
+    """PLAIN_JOB on files into folder/run (a later job on the folder resumes it); a log of
+    its own per job."""
+    folder.mkdir(exist_ok=True)
+    script, log = folder / "job.sbatch", folder / "job.log"
+    script.write_text(FILE_JOB.format(args=" ".join([*FILE_ARGS, *data]), out=folder / "run"))
+    env = {**cluster.env, "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return sbatch(cluster, [f"--nodelist={node}", *options, f"--output={log}", str(script)],
+                  env=env, cwd=folder)
+
+
+def hold_once_stepping(cluster, runs: list[FileRun]) -> None:
+    """SIGSTOP to each job's step once it has trained a step (its workers read the next
+    batches then), both jobs watched at once: SLURM's SIGTERM comes with SIGCONT, which
+    resumes the step, so a fast machine cannot end a run before SLURM signals it."""
+    waiting = list(runs)
+
+    def held_every_one() -> bool:
+        for run in [run for run in waiting if log_count(run.log, "train: step ")]:
+            done = cluster.run(["scancel", "--signal=STOP", str(run.job)])
+            assert done.returncode == 0, done.stderr
+            waiting.remove(run)
+        return not waiting
+
+    wait_for(held_every_one, "the jobs to train a step", runs[-1].log, poll=0.05)
+    for run in runs:
+        wait_for(lambda run=run: step_stopped(cluster, run.job, run.node), "the step to stop",
+                 run.log)
+
+
+def saved_step(run: FileRun) -> int:
+    """The step train saved after SLURM's SIGTERM, with DataLoader workers (the log names
+    them), and no traceback."""
+    text = run.log.read_text()
+    workers = re.search(r"\((\d+) DataLoader workers\)", text)
+    assert workers and int(workers.group(1)) >= 1, text[-3000:]
+    assert "Traceback" not in text and "killed by signal" not in text, text[-3000:]
+    found = re.search(r"preempted by SIGTERM at step (\d+): checkpoint written", text)
+    assert found, text[-3000:]
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("ending", ["time limit", "scancel"])
+def test_a_step_ended_by_slurm_with_dataloader_workers_leaves_its_checkpoint(
+        slurm_cluster, tmp_path, file_data, ending):
+    """At a time limit and on `scancel`, SLURM sends SIGCONT and SIGTERM to every process
+    of the step, the DataLoader workers included, and SIGKILL KillWait (5 s) later: train
+    on an image folder and on shards (one job each, at once) saves the step it is in and
+    waits for the end, as it does with in-memory data. A time limit of 1 minute costs a
+    minute or more here (SLURM checks limits every 30 s), with the steps held."""
+    options = ["--time=1"] if ending == "time limit" else ["--time=10"]
+    runs = [FileRun(kind, submit_files(slurm_cluster, tmp_path / kind, data, node, *options),
+                    tmp_path / kind / "job.log", node)
+            for (kind, data), node in zip(file_data.items(), slurm_cluster.nodes)]
+    hold_once_stepping(slurm_cluster, runs)
+    if ending == "scancel":
+        done = slurm_cluster.run(["scancel", *(str(run.job) for run in runs)])
+        assert done.returncode == 0, done.stderr
+    for run in runs:
+        state = wait_until_ended(slurm_cluster, run.job, run.log)
+        assert state == ("TIMEOUT" if ending == "time limit" else "CANCELLED")
+        latest = tmp_path / run.kind / "run" / "checkpoints" / "latest"
+        assert latest.read_text().strip() == f"step-{saved_step(run):09d}"
+
+
+def test_a_preempted_job_with_dataloader_workers_is_requeued_and_resumes(
+        slurm_cluster, tmp_path, file_data):
+    """SLURM's preemption signals every process of the step, the DataLoader workers
+    included: two jobs on the low partition, on an image folder and on shards, checkpoint,
+    wait, are requeued by SLURM and resume from the step they saved; the shards' run ends
+    with the weights of the same job never preempted (its samples and their augmentation
+    are functions of the position, docs/your-data.md)."""
+    node = slurm_cluster.nodes[0]
+    runs = [FileRun(kind, submit_files(slurm_cluster, tmp_path / kind, data, node,
+                                       "--partition=low"), tmp_path / kind / "job.log", node)
+            for kind, data in file_data.items()]
+    reference = tmp_path / "reference"
+    submit_files(slurm_cluster, reference, file_data["shards"], slurm_cluster.nodes[1])
+    hold_once_stepping(slurm_cluster, runs)
+    sbatch(slurm_cluster, ["--partition=high", "--nodes=1", "--exclusive",
+                           f"--output={tmp_path / 'high.log'}", "--wrap=true"])
+    for run in runs:
+        wait_for(lambda run=run: job_field(slurm_cluster, run.job, "JobState") in ENDED_STATES
+                 and log_count(run.log, "job start") == 2, "the requeued job to end", run.log)
+        assert job_field(slurm_cluster, run.job, "JobState") == "COMPLETED"
+        assert job_field(slurm_cluster, run.job, "Restarts") == "1"
+        out = tmp_path / run.kind / "run"
+        step = saved_step(run)
+        assert f"resumed from {out / 'checkpoints' / f'step-{step:09d}'}" in run.log.read_text()
+    wait_for((reference / "run" / "summary.json").exists, "the reference run to finish",
+             reference / "job.log")
+    resumed = json.loads((tmp_path / "shards" / "run" / "summary.json").read_text())
+    assert resumed["model_sha256"] == json.loads(
+        (reference / "run" / "summary.json").read_text())["model_sha256"]

@@ -201,6 +201,8 @@ def edit_part(name: str, change):
     def damage(path: Path) -> None:
         tree = read_part(path, name)
         change(tree)
+        for old in path.glob(f"{name}.*"):  # a save only makes new files (create_new)
+            old.unlink()
         write_part(path, name, tree)
     return damage
 

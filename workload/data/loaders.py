@@ -17,6 +17,7 @@ import torch
 from workload.data.augment import Normalizer, augment, batch_work_threads
 from workload.data.datasets import ArrayDataset
 from workload.errors import UsageError
+from workload.launch.preemption import leave_signals_to_parent, loop_signals_held
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -165,6 +166,10 @@ class TorchLoader:
             # global one that dropout draws from, which a resumed run must find as the
             # uninterrupted run left it.
             generator=torch.Generator() if own_sampler else None,
+            # SLURM's preemption, time limit and scancel signal every process of the step:
+            # the workers leave them to the training loop, which checkpoints and then ends
+            # them (a worker that died of SIGTERM would fail the run in the middle of a step).
+            worker_init_fn=leave_signals_to_parent,
         )
 
     def __len__(self) -> int:
@@ -172,8 +177,10 @@ class TorchLoader:
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
+        with loop_signals_held():  # the workers start here (the first epoch's, then kept)
+            batches = iter(self.loader)
         with one_line_from_workers():
-            for images, labels in self.loader:
+            for images, labels in batches:
                 with batch_work_threads(self.device):
                     images = self.normalize(images.to(self.device, non_blocking=True))
                 yield images, labels.to(self.device, non_blocking=True)

@@ -27,6 +27,7 @@ SIGTERM"); NERSC's preemption notes ask jobs to "sleep 600 or similar".
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -52,6 +53,14 @@ REQUEUE_FILE_ENV = "TRAIN_REQUEUE_FILE"
 # The signals SLURM sends before a time limit or preemption (sbatch --signal=B:USR2@300
 # through jobs/lib/requeue.sh; TERM when the job is cancelled or preempted).
 DEFAULT_SIGNALS = ("USR2", "TERM")
+
+# The signals only the training loop acts on: preemption's, the time limit's and scancel's
+# (TERM, or --preempt-signal's USR2, USR1, INT or HUP), Ctrl-C's, the stack dump's (USR1).
+# SLURM sends them to every process of a job step, and a terminal's Ctrl-C reaches its
+# whole process group: a helper process of the loop (a DataLoader worker) that one of them
+# ended would take the loop down with it before its checkpoint.
+LOOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2,
+                          signal.SIGHUP})
 
 
 class PreemptionFlag:
@@ -86,6 +95,44 @@ class PreemptionFlag:
 
     def is_set(self) -> bool:
         return self.signal_name is not None
+
+
+@contextmanager
+def loop_signals_held() -> Iterator[None]:
+    """LOOP_SIGNALS held back from this thread while it starts helper processes: a child
+    starts with the mask of the thread that started it (through fork and exec alike), so
+    a signal to the whole step waits in the child until leave_signals_to_parent() decides
+    what it does there, instead of ending it on the way. This process gets it when the
+    block ends (or at once, in another of its threads)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, LOOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def leave_signals_to_parent(*_) -> None:
+    """In a helper process (a DataLoader's worker_init_fn; its arguments are ignored):
+    LOOP_SIGNALS are ignored, the parent decides when to stop, except a SIGTERM sent by
+    the parent itself, which ends the process at once: that is how a parent ends its
+    helpers (multiprocessing ends its daemonic children so at exit, and waits for them),
+    and PyTorch's own worker handler exits quietly on it too. Others' SIGTERM (SLURM's)
+    is taken by a thread that waits for it, so it needs the signal blocked from the start
+    (loop_signals_held)."""
+    parent = multiprocessing.parent_process()  # the process that asked for this one
+    parent_pid = parent.pid if parent is not None else os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, LOOP_SIGNALS)  # started without the block
+    for number in LOOP_SIGNALS - {signal.SIGTERM}:
+        signal.signal(number, signal.SIG_IGN)  # one already pending is dropped
+    threading.Thread(target=_end_when_parent_asks, args=(parent_pid,),
+                     name="sigterm-from-parent", daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LOOP_SIGNALS - {signal.SIGTERM})
+
+
+def _end_when_parent_asks(parent_pid: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent_pid:
+            os._exit(0)
 
 
 def request_requeue(step: int | None, signal_name: str | None) -> None:
