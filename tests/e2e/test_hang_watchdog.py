@@ -2,7 +2,8 @@
 CPU) frozen right after its first step, before any step was timed, gets the others'
 stack dumps and stall lines within the stall timeout, and diagnose names it, leaving out
 the heartbeat an earlier 4-rank attempt left in the folder; a finished run's last
-heartbeat says so."""
+heartbeat says so; when the run folder's file system hangs (frozen with fsfreeze), the
+stall line still comes and names the folder."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, clean_env, wait_for
+from tests.helpers import REPO, TINY, clean_env, ext4, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +101,34 @@ def test_a_finished_run_leaves_its_last_heartbeat(tmp_path):
     assert found.returncode == 1
     assert "verdict: every rank finished" in found.stdout
     assert "step 6, phase finished" in found.stdout
+
+
+@pytest.mark.root
+def test_the_stall_line_comes_while_the_run_folders_file_system_hangs(tmp_path):
+    """A hung Lustre or NFS server, as fsfreeze makes one: every write into the run folder
+    blocks, the loop's steps.jsonl first (--log-every 1); the watchdog's heartbeat write
+    too, but not its looks."""
+    log = tmp_path / "log.txt"
+    with ext4(tmp_path / "fs", tmp_path / "fs.img") as fs:
+        diagnostics = fs / "run" / "diagnostics"
+        with open(log, "w") as stream:
+            job = subprocess.Popen(["train", *ARGS, "--stall-timeout", "4", "--epochs", "50",
+                                    "--log-every", "1", "--output-dir", str(fs / "run")],
+                                   stdout=stream, stderr=subprocess.STDOUT, env=clean_env(),
+                                   start_new_session=True)
+        try:
+            wait_for(lambda: heartbeat_step(diagnostics) >= 2, "the run to step", log, 240)
+            subprocess.run(["fsfreeze", "-f", str(fs)], check=True)
+            hung = f"a write into {diagnostics} has hung for"
+            wait_for(lambda: "no step done for" in log.read_text() and hung in log.read_text(),
+                     "the stall line while the file system is frozen", log, 4 + 5 + 20)
+        finally:  # thawed first: a process in a frozen write ends only after it
+            subprocess.run(["fsfreeze", "-u", str(fs)], capture_output=True)
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def heartbeat_step(diagnostics: Path) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((diagnostics / "heartbeat-0.json").read_text())["step"]
+    return 0

@@ -257,6 +257,24 @@ def vfat(path: Path, image: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
+@contextlib.contextmanager
+def ext4(path: Path, image: Path, *options: str):
+    """A real ext4 file system mounted at `path` from the file `image` (a loop device:
+    root) with mount `options`, unmounted afterwards; `fsfreeze -f` on it blocks every
+    writer, as a hung Lustre or NFS server does. It is thawed first: a frozen file system
+    would block the umount."""
+    subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    path.mkdir()
+    subprocess.run(["mount", "-o", ",".join(("loop", *options)), str(image), str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(path)], capture_output=True)  # if frozen
+        subprocess.run(["umount", str(path)], check=True)
+
+
 def writer_of(parent: int) -> int | None:
     """The PID of the background checkpoint writer that `parent` started, if it runs."""
     for proc in Path("/proc").iterdir():

@@ -33,8 +33,8 @@ PROGRAM_MARKERS = {
                      "slurmctld", "slurmd", "munged"), "slurm"),
     **dict.fromkeys(("podman", "buildah", "skopeo", "ch-run", "ch-image", "ch-convert",
                      "apptainer", "docker-registry"), "image"),
-    **dict.fromkeys(("mount", "umount", "mkfs.vfat", "fusefat", "unshare", "nsenter"),
-                    "root"),
+    **dict.fromkeys(("mount", "umount", "mkfs.vfat", "mkfs.ext4", "fsfreeze", "losetup",
+                     "fusefat", "unshare", "nsenter"), "root"),
 }
 GUARD_FOLDER = Path(in_process.__file__).parent
 _popen_init = subprocess.Popen.__init__

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,8 @@ import pytest
 from tests.helpers import REPO, clean_env
 from workload.launch.diagnostics import apply_defaults, flight_recorder_env
 from workload.launch.diagnostics import EXITED, FINISHED
-from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, EVALUATION, STARTUP,
-                                        Activity, StallWatchdog)
+from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, EVALUATION, HUNG_WRITE_S,
+                                        STARTUP, Activity, StallWatchdog)
 
 
 def test_flight_recorder_variables_keep_the_users_values(tmp_path):
@@ -204,3 +206,27 @@ def test_train_called_twice_in_one_process_dumps_into_each_runs_own_folder(tmp_p
                "--max-steps", "1",
            "--output-dir", str(tmp_path / "third")])
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/mine/fr-"
+
+
+def test_a_hung_write_holds_back_neither_the_stall_line_nor_the_looks(tmp_path, caplog):
+    """A write into a hung file system (here: a job that waits) blocks the file writer's
+    thread only; the looks go on, the stall line comes and a second names the folder."""
+    activity, answered = Activity(), threading.Event()
+    dog = StallWatchdog(activity, tmp_path, rank=0, world_size=1, timeout_s=10.0)
+    dog.files.start()
+    dog.files.submit("a hung write", answered.wait)
+    while dog.files.busy_since is None:  # the writer has taken it
+        time.sleep(0.01)
+    activity.step = 1
+    start = dog.last_change
+    try:
+        dog.check(start + 1.0)
+        dog.check(start + 12.0)  # returns: nothing here waits for the file system
+        assert "no step done for" in caplog.text
+        dog.check(time.monotonic() + HUNG_WRITE_S)
+        assert f"a write into {tmp_path} has hung for" in caplog.text
+        assert not (tmp_path / "rank-0.txt").exists()
+    finally:
+        answered.set()
+        dog.files.close(timeout_s=10)
+    assert "stalled: no step done for" in (tmp_path / "rank-0.txt").read_text()

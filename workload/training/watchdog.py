@@ -11,6 +11,10 @@ it has seen a step done, when no step completes within the stall timeout
 thread's Python stack, the step and the phase to ``diagnostics/rank-<rank>.txt`` with
 the flight recorder's record of this rank's collectives (``fr-rank-<rank>.json``), logs
 one line, and leaves the rest to the collective timeout. `diagnose RUN_DIR` reads them.
+
+The line is logged first and the files are written by a second thread (`FileWriter`):
+a file system that hangs (a Lustre or NFS server gone) blocks that thread, never the
+looks, so the stall line still comes, and a second one names the folder a write hangs in.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,6 +45,7 @@ COLLECTIVE, CHECKPOINT, EVALUATION = "collective", "checkpoint", "evaluation"
 STARTUP_POLL_S = 1.0     # until the first step: a rank frozen soon after still shows it
 HEARTBEAT_EVERY = 30.0   # seconds: an unchanged heartbeat is rewritten this often
 STEP_FACTOR = 10         # the stall timeout is at least this many median steps
+HUNG_WRITE_S = 5.0       # a write into the diagnostics folder this slow is named
 FR_KEPT = 100            # the flight recorder's last entries kept in fr-rank-<N>.json
 
 
@@ -51,6 +57,61 @@ class Activity:
 
     def __init__(self, step: int = 0):
         self.step, self.phase = step, STARTUP
+
+
+class FileWriter:
+    """The watchdog's files, written on a thread of their own once `start`ed (before, and
+    after `close`, in the caller's). Only the newest job of each kind waits: a heartbeat
+    replaces the one a hung write still holds back."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.jobs: dict[str, Callable[[], None]] = {}
+        self.busy_since: float | None = None
+        self.running = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="stall-watchdog-files",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self.running = True
+        self._thread.start()
+
+    def submit(self, kind: str, job: Callable[[], None]) -> None:
+        if not self.running:
+            job()
+            return
+        with self._changed:
+            self.jobs[kind] = job
+            self._changed.notify_all()
+
+    def stuck_s(self, now: float) -> float:
+        """How long the write in progress has taken (0 when none is)."""
+        since = self.busy_since
+        return 0.0 if since is None else now - since
+
+    def close(self, timeout_s: float) -> None:
+        """Write what waits, for at most `timeout_s` (a hung write is left behind)."""
+        with self._changed:
+            self.running = False
+            self._changed.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self.jobs or not self.running)
+                if not self.jobs:
+                    return
+                job = self.jobs.pop(next(iter(self.jobs)))
+                self.busy_since = time.monotonic()
+            try:
+                job()
+            except OSError as exc:  # a full or vanished disk must not stop the training
+                logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
+            finally:
+                self.busy_since = None
 
 
 class StallWatchdog:
@@ -67,13 +128,15 @@ class StallWatchdog:
         self.stepping = False  # start-up and the first step are the collective timeout's
         self.written: tuple = ()
         self.written_at = 0.0
-        self.dumped = False
+        self.dumped = self.hang_named = False
+        self.files = FileWriter(folder)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
 
     def __enter__(self) -> StallWatchdog:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.check(time.monotonic())  # the heartbeat is there before the first step
+        self.files.start()
         self._thread.start()
         return self
 
@@ -81,10 +144,10 @@ class StallWatchdog:
         self._stop.set()
         self._thread.join(timeout=self.poll_s + 1)
         self.dumped = False
-        try:  # the last word: diagnose must not show a finished run's last poll
-            self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED)
-        except OSError as exc:
-            logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
+        # The last word, after any heartbeat still waiting: diagnose must not show a
+        # finished run's last poll.
+        self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED)
+        self.files.close(timeout_s=HEARTBEAT_EVERY)
 
     def next_look_s(self) -> float:
         """Seconds to the next look: every second until a step is seen done, so a rank
@@ -93,10 +156,7 @@ class StallWatchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.next_look_s()):
-            try:
-                self.check(time.monotonic())
-            except OSError as exc:  # a full or vanished disk must not stop the training
-                logger.warning(f"stall watchdog: cannot write into {self.folder} ({exc})")
+            self.check(time.monotonic())
 
     def limit_s(self) -> float:
         """The stall timeout: the flag's, or 10 x the median step when that is longer."""
@@ -115,22 +175,39 @@ class StallWatchdog:
         # the first checkpoint or collective comes before a second step is seen.
         if self.timeout_s and self.stepping and not self.dumped and stalled > self.limit_s():
             self.dumped = True
-            self.dump(f"{STALL_MARK} no step done for {stalled:.0f} s", step, phase)
             self.written = ()  # the heartbeat says so at once
+            # The line first: the files may never come when the file system hangs.
             logger.warning(f"rank {self.rank} on {self.host}: no step done for {stalled:.0f} s "
                            f"(step {step}, phase {phase}); stacks in "
-                           f"{stacks_file(self.folder, self.rank)}; after the collective "
-                           f"timeout run: {dump_command(self.folder)}")
+                           f"{stacks_file(self.folder, self.rank)}; "
+                           f"after the collective timeout run: {dump_command(self.folder)}")
+            reason = f"{STALL_MARK} no step done for {stalled:.0f} s"
+            self.files.submit("dump", lambda: self.dump(reason, step, phase))
+        self.name_hung_write(now)
         if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
             self.write_heartbeat(step, phase)
             self.written, self.written_at = (step, phase), now
 
+    def name_hung_write(self, now: float) -> None:
+        """One line when a write into the folder has not returned for HUNG_WRITE_S: the
+        stall dump (or heartbeat) will not come until the file system answers."""
+        stuck = self.files.stuck_s(now)
+        if stuck < HUNG_WRITE_S:
+            self.hang_named = False
+        elif not self.hang_named:
+            self.hang_named = True
+            logger.warning(f"rank {self.rank} on {self.host}: a write into {self.folder} has "
+                           f"hung for {stuck:.0f} s: is its file system hung (a Lustre or NFS "
+                           f"server)? Its stall dump and heartbeat come when it answers")
+
     def write_heartbeat(self, step: int, phase: str) -> None:
+        """The heartbeat as it is now, written by the file writer."""
         median = statistics.median(self.step_times) if self.step_times else None
-        write_json(heartbeat_file(self.folder, self.rank),
-                   dict(rank=self.rank, world_size=self.world_size, host=self.host,
-                        pid=os.getpid(), step=step, phase=phase, time=time.time(),
-                        median_step_s=median, stalled=self.dumped, attempt=self.attempt))
+        beat = dict(rank=self.rank, world_size=self.world_size, host=self.host,
+                    pid=os.getpid(), step=step, phase=phase, time=time.time(),
+                    median_step_s=median, stalled=self.dumped, attempt=self.attempt)
+        self.files.submit("heartbeat",
+                          lambda: write_json(heartbeat_file(self.folder, self.rank), beat))
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""
