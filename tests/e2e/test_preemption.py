@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY
+from tests.helpers import TINY, writer_of
 from workload.checkpoint import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow  # every test here trains
@@ -98,3 +98,21 @@ def test_requeue_status_is_the_documented_constant(tmp_path):
 def test_ctrl_c_ends_without_a_traceback(tmp_path):
     log = signal_when_training(train(tmp_path / "run"), signal.SIGINT)
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+
+
+def test_hup_to_every_process_of_the_step_spares_the_writer_of_a_save_in_flight(tmp_path):
+    """--preempt-signal HUP, sent as SLURM does to every process of the step, the
+    asynchronous checkpoint writer included: it ignores the signal, the run saves, 75."""
+    proc = train(tmp_path / "run", "--preempt-signal", "HUP", "--checkpoint-every", "1")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "handed to the writer" in line:
+            for pid in (writer_of(proc.pid), proc.pid):
+                os.kill(pid, signal.SIGHUP)
+            break
+    lines.extend(proc.stdout)
+    proc.wait(timeout=300)
+    log = "".join(lines)
+    assert proc.returncode == REQUEUE_EXIT_STATUS, log
+    assert "preempted by SIGHUP" in log and "writer process died" not in log, log

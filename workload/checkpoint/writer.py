@@ -45,11 +45,13 @@ from workload.checkpoint.durable import SAFETENSORS_METADATA
 from workload.checkpoint.folder import prune
 from workload.checkpoint.local import copy_to_run
 from workload.checkpoint.store import finish_checkpoint
+from workload.launch.preemption import LOOP_SIGNALS
 
-# Ignored by the writer: preemption's (a job step's SIGTERM reaches every process), Ctrl-C
-# and the stack dump's. The loop blocks them from before the writer's start (a blocked
-# mask survives exec) until it ignores them, so one sent while it starts cannot kill it.
-IGNORED = {signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1}
+# Ignored by the writer: the loop's (preemption's, whichever --preempt-signal names: a job
+# step's signal reaches every process; Ctrl-C; the stack dump's). The loop blocks them from
+# before the writer's start (a blocked mask survives exec) until it ignores them, so one
+# sent while it starts cannot kill it.
+IGNORED = LOOP_SIGNALS
 STOP = {"stop": True}  # the request that ends the writer (background.Writer.stop)
 
 
