@@ -1,5 +1,6 @@
 """`train` on damaged run folders and path flags, run as users run it: a damaged
-diagnostics folder is one warning and the training goes on."""
+diagnostics folder is one warning and the training goes on; a run folder that turns
+read-only mid-run is one line, its checkpoint kept."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, clean_env, tmpfs, write_image_folder
+from tests.helpers import TINY, clean_env, ext4, tmpfs, wait_for, write_image_folder
+from workload.checkpoint.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +58,37 @@ def test_a_damaged_diagnostics_folder_is_a_warning_and_the_run_trains(kind, tmp_
     assert "Traceback" not in done.stderr
     assert done.stdout.count("no heartbeats or stall dumps for this run") == 1, done.stdout
     assert json.loads((out / "summary.json").read_text())["epochs_run"] == 1
+
+
+@pytest.mark.root  # mounts an ext4 file system
+def test_a_run_folder_turned_read_only_is_one_line_and_keeps_its_checkpoint(tmp_path):
+    """ext4 mounted errors=remount-ro turns itself read-only on an error (the kernel's
+    trigger_fs_error makes one), files open for writing or not: the loop's next write
+    (steps.jsonl, --log-every 1) fails with EROFS."""
+    log = tmp_path / "log.txt"
+    with ext4(tmp_path / "fs", tmp_path / "fs.img", "errors=remount-ro") as fs:
+        root = fs / "run" / "checkpoints"
+        with open(log, "w") as stream:
+            job = subprocess.Popen([sys.executable, "-m", "workload.train", *QUICK,
+                                    "--synthetic-size", "4096", "--epochs", "50",
+                                    "--log-every", "1", "--checkpoint-every", "0",
+                                    "--output-dir", str(fs / "run")],
+                                   stdout=stream, stderr=subprocess.STDOUT, env=clean_env())
+        try:
+            wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
+            kept = latest_step(root)
+            device = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(fs)], check=True,
+                                         capture_output=True, text=True).stdout.strip())
+            Path(f"/sys/fs/ext4/{device.name}/trigger_fs_error").write_text("1")
+            status = job.wait(timeout=120)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        text = log.read_text()
+        assert status == 2 and "Traceback" not in text, text[-3000:]
+        assert f"the file system turned read-only under {fs / 'run'}" in text, text[-3000:]
+        assert latest_step(root) == kept and complete_steps(root)[-1][0] == kept
 
 
 def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):
