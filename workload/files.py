@@ -114,6 +114,17 @@ def umask_mode(full: int = 0o666) -> int:
     return full & ~mask
 
 
+def set_mode(fd: int, mode: int) -> None:
+    """fchmod `fd` to `mode`, where the file system keeps modes: one without them (FAT,
+    some FUSE and object-store mounts) refuses the call, and its files have the mode the
+    mount gives every file."""
+    try:
+        os.fchmod(fd, mode)
+    except OSError as error:
+        if error.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+            raise
+
+
 @contextmanager
 def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Iterator:
     """A binary file to write `path`'s new content into: a private temporary beside it
@@ -125,7 +136,7 @@ def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Ite
         with os.fdopen(fd, "wb") as file:
             yield file
             file.flush()
-            os.fchmod(fd, umask_mode() if mode is None else mode)
+            set_mode(fd, umask_mode() if mode is None else mode)
             if durable:
                 os.fsync(fd)
         os.replace(name, path)

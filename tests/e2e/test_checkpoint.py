@@ -293,6 +293,8 @@ def test_checkpoints_whose_safetensors_start_like_a_pickle_are_resumed(ten_steps
 def tamper_trainer(path: Path) -> str:
     """A trainer state behind a matching manifest: epoch 10^6, a run "done" untrained."""
     trainer = read_part(path, "trainer")
+    for old in path.glob("trainer.*"):  # a save only makes new files (create_new)
+        old.unlink()
     write_part(path, "trainer", dict(trainer, epoch=10**6))
     relist(path, "trainer.json")
     return "trainer.json is not a checkpoint's trainer.json: `epoch` is 1000000"

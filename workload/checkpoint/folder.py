@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
-from workload.files import replace_file, umask_mode
+from workload.files import replace_file, set_mode, umask_mode
 from workload.logs import logger
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -164,7 +164,7 @@ def _open_to_group(tmp: Path) -> None:
     Once complete it gets the mode mkdir would have given it (the setgid bit kept)."""
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        os.fchmod(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
+        set_mode(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
     finally:
         os.close(fd)
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import umask_mode
+from workload.files import set_mode, umask_mode
 from workload.logs import logger
 
 LOCK_NAME = "train.lock"
@@ -166,7 +166,7 @@ def _draft(path: Path, holder: dict) -> Path:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.draft-")
     with os.fdopen(fd, "w") as file:
         file.write(json.dumps(holder, indent=2) + "\n")
-        os.fchmod(fd, umask_mode())
+        set_mode(fd, umask_mode())
     return Path(name)
 
 
