@@ -301,6 +301,16 @@ def read_jsonl_records(path: Path, limit: int | None = None
             [f"line {number}: {why}" for number, _, why in found if why])
 
 
+def proc_stat_fields(pid: int | str = "self") -> list[str] | None:
+    """The fields of /proc/PID/stat after the process's name (stat(5)'s field 3 is [0]),
+    or None when the process is gone or /proc does not say. Split after the last ")":
+    the name in brackets may hold spaces and brackets."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 of a regular file (open_regular: anything else is an OSError)."""
     digest = hashlib.sha256()

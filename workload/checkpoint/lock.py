@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import set_mode, umask_mode
+from workload.files import proc_stat_fields, set_mode, umask_mode
 from workload.logs import logger
 
 LOCK_NAME = "train.lock"
@@ -51,13 +51,8 @@ class Refused(Exception):
 
 def _start_time(pid: int) -> str | None:
     """The start time of a process (clock ticks since boot), None if it does not run."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = proc_stat_fields(pid)
+    return fields[19] if fields else None
 
 
 def _pid_namespace() -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
+
+from workload.files import proc_stat_fields
 
 # The first line about a writer that has not answered, then at twice the time each.
 STALL_SAY_S = 10.0
@@ -37,12 +38,8 @@ class StallWatch:
 
     def _stat(self) -> tuple[str, int] | None:
         """Its state letter and CPU time (user + system clock ticks); None when gone."""
-        try:
-            text = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = text.rsplit(")", 1)[1].split()  # the name in brackets may hold spaces
-        return fields[0], int(fields[11]) + int(fields[12])
+        fields = proc_stat_fields(self.pid)
+        return None if fields is None else (fields[0], int(fields[11]) + int(fields[12]))
 
     def named(self) -> str:
         stat = self._stat()

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from workload.files import write_json
+from workload.files import proc_stat_fields, write_json
 from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX
 from workload.logs import logger
 
@@ -44,8 +44,10 @@ def process_start(now: float | None = None) -> float | None:
     """When this process started (epoch seconds, to the kernel's clock tick), or None
     where /proc does not say."""
     try:
-        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started_ticks = int(after_name[19])  # field 22 of stat(5), counted after ")"
+        fields = proc_stat_fields()
+        if fields is None:
+            return None
+        started_ticks = int(fields[19])  # field 22 of stat(5)
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
