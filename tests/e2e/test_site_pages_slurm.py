@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
 # Each site's page, and the world size its job reaches: the cluster's 2 CPUs a node stand
 # for the page's GPUs (2 nodes x 2 tasks where the page promises multi-node).
-SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "alliance": 2, "pyxis": 4, "nersc-perlmutter": 4,
-         "jsc-juwels-booster": 4}
+SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, "pyxis": 4,
+         "nersc-perlmutter": 4, "jsc-juwels-booster": 4}
 
 
 def page_of(site: str) -> str:
@@ -74,6 +74,9 @@ OLIVIA_DATA = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-tas
                "--time=00:30:00 \\\n  bash -c")
 OLIVIA_JOB = "IMAGE=$PWD/hpc-train.sif DATA_DIR=$WORK/data sbatch --account=nnXXXXk jobs/"
 ALLIANCE_JOB = "sbatch --account=def-me jobs/sites/alliance.sbatch --epochs 30"
+CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
+              "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
+CSCS_EDF = 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml'
 CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
             ((OLIVIA_DATA, "bash -c"),),
@@ -96,6 +99,27 @@ CATALOGUE = [
     Mistake("cscs: the batch line without its CPUs", "cscs-alps",
             ((" sbatch --cpus-per-task=288 jobs/multinode", " sbatch jobs/multinode"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
+    Mistake("olivia: an accel job longer than its 7 days", "sigma2-olivia",
+            ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--time=8-00:00:00 --account")),),
+            re.escape("Batch job submission failed: Requested time limit is invalid (missing "
+                      "or exceeds some limit)")),
+    Mistake("cscs: podman without Alps's storage.conf", "cscs-alps",
+            (("   printf '%s\\n' '[storage]' 'driver = \"overlay\"' 'runroot = \"/dev/shm/$USER/"
+              "runroot\"' \\\n     'graphroot = \"/dev/shm/$USER/root\"' > "
+              "~/.config/containers/storage.conf\n", ""),),
+            r"storage\.conf does not put runroot and graphroot under /dev/shm"),
+    Mistake("cscs: the image built and imported in separate jobs", "cscs-alps",
+            ((CSCS_BUILD, "srun -N1 --cpus-per-task=72 --time=01:00:00 podman build "
+              "--network=host -t hpc-train:0.1.0 .\n   srun -N1 --cpus-per-task=72 bash -c "
+              "\\\n     'enroot import"),),
+            re.escape("[ERROR] No such image: hpc-train:0.1.0")),
+    Mistake("cscs: the EDF with Daint's /capstor scratch on Clariden", "cscs-clariden",
+            ((CSCS_EDF, CSCS_EDF.replace("$SCRATCH", "/capstor/scratch/cscs/$USER")),),
+            r"the EDF's image \S+/capstor/scratch/cscs/\w+/ce-images/hpc-train\+0\.1\.0\.sqsh "
+            r"\(\S+\) does not exist"),
+    Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
+            ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
+            re.escape("Unable to allocate resources: Requested time limit is invalid")),
     Mistake("cscs: an EDF that does not exist", "cscs-alps",
             (("--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
               "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train"),),
@@ -121,6 +145,14 @@ CATALOGUE = [
     Mistake("pyxis: CPUs from a job variable at the login prompt", "pyxis",
             (("--cpus-per-task=$CPUS_PER_GPU", "--cpus-per-task=$((SLURM_CPUS_ON_NODE / 4))"),),
             re.escape('srun: error: Invalid numeric value "0" for --cpus-per-task.')),
+    Mistake("pyxis: a host variable the image also sets", "pyxis",
+            (("CPUS_PER_GPU=16\nsrun", "CPUS_PER_GPU=16\nexport TORCH_CUDA_ARCH_LIST=9.0\nsrun"),),
+            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but `[^`]*train[^`]*` "
+            r"sees the image's"),
+    Mistake("jsc: a job without its budget", "jsc-juwels-booster",
+            (("   export SBATCH_ACCOUNT=<project>\n", ""),),
+            re.escape("sbatch: error: Batch job submission failed: Invalid account or "
+                      "account/partition combination specified")),
     Mistake("pyxis: the run without the data step, its mount missing", "pyxis",
             (("<!-- step: login -->\n```bash\nmkdir -p $SCRATCH/data",
               "```bash\nmkdir -p $SCRATCH/data"),),

@@ -44,13 +44,15 @@ VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account
                  "partition", "time", "output", "error", "job-name", "gpus", "gpus-per-node",
                  "gpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "constraint",
                  "environment", "uenv", "view", "image", "module", "gres", "cpu-bind", "export",
-                 "chdir", "container-image", "container-mounts", "container-workdir"}
+                 "chdir", "container-image", "container-mounts", "container-workdir",
+                 "container-env"}
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
          "-G": "gpus", "-C": "constraint"}
 # What the cluster cannot have: asked of the twin's nodes, then left out for the cluster.
-PYXIS = {"container-image", "container-mounts", "container-workdir", "container-entrypoint",
-         "no-container-entrypoint", "container-writable", "container-readonly"}
+PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
+         "container-entrypoint", "no-container-entrypoint", "container-writable",
+         "container-readonly"}
 SITE_ONLY = {"account", "partition", "gpus", "gpus-per-node", "gpus-per-task", "mem",
              "mem-per-cpu", "mem-per-gpu", "constraint", "gres", "uenv", "view", "image", "module",
              "environment"} | PYXIS
@@ -152,6 +154,21 @@ def check_gpu_model(refused: str, options: dict[str, str | None]) -> None:
         fail(f"{refused}Invalid generic resource (gres) specification")
 
 
+def seconds(value: str) -> int:
+    """A SLURM time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
+    days, dash, rest = value.partition("-")
+    if not dash:
+        days, rest = "0", value
+    parts = [int(part) for part in rest.split(":")]
+    if dash:
+        hours, mins, secs = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        hours, mins, secs = parts
+    else:
+        hours, (mins, secs) = 0, (parts + [0])[:2]
+    return ((int(days) * 24 + hours) * 60 + mins) * 60 + secs
+
+
 def check_request(program: str, options: dict[str, str | None]) -> None:
     """Refuse what the centre would refuse, with SLURM's messages."""
     slurm, node = CONFIG["slurm"], CONFIG["compute"]
@@ -165,9 +182,15 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     if features and options.get("constraint") not in features:
         fail(f"{refused}Invalid feature specification (this centre's nodes: "
              f"-C {' or -C '.join(features)})")
-    account = options.get("account")
+    # The account: the option, else SLURM's input variable (sbatch: SBATCH_ACCOUNT, srun:
+    # SLURM_ACCOUNT), as the sbatch and srun manuals give them.
+    account = options.get("account") or os.environ.get(
+        "SBATCH_ACCOUNT" if program == "sbatch" else "SLURM_ACCOUNT")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
+    limit = slurm.get("max_time", {}).get(partition)
+    if limit and seconds(options.get("time") or limit) > seconds(limit):
+        fail(f"{refused}Requested time limit is invalid (missing or exceeds some limit)")
     check_gpu_model(refused, options)
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
@@ -252,6 +275,7 @@ def srun(args: list[str]) -> None:
                    "--", *command]
     if options.get("container-image"):
         command = [sys.executable, __file__, "pyxis-task", json.dumps(options), "--", *command]
+    os.environ.pop("SLURM_ACCOUNT", None)  # the centre's, checked above
     os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
 
 
@@ -329,6 +353,7 @@ def sbatch(args: list[str]) -> None:
     if options.get("image"):  # Shifter's image for the job's `shifter` commands
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     record_memory(listed)
+    os.environ.pop("SBATCH_ACCOUNT", None)  # the centre's, checked above
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
                            *json.loads(os.environ.get("TWIN_TRAIN_ARGS", "[]"))],
@@ -343,10 +368,20 @@ def sbatch(args: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ images
-def write_image(path: Path, arch: str, origin: str) -> None:
+def write_image(path: Path, arch: str, origin: str, env: dict[str, str] | None = None) -> None:
+    """An image: its architecture, its origin and the variables its recipe sets (ENV)."""
     if not path.parent.is_dir():
         fail(f"FATAL:   While performing build: {path.parent}: no such file or directory")
-    path.write_text(json.dumps({"arch": arch, "from": origin}))
+    path.write_text(json.dumps({"arch": arch, "from": origin, "env": env or {}}))
+
+
+def recipe_env(context: Path) -> dict[str, str]:
+    """The ENV instructions of the Dockerfile a build reads (KEY=VALUE pairs, lines joined
+    at a trailing backslash; an ARG in a value stays as written)."""
+    recipe = context / "Dockerfile"
+    text = recipe.read_text().replace("\\\n", " ") if recipe.is_file() else ""
+    return {key: value.strip('"') for line in text.splitlines() if line.startswith("ENV ")
+            for key, value in re.findall(r"(\w+)=(\S+)", line)}
 
 
 def image_arch(path: Path) -> str:
@@ -459,18 +494,43 @@ def apptainer(args: list[str]) -> None:
 
 
 def podman_image(tag: str) -> Path:
+    """Where podman keeps a local image: its store, or where the centre has its storage.conf
+    point (CSCS: /dev/shm, a tmpfs of the node gone when the job ends, so a store of this
+    job's own)."""
     store = Path(CONFIG["state"]) / "podman"
+    if CONFIG["runtime"].get("podman_store"):
+        store = Path(CONFIG["state"]) / f"dev-shm-of-job-{os.environ.get('SLURM_JOB_ID', 'none')}"
     store.mkdir(exist_ok=True)
     return store / tag.replace("/", "_")
 
 
+def check_podman_storage() -> None:
+    """Where the centre documents a storage.conf as podman's first step (CSCS: driver
+    overlay, runroot and graphroot under /dev/shm/$USER), podman runs only with one there;
+    the centre does not say what fails without it, so the twin refuses (strict)."""
+    store = CONFIG["runtime"].get("podman_store")
+    if not store:
+        return
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    conf = config / "containers" / "storage.conf"
+    storage = tomllib.loads(conf.read_text()).get("storage", {}) if conf.is_file() else {}
+    roots = [storage.get(key, "").replace("$USER", os.environ["USER"])
+             for key in ("runroot", "graphroot")]
+    if not all(root.startswith(store + "/") for root in roots):
+        fail(f"twin: podman: {conf} does not put runroot and graphroot under {store} (the "
+             f"centre's first step for podman: {CONFIG['runtime']['podman_source']}); "
+             "[twin: the centre does not say what fails without it: refused]", 125)
+
+
 def podman(args: list[str]) -> None:
+    check_podman_storage()
     if args[:1] == ["run"]:
         podman_run(args[1:])
     if args[:1] != ["build"] or "-t" not in args:
         fail(f"twin: podman {' '.join(args)}: the twin has `podman build -t TAG DIR` and "
              "`podman run [--rm] [-v SRC:DST]... TAG COMMAND...` only")
-    write_image(podman_image(args[args.index("-t") + 1]), GO_ARCH[node_arch()], args[-1])
+    write_image(podman_image(args[args.index("-t") + 1]), GO_ARCH[node_arch()], args[-1],
+                recipe_env(Path(args[-1])))
 
 
 def podman_run(args: list[str]) -> None:
@@ -500,10 +560,10 @@ def enroot(args: list[str]) -> None:
         local = podman_image(uri.removeprefix("podman://"))
         if not local.is_file():
             fail(f"[ERROR] No such image: {uri.removeprefix('podman://')}")
-        arch = json.loads(local.read_text())["arch"]
+        arch, env = (json.loads(local.read_text())[key] for key in ("arch", "env"))
     else:
-        arch = GO_ARCH[node_arch()]
-    write_image(out, arch, uri)
+        arch, env = GO_ARCH[node_arch()], {}
+    write_image(out, arch, uri, env)
 
 
 def lfs(args: list[str]) -> None:
@@ -546,6 +606,9 @@ def ce_task(args: list[str]) -> None:
     """In the step, on the node: the EDF's image, mounts, workdir and env."""
     edf = tomllib.loads(Path(args[0]).read_text())
     image = site_path(edf["image"])
+    if not image.is_file():
+        fail(f"error: container-engine: the EDF's image {edf['image']} ({args[0]}) does not "
+             "exist [twin: the CE's wording is NOT CONFIRMED]")
     check_arch(image)
     for mount in edf.get("mounts", []):
         source = mount.split(":")[0]
@@ -554,7 +617,9 @@ def ce_task(args: list[str]) -> None:
     env = dict(os.environ) | {k: str(v) for k, v in edf.get("env", {}).items()}
     if "workdir" in edf:
         os.chdir(site_path(edf["workdir"]))
-    run_in_image(args[2:], "", env)
+    # `entrypoint = true` runs the image's ENTRYPOINT before the command (the EDF
+    # reference: default false); the twin's image has the project's entrypoint.sh.
+    run_in_image(["entrypoint.sh"] * bool(edf.get("entrypoint")) + args[2:], "", env)
 
 
 # ------------------------------------------------------------------ pyxis (srun --container-*)
@@ -586,7 +651,24 @@ def pyxis_task(args: list[str]) -> None:
     inside = Path(CONFIG["state"]) / "workspace"
     inside.mkdir(exist_ok=True)
     os.chdir(workdir or inside)
-    run_in_image(args[2:], "", dict(os.environ))
+    run_in_image(args[2:], "", pyxis_env(options, json.loads(image.read_text())["env"], args[2:]))
+
+
+def pyxis_env(options: dict, image_env: dict[str, str], command: list[str]) -> dict[str, str]:
+    """pyxis's environment rule (its README, --container-env): the host's exported
+    variables are set in the container, but a value the image sets takes precedence, but
+    for the names --container-env gives. A host value the image overrides is recorded:
+    the page relied on a variable the container never sees."""
+    kept = set(filter(None, (options.get("container-env") or "").split(",")))
+    env = dict(os.environ)
+    for name, value in image_env.items():
+        if name in kept and name in env:
+            continue
+        if env.get(name) not in (None, value):
+            record({"step": " ".join(command[:3]), "image_wins": name, "host": env[name],
+                    "image": value})
+        env[name] = value
+    return env
 
 
 # ------------------------------------------------------------------ NERSC's Shifter

@@ -56,7 +56,16 @@ STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "s
 
 
 def twin_data(site: str) -> dict:
-    return tomllib.loads((TWINS / f"{site}.toml").read_text())
+    """A twin's tables; a machine of a centre names its centre's twin as `base` and gives
+    only the keys in which it differs (each table it changes cites its own pages)."""
+    data = tomllib.loads((TWINS / f"{site}.toml").read_text())
+    base = data.pop("base", None)
+    if not base:
+        return data
+    merged = twin_data(base)
+    for name, value in data.items():
+        merged[name] = merged.get(name, {}) | value if isinstance(value, dict) else value
+    return merged
 
 
 def module_function(modules: dict, folders: dict[str, Path]) -> str:
@@ -110,6 +119,10 @@ def centre_faults(site: str, result: Result) -> list[str]:
     memory = compute.get("mem_per_gpu_gib")
     faults = []
     for entry in result.requests:
+        if "image_wins" in entry:
+            faults.append(f"host variable: {entry['image_wins']}={entry['host']} is set on the "
+                          f"host, but `{entry['step']}` sees the image's {entry['image']}: "
+                          "pyxis keeps the image's value (name it in --container-env)")
         if entry.get("cpus_per_rank", per_gpu) != per_gpu:
             faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
                           f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
@@ -190,6 +203,9 @@ class Twin:
             variables[name] = self.substitute(value.format(user=self.user))
             Path(variables[name]).mkdir(parents=True, exist_ok=True)
         # Links in the home folder (Alliance's ~/scratch) to folders on a site file system.
+        for folder in self.data["files"].get("folders", []):  # the user's other folders
+            Path(self.substitute(folder.format(user=self.user))).mkdir(parents=True,
+                                                                       exist_ok=True)
         for name, target in self.data["files"].get("home_links", {}).items():
             real = Path(self.substitute(target.format(user=self.user)))
             real.mkdir(parents=True, exist_ok=True)
