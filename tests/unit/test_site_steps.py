@@ -101,3 +101,23 @@ def test_each_page_names_its_node_local_folder_as_its_twin_cites_it(site):
     read = next(s for s in table["source"] if s.startswith("read 2026-"))
     assert read.removeprefix("read ") in said, (site, read)
     assert "cluster.md#cache-folders" in said, site
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_each_page_states_its_centres_quotas_and_purges_as_its_twin_cites_them(site):
+    """A page's "Quotas and purges" section gives the scratch purge and the quotas the
+    centre documents, each as the twin's [storage] table holds it, with the pages read and
+    the date; where no centre page says them, the page says NOT CONFIRMED."""
+    data = twin_data(site)
+    table = data["storage"]
+    page = (REPO / data["page"]).read_text()
+    assert page.count("## Quotas and purges") == 1, site
+    section = page.split("## Quotas and purges", 1)[1].split("\n## ", 1)[0]
+    said = " ".join(section.split())
+    for fact in table["facts"]:
+        assert fact in said, (site, fact)
+    for source in table["source"]:
+        if source.startswith("https://"):
+            assert source in said, (site, source)
+        if source.startswith("read "):
+            assert source.removeprefix("read ") in said, (site, source)
