@@ -85,8 +85,8 @@ CATALOGUE = [
             (("module load NRIS/GPU\nmodule load NCCL/2.30.4",
               "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
               "module load NCCL/2.30.4"),),
-            re.escape('The following module(s) are unknown: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-'
-                      '13.0.0"')),
+            # Lmod 8.6's own words: its spider finds the module behind NRIS/GPU.
+            re.escape('cannot be loaded as requested: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"')),
     Mistake("olivia: a GPU job without --partition=accel", "sigma2-olivia",
             ((OLIVIA_BUILD, OLIVIA_BUILD.replace("--partition=accel ", "")),),
             "Unable to allocate resources: Requested node configuration is not available"),

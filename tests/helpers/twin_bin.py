@@ -425,7 +425,7 @@ def check_module(command: str) -> None:
     """Where the centre puts the runtime in a module (Alliance: `module load apptainer`),
     the command is not there until it is loaded: bash's message and status."""
     module = CONFIG["runtime"].get("module")
-    if module and module not in os.environ.get("TWIN_LOADED", "").split():
+    if module and module not in os.environ.get("LOADEDMODULES", "").split(":"):
         fail(f"bash: {command}: command not found", 127)
 
 

@@ -18,7 +18,7 @@ of TINY_TRAIN, whose data step makes the data folder the real download would lea
 one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node, the job's tasks). The
 commands the suite's machine lacks are the stand-ins of
 tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
-still checked); `module` is Lmod's interface over the twin's module table.
+still checked); `module` is Lmod itself over module files made from the twin's table.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers import REPO, TESTS, wait_until_ended
-from tests.helpers.sites import LMOD_UNKNOWN, stand_in_nccl
+from tests.helpers.sites import stand_in_nccl
 from tests.helpers.steps import page_steps
 from tests.slurm.cluster import NODES, ensure_hosts_entries
 
@@ -68,34 +68,36 @@ def twin_data(site: str) -> dict:
     return merged
 
 
-def module_function(modules: dict, folders: dict[str, Path]) -> str:
-    """Lmod's `module` as a bash function body (exported as BASH_FUNC_module%%, as Lmod
-    exports its own): load, reset, avail/-t avail. (The stand-ins start with bash:
-    dash drops a variable whose name has %, this one.) A module whose prerequisite is not
-    loaded is unknown, with Lmod's message and status 1."""
-    arms = []
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")  # Debian's lmod (tools/debian-packages.txt)
+
+
+def module_tree(folder: Path, modules: dict, libraries: dict[str, Path]) -> Path:
+    """The twin's module files for Lmod (Debian's lmod, as the centres run it), from the
+    twin's cited module list; the folder MODULEPATH starts with. A module whose
+    prerequisite is not loaded lives in a folder that prerequisite's file puts on
+    MODULEPATH (the hierarchy: Olivia's NCCL modules under NRIS/GPU), so Lmod itself
+    says it is unknown until then. An NCCL module puts its library folder on
+    LD_LIBRARY_PATH and sets EasyBuild's EBROOTNCCL and EBVERSIONNCCL."""
+    core = folder / "core"
     for name, spec in modules.items():
-        guard = ""
-        if spec.get("requires"):
-            guard = (f"if [[ \" ${{TWIN_LOADED:-}} \" != *\" {spec['requires']} \"* ]]; then "
-                     f"printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1; fi; ")
-        library = (f"export LD_LIBRARY_PATH={folders[name]}"
-                   "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; " if name in folders else "")
-        arms.append(f"{shlex.quote(name)}) {guard}{library}"
-                    "export TWIN_LOADED=\"${TWIN_LOADED:-} $m\";;")
-    listing = " ".join(f"{shlex.quote(name)}:{spec.get('requires', '')}"
-                       for name, spec in modules.items())
-    return (
-        "() { local m e; case $1 in "
-        "reset|purge) unset TWIN_LOADED; export LD_LIBRARY_PATH=${TWIN_BASE_LIBRARY_PATH:-};; "
-        "load|add) shift; for m in \"$@\"; do case $m in "
-        + " ".join(arms) +
-        f" *) printf '%s \"%s\"\\n' '{LMOD_UNKNOWN}' \"$m\" >&2; return 1;; esac; done;; "
-        "-t|avail) for e in " + listing + "; do "
-        "[[ -z ${e#*:} || \" ${TWIN_LOADED:-} \" == *\" ${e#*:} \"* ]] "
-        "&& printf '%s\\n' ${e%%:*} >&2; "
-        "done; true;; "
-        "*) printf 'twin: module %s: not in the twin\\n' \"$1\" >&2; return 1;; esac; }")
+        above = spec.get("requires")
+        root = folder / ("opened-by-" + above.replace("/", "-") if above else "core")
+        lines = [f'whatis("the twin of {name}")']
+        if spec.get("sticky"):
+            lines.append('add_property("lmod", "sticky")')
+        opens = [child for child, other in modules.items() if other.get("requires") == name]
+        if opens:
+            lines.append(f'prepend_path("MODULEPATH", "{folder}/opened-by-'
+                         f'{name.replace("/", "-")}")')
+        if name in libraries:
+            lines += [f'prepend_path("LD_LIBRARY_PATH", "{libraries[name]}")',
+                      f'setenv("EBROOTNCCL", "{libraries[name].parent}")',
+                      f'setenv("EBVERSIONNCCL", "{spec["nccl"]}")']
+        path = root / f"{name}.lua"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+    core.mkdir(parents=True, exist_ok=True)
+    return core
 
 
 @dataclass
@@ -215,10 +217,10 @@ class Twin:
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
-            "BASH_FUNC_module%%": module_function(modules["available"], folders),
-            **self.login_functions(),
-            "BASH_FUNC_ml%%": "() { case $1 in load|reset|purge|avail|-t) module \"$@\";; "
-                              "*) module load \"$@\";; esac; }"}
+            "MODULEPATH": str(module_tree(self.state / "modules", modules["available"],
+                                          folders)),
+            "LMOD_SYSTEM_DEFAULT_MODULES": ":".join(modules["loaded"]),
+            **self.login_functions()}
 
     def login_functions(self) -> dict[str, str]:
         """The centre's login shell functions: JSC's `jutil env activate -p PROJECT`
@@ -235,7 +237,11 @@ class Twin:
             "printf 'jutil: %s: not a project of yours\\n' \"$4\" >&2; return 1; fi; }")}
 
     def login_script(self, page: str) -> str:
-        lines = ["set -e"]
+        # The login shell's `module` and `ml` are Lmod's (its bash start-up file exports
+        # them to the jobs, as at the centres).
+        lines = [f"source {LMOD_INIT}", "set -e"]
+        if self.data["modules"]["loaded"]:  # what the centre's login loads (Lmod's restore)
+            lines.append("module --initial_load --no_redirect restore")
         for number, step in enumerate(page_steps(page), 1):
             lines.append(f"echo '== step {number} (page line {step.line}, {step.kind})' >&2")
             if step.kind == "batch":
