@@ -81,25 +81,30 @@ def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
 SITES = sorted(path.stem for path in TWINS.glob("*.toml"))
 
 
+def cited_section(site: str, title: str, table: str) -> tuple[dict, str]:
+    """(the twin's table, the page's section under `## title`, its whitespace made one
+    space), the section checked to cite every page the table was read from and the date."""
+    data = twin_data(site)
+    page = (REPO / data["page"]).read_text()
+    assert page.count(f"## {title}") == 1, site
+    said = " ".join(page.split(f"## {title}", 1)[1].split("\n## ", 1)[0].split())
+    for source in data[table]["source"]:
+        if source.startswith("https://"):
+            assert source in said, (site, source)
+    read = next((s for s in data[table]["source"] if s.startswith("read 2026-")), None)
+    assert read is None or read.removeprefix("read ") in said, (site, read)
+    return data[table], said
+
+
 @pytest.mark.parametrize("site", SITES)
 def test_each_page_names_its_node_local_folder_as_its_twin_cites_it(site):
     """A page's "The node-local folder" section says the folder a job has on the centre's
     GPU nodes, what it is, when it is wiped, and where the package's caches go there
     (workload/caches.py's rule), each as the twin's [node_local] table holds it, next to
     the pages it was read from and the date."""
-    data = twin_data(site)
-    table = data["node_local"]
-    page = (REPO / data["page"]).read_text()
-    assert page.count("## The node-local folder") == 1, site
-    section = page.split("## The node-local folder", 1)[1].split("\n## ", 1)[0]
-    said = " ".join(section.split())
+    table, said = cited_section(site, "The node-local folder", "node_local")
     for key in ("folder", "kind", "wiped", "caches"):
         assert table[key] in said, (site, key, table[key])
-    for source in table["source"]:
-        if source.startswith("https://"):
-            assert source in said, (site, source)
-    read = next(s for s in table["source"] if s.startswith("read 2026-"))
-    assert read.removeprefix("read ") in said, (site, read)
     assert "cluster.md#cache-folders" in said, site
 
 
@@ -108,16 +113,6 @@ def test_each_page_states_its_centres_quotas_and_purges_as_its_twin_cites_them(s
     """A page's "Quotas and purges" section gives the scratch purge and the quotas the
     centre documents, each as the twin's [storage] table holds it, with the pages read and
     the date; where no centre page says them, the page says NOT CONFIRMED."""
-    data = twin_data(site)
-    table = data["storage"]
-    page = (REPO / data["page"]).read_text()
-    assert page.count("## Quotas and purges") == 1, site
-    section = page.split("## Quotas and purges", 1)[1].split("\n## ", 1)[0]
-    said = " ".join(section.split())
+    table, said = cited_section(site, "Quotas and purges", "storage")
     for fact in table["facts"]:
         assert fact in said, (site, fact)
-    for source in table["source"]:
-        if source.startswith("https://"):
-            assert source in said, (site, source)
-        if source.startswith("read "):
-            assert source.removeprefix("read ") in said, (site, source)
