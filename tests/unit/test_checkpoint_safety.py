@@ -364,3 +364,23 @@ def test_a_shard_offset_that_is_not_a_number_of_rows_is_corrupt(tmp_path):
     listed = {f"shards/rank-00000{suffix}": {} for suffix in (".json", ".safetensors")}
     with pytest.raises(CorruptCheckpoint, match="rank-00000.json"):
         read_shards(folder, 1, listed)
+
+
+def test_resume_auto_checks_that_the_checkpoint_fits_once_per_rank(tmp_path, monkeypatch):
+    """--resume auto: rank 0 checks that the newest checkpoint fits the model while it
+    chooses it; the resume then checks it no second time (the check walks every tensor)."""
+    from workload.checkpoint import resuming
+    from workload.checkpoint.snapshot import run_settings
+    from workload.config import TrainConfig
+    from workload.distributed import DistInfo
+    cfg, state = TrainConfig(), trained_state()
+    snapshot = snapshot_of(state, 1)
+    snapshot.config.clear()
+    snapshot.config.update(run_settings(cfg, 2))
+    save_checkpoint(tmp_path / "checkpoints", snapshot, 3, True)
+    checks = []
+    monkeypatch.setattr(resuming, "check_fits",
+                        lambda *args, **kwargs: checks.append(check_fits(*args, **kwargs)))
+    fresh = live_state()
+    resuming.resume(cfg, DistInfo.alone(torch.device("cpu")), fresh, tmp_path, 2)
+    assert fresh.step == 1 and len(checks) == 1

@@ -101,9 +101,11 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
         path = root / step_name(step)
+        chosen_here = snapshot is not None  # rank 0's: _read_auto checked that it fits
         snapshot = snapshot or read_checkpoint(path)
         check_same_run(snapshot.config, current, path, strict=True)
-        check_fits(snapshot, state, path)
+        if not chosen_here:
+            check_fits(snapshot, state, path)
     restore(snapshot, state, info.rank, info.world_size)
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
