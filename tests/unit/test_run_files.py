@@ -54,13 +54,14 @@ def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
     from tests.helpers import tmpfs
     from workload.config import TrainConfig
     from workload.errors import UsageError
+    from workload.runfolder import RunFolder
     from workload.training.run import save_model
 
     data = SimpleNamespace(num_classes=4, classes=None, mean=(0.5,) * 3, std=(0.25,) * 3)
     model = torch.nn.Linear(1000, 200)  # 800 kB of weights for 256 kB of disk
     with tmpfs(tmp_path / "small", "size=256k") as out:
         try:
-            save_model(TrainConfig(), data, model, out, write=True)
+            save_model(TrainConfig(), data, model, RunFolder(out), write=True)
         except UsageError as error:
             message = str(error)
         else:
