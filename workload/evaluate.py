@@ -30,6 +30,7 @@ from workload.config import TrainConfig, add_flags, given, read_config_file, val
 from workload.errors import UsageError
 from workload.files import output_file_problem
 from workload.models import ModelDescription, ModelFiles, locate, read_description
+from workload.runfolder import RunFolder
 
 PROG = "evaluate"
 # The settings evaluation reads (the data, its batching, the device and numerics); the
@@ -53,7 +54,7 @@ def eval_config(args: argparse.Namespace, files: ModelFiles,
     """The run's settings (or, for a bare model.json, its dataset and input size), the
     flags given on top; validated."""
     if files.run_dir is not None:
-        base = read_config_file(str(files.run_dir / "config.json"))
+        base = read_config_file(str(RunFolder(files.run_dir).config))
     else:
         base = dict(dataset=description.dataset, num_classes=description.num_classes)
     values = {k: v for k, v in base.items() if k in EVAL_KEYS}

@@ -42,6 +42,7 @@ from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records
                             unwritable_reason)
 from workload.launch.diagnostics import STARTUP_ORDER
 from workload.logs import warn
+from workload.runfolder import RunFolder
 
 PROG = "report"
 # The packages of the `report` extra (pyproject.toml), named directly: the package is not
@@ -71,7 +72,7 @@ def import_pyplot():
 
 # ----------------------------------------------------------------------------- reading
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+    path = RunFolder(run_dir).metrics
     if not path.is_file():
         raise UsageError(f"RUN_DIR {run_dir} has no metrics.jsonl; pass the --output-dir of "
                          "a train run that finished at least one epoch")
@@ -122,7 +123,7 @@ def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list
 def read_summary(run_dir: Path) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
     try:
-        summary = read_json_file(run_dir / "summary.json", MAX_FILE_BYTES)
+        summary = read_json_file(RunFolder(run_dir).summary, MAX_FILE_BYTES)
     except (OSError, ValueError):
         return {}
     return summary if isinstance(summary, dict) else {}
@@ -340,10 +341,10 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     if points:
         written.append(out / "scaling.png")
         plot_scaling(plt, points, written[-1])
-    if ranks := rank_times(run_dir / "steps.jsonl"):
+    if ranks := rank_times(RunFolder(run_dir).steps):
         written.append(out / "ranks.png")
         plot_ranks(plt, ranks, written[-1])
-    if power := power_lines(run_dir / "steps.jsonl"):
+    if power := power_lines(RunFolder(run_dir).steps):
         written.append(out / "power.png")
         plot_power(plt, power, written[-1])
     if phases := startup_phases(summary):

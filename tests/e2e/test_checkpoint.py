@@ -229,7 +229,7 @@ def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_
     import sys
     import time
 
-    from workload.checkpoint.lock import LOCK_NAME
+    from workload.runfolder import LOCK as LOCK_NAME
     from workload.checkpoint.store import verify
 
     out = tmp_path / "run"

@@ -364,3 +364,51 @@ def test_a_shard_offset_that_is_not_a_number_of_rows_is_corrupt(tmp_path):
     listed = {f"shards/rank-00000{suffix}": {} for suffix in (".json", ".safetensors")}
     with pytest.raises(CorruptCheckpoint, match="rank-00000.json"):
         read_shards(folder, 1, listed)
+
+
+def test_resume_auto_checks_that_the_checkpoint_fits_once_per_rank(tmp_path, monkeypatch):
+    """--resume auto: rank 0 checks that the newest checkpoint fits the model while it
+    chooses it; the resume then checks it no second time (the check walks every tensor)."""
+    from workload.checkpoint import resuming
+    from workload.checkpoint.snapshot import run_settings
+    from workload.config import TrainConfig
+    from workload.distributed import DistInfo
+    cfg, state = TrainConfig(), trained_state()
+    snapshot = snapshot_of(state, 1)
+    snapshot.config.clear()
+    snapshot.config.update(run_settings(cfg, 2))
+    save_checkpoint(tmp_path / "checkpoints", snapshot, 3, True)
+    checks = []
+    monkeypatch.setattr(resuming, "check_fits",
+                        lambda *args, **kwargs: checks.append(check_fits(*args, **kwargs)))
+    fresh = live_state()
+    resuming.resume(cfg, DistInfo.alone(torch.device("cpu")), fresh, tmp_path, 2)
+    assert fresh.step == 1 and len(checks) == 1
+
+
+class Counted:
+    """A stateful part, as a measurement adds one (TrainState.parts)."""
+
+    def __init__(self, total: float = 0.0):
+        self.total, self.given = total, "not called"
+
+    def state_dict(self) -> dict:
+        return {"total": self.total}
+
+    def load_state_dict(self, saved) -> None:
+        self.given = saved
+
+
+def test_a_stateful_part_round_trips_through_a_checkpoint(tmp_path):
+    """What a checkpoint carries besides model and optimizer is a part that saves and
+    restores itself: its state under its name in trainer.json, given back on resume; a
+    checkpoint without it gives None (the part says what that means)."""
+    from workload.checkpoint.snapshot import take_snapshot
+    state = trained_state()
+    state.parts["counted"] = Counted(12.5)
+    path = save_checkpoint(tmp_path, take_snapshot(state, {"seed": 1}, 1, False), 3, True)
+    assert read_part(path, "trainer")["counted"] == {"total": 12.5}
+    fresh, fresh_part, other = live_state(), Counted(), Counted()
+    fresh.parts.update(counted=fresh_part, other=other)
+    restore(read_checkpoint(path), fresh, 0, 1)
+    assert fresh_part.given == {"total": 12.5} and other.given is None

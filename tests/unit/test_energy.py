@@ -105,8 +105,8 @@ def test_a_checkpoint_without_a_readable_record_leaves_the_total_unknown():
     account = energy.EnergyAccount(energy.Meter("g", scripted([1.0] * 9)),
                                    energy.Meter("c", scripted([1.0] * 9)),
                                    torch.device("cpu"), 1)
-    account.resume_from({"gpu_j": "12"})
-    record = account.record()
+    account.load_state_dict({"gpu_j": "12"})
+    record = account.state_dict()
     assert record["gpu_j"] is None and record["gpu_source"].startswith("unavailable: ")
 
 
@@ -156,11 +156,11 @@ def test_the_first_interval_starts_with_the_training_and_its_power_is_the_counte
                                    energy.Meter("c", scripted([1.0] * 9)),
                                    torch.device("cpu"), 1)
     time.sleep(0.5)  # the start-up, at full power
-    account.interval(fresh=True)
+    account.start()
     time.sleep(0.3)
-    first = account.interval()  # no reading newer than the start yet: it starts one
+    first = account.numbers()  # no reading newer than the start yet: it starts one
     assert math.isnan(first[0]) and math.isnan(first[1]) and first[4] > 0
     time.sleep(0.3)
-    joules, power = account.interval()[:2]  # from the start to the reading it started
+    joules, power = account.numbers()[:2]  # from the start to the reading it started
     assert power == pytest.approx(watts, rel=0.05)
     assert watts * 0.3 < joules < watts * 0.3 * 1.3  # not the start-up's 125 J besides

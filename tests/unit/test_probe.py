@@ -80,3 +80,77 @@ def test_own_work_on_the_host_adds_the_spans_between_marks():
     activity.add_busy(1.0, 1.25)
     assert activity.busy_total_s() == pytest.approx(end - start + 0.25)
     assert activity.gpu_spans == []
+
+
+def steps(probe: StepProbe, first: int, last: int, images: int = 4, hooks_s: float = 0.0):
+    """The loop's points for steps first..last; each step's hooks take `hooks_s`."""
+    for step in range(first, last + 1):
+        probe.step_start()
+        probe.data_ready()
+        probe.forward_start()
+        probe.backward_start()
+        probe.optimizer_start()
+        probe.step_end(step, images)
+        time.sleep(hooks_s)
+    probe.step_start()  # where the loop waits for the next batch
+
+
+def test_the_window_leaves_out_the_jobs_first_step_and_its_hooks():
+    probe = StepProbe(step=5)  # a resumed job: its first step is 6
+    probe.open_window()
+    steps(probe, 6, 6, hooks_s=0.1)  # the first step's hooks (a compile cache packed)
+    time.sleep(0.05)
+    steps(probe, 7, 9)
+    window = probe.close_window()
+    assert window.images == 12 and probe.images == 16  # three timed steps, four trained
+    assert window.first_step_s >= 0.1 and 0.05 <= window.seconds < window.epoch_s
+    assert window.epoch_s == pytest.approx(window.first_step_s + window.seconds)
+    probe.open_window()  # the next epoch: every step timed, no first step in it
+    steps(probe, 10, 11)
+    window = probe.close_window()
+    assert window.images == 8 and window.first_step_s is None
+    assert window.seconds == pytest.approx(window.epoch_s)
+
+
+class Numbers:
+    """A contributor to the interval exchange that records what it was asked."""
+
+    def __init__(self, name: str, width: int):
+        self.name, self.width, self.calls = name, width, []
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def numbers(self, steps: int) -> list[float]:
+        self.calls.append(steps)
+        return [float(steps)] * self.width
+
+    def read(self, rows, step: int) -> dict:
+        return {self.name: rows, f"{self.name}_step": step}
+
+
+def test_the_interval_exchange_gives_each_contributor_its_own_columns():
+    import torch
+
+    from workload.training.interval import IntervalExchange
+    from workload.training.trainer import StepDone
+    probe = StepProbe(step=4)
+    a, b = Numbers("a", 2), Numbers("b", 3)
+    exchange = IntervalExchange(probe, 3, torch.device("cpu"), True, [a, b])
+    assert a.calls == b.calls == ["start"] and exchange.latest_record() == {}
+    for step in range(5, 10):
+        exchange(StepDone(0, step, step, 4, torch.zeros(())))
+    assert a.calls == b.calls == ["start", 2, 3]  # steps 6 (two since 4) and 9 (three)
+    assert exchange.latest_record() == {"a": [[3.0, 3.0]], "a_step": 9,
+                                        "b": [[3.0, 3.0, 3.0]], "b_step": 9}
+
+
+def test_the_loop_keeps_no_clock_and_writes_no_output():
+    """The probe is the loop's one clock, and what the loop shows is its hooks'."""
+    import inspect
+
+    from workload.training import trainer
+    source = inspect.getsource(trainer)
+    for word in ("perf_counter", "synchronize", "Progress", "print(", "append_jsonl"):
+        assert word not in source, word
+    assert len(inspect.getsource(trainer.Trainer.train_epoch).splitlines()) <= 25

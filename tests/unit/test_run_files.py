@@ -1,10 +1,13 @@
 """The run folder's JSON files: strict JSON on the way out (no NaN/Infinity), and a torn
-last line of metrics.jsonl dropped with a warning instead of breaking every resume."""
+last line of metrics.jsonl dropped with a warning instead of breaking every resume; and
+its files named in one place (workload.runfolder)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -54,16 +57,32 @@ def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
     from tests.helpers import tmpfs
     from workload.config import TrainConfig
     from workload.errors import UsageError
+    from workload.runfolder import RunFolder
     from workload.training.run import save_model
 
     data = SimpleNamespace(num_classes=4, classes=None, mean=(0.5,) * 3, std=(0.25,) * 3)
     model = torch.nn.Linear(1000, 200)  # 800 kB of weights for 256 kB of disk
     with tmpfs(tmp_path / "small", "size=256k") as out:
         try:
-            save_model(TrainConfig(), data, model, out, write=True)
+            save_model(TrainConfig(), data, model, RunFolder(out), write=True)
         except UsageError as error:
             message = str(error)
         else:
             raise AssertionError("the model was written to a disk too small for it")
         assert "no space left" in message and str(out) in message and "MiB free" in message
         assert "\n" not in message and sorted(p.name for p in out.iterdir()) == []
+
+
+def test_the_run_folders_own_files_are_named_in_runfolder_only():
+    """A command that needs a run's file takes its path from RunFolder, so no two
+    commands can disagree about where it is (names a checkpoint folder shares, such as
+    config.json, are left out)."""
+    from workload import runfolder
+    names = {runfolder.METRICS, runfolder.STEPS, runfolder.SUMMARY, runfolder.MODEL_JSON,
+             runfolder.LOCK}
+    package = Path(runfolder.__file__).parent
+    spelled = [f"{path.relative_to(package)}:{node.lineno} {node.value}"
+               for path in sorted(package.rglob("*.py")) if path.name != "runfolder.py"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value in names]
+    assert spelled == []

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from workload.checkpoint import lock as run_lock
-from workload.checkpoint.lock import LOCK_NAME, STALE_AFTER_S, RunLock
+from workload.checkpoint.lock import STALE_AFTER_S, RunLock
+from workload.runfolder import LOCK as LOCK_NAME
 
 
 def write_lock(folder, **holder) -> None:

@@ -21,7 +21,7 @@ from workload.distributed import DistInfo, resolve_device
 from workload.files import write_json
 from workload.records import versions
 from workload.training.build import start_process
-from workload.training.trainer import sync
+from workload.training.probe import sync
 
 
 def config_from(args: dict, **overrides) -> TrainConfig:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from workload.caches import CACHE_KEYS
 from workload.launch.diagnostics import STARTUP_ORDER
+from workload.runfolder import RunFolder
 
 # name -> (extra flags, warm: the cache folder of the cold start)
 STARTS = {"cold": ([], False), "warm": ([], True),
@@ -78,7 +79,7 @@ def started(name: str, device, quick: bool, flags: list[str], top: Path, caches:
                     reason=f"train did not end within {START_LIMIT_S} s")
     record = dict(name=name, flags=flags, wall_s=time.monotonic() - began)
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads(RunFolder(out).summary.read_text())
     except (OSError, ValueError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return dict(record, status="failed",

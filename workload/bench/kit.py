@@ -45,7 +45,7 @@ from workload.bench import first_step, levers, step_profile
 from workload.bench.common import bench_process, config_from, fingerprint, print_table
 from workload.bench.train import Runner, specs_for
 from workload.files import replace_file
-from workload.training.trainer import sync
+from workload.training.probe import sync
 
 # The comparison at full size (GPU) and at tiny sizes (--quick: CI on a 2-core CPU). Both
 # models at the reference's batch size; synthetic data shaped as CIFAR-100 (32x32 RGB).

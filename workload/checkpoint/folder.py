@@ -32,6 +32,7 @@ from typing import TypeVar
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
 from workload.files import replace_file, set_mode, umask_mode
 from workload.logs import logger
+from workload.runfolder import RunFolder
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # A folder moved aside: step-000000100.corrupt-20261122-161500 (or ~1, ~2 after it).
@@ -48,7 +49,7 @@ Loaded = TypeVar("Loaded")
 
 
 def checkpoints_dir(out: Path) -> Path:
-    return Path(out) / "checkpoints"
+    return RunFolder(Path(out)).checkpoints
 
 
 def step_name(step: int) -> str:

@@ -36,8 +36,8 @@ from pathlib import Path
 from workload.errors import UsageError
 from workload.files import proc_stat_fields, set_mode, umask_mode
 from workload.logs import logger
+from workload.runfolder import RunFolder
 
-LOCK_NAME = "train.lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # ten missed heartbeats: longer than NFS attribute caching (60 s)
 # What link() fails with where the file system has no hard links: vfat/exFAT (EPERM), many
@@ -171,7 +171,7 @@ class RunLock:
     gave workload.checkpoint.Checkpoints)."""
 
     def __init__(self, out: Path, named: str = "--output-dir"):
-        self.path, self.named = Path(out) / LOCK_NAME, named
+        self.path, self.named = RunFolder(Path(out)).lock, named
         self.holder: dict | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None

@@ -68,6 +68,7 @@ class _LoopState:
     epoch: int = 0
     batch: int = 0
     accuracies: list = field(default_factory=list)
+    parts: dict = field(default_factory=dict)  # train's energy; a loop has none
 
 
 def _state(model, optimizer, scheduler, scaler, step: int = 0) -> _LoopState:

@@ -25,9 +25,7 @@ from workload.config import MAY_CHANGE_ON_RESUME, flag_of
 from workload.errors import UsageError
 from workload.files import json_text, path_kind, read_jsonl_records, replace_file
 from workload.logs import logger
-
-# The run's records that --overwrite removes with its checkpoints (they would mix two runs).
-RECORDS = ("metrics.jsonl", "steps.jsonl", "summary.json")
+from workload.runfolder import RunFolder
 
 
 def prepare(cfg, out: Path, is_main: bool) -> None:
@@ -42,9 +40,9 @@ def prepare(cfg, out: Path, is_main: bool) -> None:
                          "pruned and replaced inside the run folder, so they must live "
                          "there: pass --output-dir on the file system you want instead, or "
                          "replace the link with a folder")
-    for name in RECORDS:  # appended to or replaced: a neighbour's link is refused here
-        if (problem := _not_a_record(out / name)) is not None:
-            raise UsageError(f"{out / name} is {problem}, not a file train wrote; train "
+    for record in RunFolder(out).records:  # appended to or replaced: a link is refused
+        if (problem := _not_a_record(record)) is not None:
+            raise UsageError(f"{record} is {problem}, not a file train wrote; train "
                              "never writes through one: remove it (or move it away) and "
                              "start again")
     own = written_by_train(root)
@@ -77,8 +75,8 @@ def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
                 remove_tree(path)
             else:
                 path.unlink()
-        for name in RECORDS:
-            (out / name).unlink(missing_ok=True)
+        for record in RunFolder(out).records:  # they would mix two runs
+            record.unlink(missing_ok=True)
         remove_local(cfg.checkpoint.checkpoint_local, out)
 
 
@@ -101,15 +99,17 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
         path = root / step_name(step)
+        chosen_here = snapshot is not None  # rank 0's: _read_auto checked that it fits
         snapshot = snapshot or read_checkpoint(path)
         check_same_run(snapshot.config, current, path, strict=True)
-        check_fits(snapshot, state, path)
+        if not chosen_here:
+            check_fits(snapshot, state, path)
     restore(snapshot, state, info.rank, info.world_size)
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
             _forget_local(cfg.checkpoint.checkpoint_local, out, path)
-        trim_metrics(out / "metrics.jsonl", _epochs_recorded(cfg, state))
+        trim_metrics(RunFolder(out).metrics, _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
 

@@ -64,8 +64,8 @@ def take_snapshot(state, settings: dict, world_size: int, sharded: bool) -> Snap
     trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
                    scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
                    step=state.step, accuracies=list(state.accuracies), world_size=world_size)
-    if getattr(state, "energy", None) is not None:  # the energy so far (a collective)
-        trainer["energy"] = state.energy.record()
+    for name, part in state.parts.items():  # each part's state_dict may be a collective
+        trainer[name] = part.state_dict()
     if sharded:  # every rank writes its own shard (its buffers included) in save_checkpoint
         return Snapshot(None, None, trainer, gather_states(world_size), settings)
     return Snapshot(unwrap(state.model).state_dict(), state.optimizer.state_dict(), trainer,
@@ -118,8 +118,8 @@ def restore(snapshot: Snapshot, state, rank: int, world_size: int) -> None:
     state.scaler.load_state_dict(trainer["scaler"])
     state.epoch, state.batch, state.step = trainer["epoch"], trainer["batch"], trainer["step"]
     state.accuracies[:] = trainer["accuracies"]
-    if getattr(state, "energy", None) is not None:  # checked by the energy account itself
-        state.energy.resume_from(trainer.get("energy"))
+    for name, part in state.parts.items():  # each part checks what it is given itself
+        part.load_state_dict(trainer.get(name))
     if trainer["world_size"] != world_size:
         logger.info(f"the checkpoint was written by {trainer['world_size']} processes, this "
                        f"run has {world_size}: the full parameters and optimizer state carry "

@@ -11,7 +11,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from workload.config.values import WEEK, Every, Range, at_least, between
+from workload.config.values import WEEK, Every, Range
 
 # The built-in network; every torchvision classification model name is accepted too, checked
 # against torchvision's registry once torch is imported (workload.models.check_model_name).
@@ -78,11 +78,11 @@ class Model:
                                             "afresh when its size differs (other classes)",
                                      resumable=True)
     width: int = setting(160, "wrn: width of the first stage; the next two are 2x and 4x",
-                         bounds=between(1, 1024))
+                         bounds=Range(1, 1024))
     blocks_per_stage: int = setting(2, "wrn: residual blocks per stage (the reference's 2)",
-                                    bounds=between(1, 100))
+                                    bounds=Range(1, 100))
     dropout: float = setting(0.01, "wrn: dropout between the two convolutions of a block",
-                             bounds=between(0.0, 0.99))
+                             bounds=Range(0.0, 0.99))
 
 
 @dataclass
@@ -96,14 +96,14 @@ class Data:
     download: bool = setting(False, "fetch CIFAR-100 first (needs internet; compute nodes "
                                     "rarely have it)", one_shot=True)
     image_size: int = setting(0, "image side; 0 = the dataset's own (32, or 224 for "
-                                 "imagefolder and shards)", bounds=between(0, 2048))
+                                 "imagefolder and shards)", bounds=Range(0, 2048))
     synthetic_size: int = setting(10_000, "synthetic: training images (the test split gets "
-                                          "a fifth of that)", bounds=at_least(1))
+                                          "a fifth of that)", bounds=Range(low=1))
     num_classes: int = setting(100, "synthetic: classes (the other datasets know their own)",
-                               bounds=between(1, 100_000))
+                               bounds=Range(1, 100_000))
     workers: int = setting(-1, "DataLoader processes / DALI threads; -1 = from "
                                "SLURM_CPUS_PER_TASK or the CPUs this process may use",
-                       bounds=at_least(-1), resumable=True)
+                       bounds=Range(low=-1), resumable=True)
     stage_to: str = setting("", "copy --data-dir (a folder, or an image folder packed as "
                                 "a .tar) to this node-local folder once per node, e.g. "
                                 "$SLURM_TMPDIR, verify it and train from there; a complete "
@@ -116,7 +116,7 @@ class Data:
                               "from them with --dataset shards --data-dir DIR)", metavar="DIR",
                           one_shot=True)
     shard_size: int = setting(1000, "with --shards: images per shard",
-                              bounds=between(1, 1_000_000), one_shot=True)
+                              bounds=Range(1, 1_000_000), one_shot=True)
     data_backend: str = setting("auto", "auto: device for in-memory sets, dali for image "
                                         "folders on a GPU, else torch (the reason is printed)",
                                 choices=DATA_BACKENDS)
@@ -126,8 +126,8 @@ class Data:
 class Training:
     """training (the first five as in the reference train.py)"""
     batch_size: int = setting(256, "images per optimizer step on each process",
-                              bounds=at_least(1))
-    epochs: int = setting(100, "passes over the training set", bounds=at_least(1),
+                              bounds=Range(low=1))
+    epochs: int = setting(100, "passes over the training set", bounds=Range(low=1),
                           resumable=True)
     base_lr: float = setting(0.01, "peak learning rate, reached after the warm-up",
                              bounds=Range(0.0, 1000.0, low_open=True))
@@ -136,18 +136,18 @@ class Training:
                                      bounds=Range(0.0, 1.0, low_open=True),
                                      example="0.95 for 95 %", resumable=True)
     patience: int = setting(2, "epochs at the target accuracy before stopping",
-                            bounds=at_least(1), resumable=True)
+                            bounds=Range(low=1), resumable=True)
     max_steps: int = setting(0, "stop after N optimizer steps in all; 0 = no limit",
-                             bounds=at_least(0), resumable=True)
+                             bounds=Range(low=0), resumable=True)
     momentum: float = setting(0.9, "SGD momentum", bounds=Range(0.0, 1.0, high_open=True))
-    weight_decay: float = setting(5e-4, "SGD weight decay", bounds=between(0.0, 1.0))
+    weight_decay: float = setting(5e-4, "SGD weight decay", bounds=Range(0.0, 1.0))
     warmup_epochs: float = setting(1.0, "linear warm-up from 0 to base lr over this many "
                                         "epochs, then cosine decay to 0",
-                                   bounds=between(0.0, 1e6))
+                                   bounds=Range(0.0, 1e6))
     label_smoothing: float = setting(0.0, "cross-entropy label smoothing; 0 = off",
                                      bounds=Range(0.0, 1.0, high_open=True))
     seed: int = setting(0, "seeds model init, data order and augmentation: same seed, same "
-                           "result on the CPU", bounds=between(0, MAX_SEED))
+                           "result on the CPU", bounds=Range(0, MAX_SEED))
     allow_nonfinite_loss: bool = setting(False, "keep training when the training loss becomes "
                                                 "NaN or infinite (by default the run stops)",
                                          resumable=True)
@@ -175,7 +175,7 @@ class Hardware:
                                     resumable=True)
     cudnn_benchmark_limit: int = setting(10, "algorithms cuDNN tries per convolution in "
                                              "benchmark mode; 0 = every one",
-                                         bounds=between(0, 10_000), resumable=True)
+                                         bounds=Range(0, 10_000), resumable=True)
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Distributed:
     stall_timeout_s: float = setting(300.0, "no step done for this long (or 10 median steps): "
                                      "each rank dumps its stacks into <output-dir>/diagnostics;"
                                      " 0 = off", flag="--stall-timeout", metavar="SECONDS",
-                                     bounds=between(0.0, WEEK), example="600", resumable=True)
+                                     bounds=Range(0.0, WEEK), example="600", resumable=True)
 
 
 @dataclass
@@ -210,7 +210,7 @@ class Checkpoint:
                                       metavar="N|DURATION", factory=lambda: Every(0, 1800.0),
                                       resumable=True)
     keep_checkpoints: int = setting(3, "complete checkpoints kept; older ones are pruned "
-                                       "only after a new one is complete", bounds=at_least(1),
+                                       "only after a new one is complete", bounds=Range(low=1),
                                        resumable=True)
     checkpoint_async: bool = setting(True, "save in the background: training waits only "
                                            "while the state is copied to host memory, a "
@@ -237,7 +237,7 @@ class Logging:
     log_every: int = setting(0, "a progress line (loss, img/s, ETA, GPU memory) every N "
                                 "steps, also in <output-dir>/steps.jsonl; 0 = about every "
                                 "30 s when stdout is not a terminal (a terminal shows a bar)",
-                             metavar="N", bounds=at_least(0), resumable=True)
+                             metavar="N", bounds=Range(low=0), resumable=True)
     wandb: bool = setting(False, "also log the metrics to Weights & Biases (the wandb extra; "
                                  "offline unless WANDB_MODE says otherwise)", resumable=True)
 

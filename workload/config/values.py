@@ -68,11 +68,3 @@ class Range:
         if too_low:
             return f"greater than {self.low!r}" if self.low_open else f"{self.low!r} or more"
         return f"less than {self.high!r}" if self.high_open else f"at most {self.high!r}"
-
-
-def at_least(low) -> Range:
-    return Range(low=low)
-
-
-def between(low, high) -> Range:
-    return Range(low=low, high=high)

@@ -19,6 +19,7 @@ from workload.diagnose.records import (MAX_RANKS, Skipped, flight, heartbeat, la
                                        shown, startup)
 from workload.errors import UsageError
 from workload.launch.diagnostics import DIAGNOSTICS, FR_PREFIX, STARTUP_PREFIX
+from workload.runfolder import RunFolder
 
 # Ranks in plain ASCII digits (re.ASCII: "\d" would take other scripts' digits), as many
 # as MAX_RANKS needs, no leading zero.
@@ -66,7 +67,7 @@ def open_folder(run_dir: Path) -> tuple[int, Path]:
 def no_folder(run_dir: Path) -> str:
     """The error for a folder without diagnostics, naming run folders just below it."""
     below = sorted(child.name for child in _children(run_dir)
-                   if (child / DIAGNOSTICS).is_dir())
+                   if RunFolder(child).diagnostics.is_dir())
     hint = (f"; run folders inside it: {', '.join(shown(name) for name in below[:3])}"
             if below else "")
     return (f"RUN_DIR {shown(run_dir)} has no {DIAGNOSTICS} folder and no heartbeat-<N>.json, "

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import importlib
 
-from workload.models.description import (MODEL_JSON, WEIGHTS, ModelDescription, ModelFiles,
-                                         describe_model, locate, read_description)
+from workload.models.description import (ModelDescription, ModelFiles, describe_model, locate,
+                                         read_description)
 
 # Each torch name -> the module that holds it, imported on the name's first use.
 _TORCH_NAMES = {
@@ -41,5 +41,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{_TORCH_NAMES[name]}"), name)
 
 
-__all__ = ["MODEL_JSON", "WEIGHTS", "ModelDescription", "ModelFiles", "describe_model",
-           "locate", "read_description", *_TORCH_NAMES]
+__all__ = ["ModelDescription", "ModelFiles", "describe_model", "locate", "read_description",
+           *_TORCH_NAMES]

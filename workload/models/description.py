@@ -27,8 +27,8 @@ from workload.config import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfi
                              image_size_of, out_of_bounds, resolve_stem)
 from workload.errors import UsageError
 from workload.files import strict_json
+from workload.runfolder import WEIGHTS, RunFolder
 
-MODEL_JSON, WEIGHTS = "model.json", "model.safetensors"
 FORMAT, FORMAT_VERSION = "hpc-train-model", 1
 RESIZES = ("stretch", "resize-crop")
 # build_model's keyword arguments that model.json's "arguments" may hold.
@@ -67,9 +67,9 @@ def locate(given: str) -> ModelFiles:
         raise UsageError(f"{given} does not exist; pass a finished train run's --output-dir "
                          "(it holds model.json and model.safetensors) or its model.json")
     if path.is_dir():
-        folder, description = path, path / MODEL_JSON
+        folder, description = path, RunFolder(path).model
     elif path.suffix == ".safetensors":
-        folder, description = path.parent, path.parent / MODEL_JSON
+        folder, description = path.parent, RunFolder(path.parent).model
     else:
         folder, description = path.parent, path
     if not description.is_file():
@@ -80,7 +80,7 @@ def locate(given: str) -> ModelFiles:
     if not weights.is_file():
         raise UsageError(f"{given}: the weights {weights} that {description.name} names are "
                          "missing; pass a finished run's folder")
-    run_dir = folder if (folder / "config.json").is_file() else None
+    run_dir = folder if RunFolder(folder).config.is_file() else None
     return ModelFiles(description, weights, run_dir)
 
 

@@ -7,11 +7,12 @@ workload.training.background_read): the log interval's exchange takes the latest
 a checkpoint and the end a fresh one; local rank 0 of each node reads the node's RAPL
 package counters (`/sys/class/powercap/intel-rapl:N/energy_uj`, wrapping at
 `max_energy_range_uj`). Nothing is read inside a step. The ranks' sums travel in the
-exchange the straggler check already makes (workload.training.stragglers), in the
-checkpoint's collective and in one gather at the end.
+log interval's one exchange, as one of its contributors (workload.training.interval), in
+the checkpoint's collective and in one gather at the end.
 
-The running total is part of the checkpoint (`energy` in the trainer state, JSON), so a
-preempted and resumed run reports the energy of all its jobs. A counter that is missing
+The running total is a stateful part of the checkpoint (`state_dict`/`load_state_dict`,
+saved as `energy` in the trainer state, JSON), so a preempted and resumed run reports the
+energy of all its jobs. A counter that is missing
 is "unavailable: <why>" with null values, never 0. A counter that goes backwards (a
 driver reload) is counted again from its new value, and one that stops answering ends
 the count; either is said once, and neither stops the training.
@@ -215,7 +216,9 @@ def ratio(joules: float | None, count: int | float) -> float | None:
 
 class EnergyAccount:
     """This rank's energy in this job and the run's earlier jobs (from the checkpoint it
-    resumed from). The run's totals are collectives: every rank calls `record`."""
+    resumed from): a stateful part of the checkpoint (TrainState.parts) and a contributor
+    to the log interval's exchange (workload.training.interval). The run's totals are
+    collectives: every rank calls `state_dict`."""
 
     def __init__(self, gpu: Meter, cpu: Meter, device, world_size: int):
         self.gpu, self.cpu, self.device, self.world_size = gpu, cpu, device, world_size
@@ -230,12 +233,17 @@ class EnergyAccount:
         return cls(gpu_meter(info.device, info.local_rank), cpu_meter(info.local_rank),
                    info.device, info.world_size)
 
-    def interval(self, fresh: bool = False) -> list[float]:
+    # --- a contributor to the log interval's exchange (workload.training.interval) ---
+    def start(self) -> None:
+        """A fresh reading: the intervals start with the training."""
+        self.numbers(fresh=True)
+
+    def numbers(self, steps: int = 0, fresh: bool = False) -> list[float]:
         """This rank's numbers for the log interval's exchange: GPU joules and watts
         between the last two readings (their own times), then the CPU's, then both totals
-        of this job (NaN: not counting, or no newer reading yet). The first call is
-        `fresh`: the intervals start with the training. The GPU's reading is the one the
-        previous call started (background_read): its figures are the interval before."""
+        of this job (NaN: not counting, or no newer reading yet). The GPU's reading is the
+        one the previous call started (background_read): its figures are the interval
+        before. (Energy is per interval, not per step: `steps` is not needed.)"""
         now = [(meter.update(fresh), meter.at) for meter in (self.gpu, self.cpu)]
         numbers: list[float] = []
         for index, ((total, at), (total0, at0)) in enumerate(zip(now, self.mark)):
@@ -246,7 +254,7 @@ class EnergyAccount:
             self.mark[index] = (total, at)
         return [*numbers, self.gpu.total(), self.cpu.total()]
 
-    def interval_record(self, rows: list[list[float]]) -> dict:
+    def read(self, rows: list[list[float]], step: int = 0) -> dict:
         """The fields a steps.jsonl line adds: the interval's energy and mean power summed
         over the ranks, and the run's totals so far; null where a rank has no counter."""
         column = [ranks_sum([row[i] for row in rows]) for i in range(6)]
@@ -259,7 +267,7 @@ class EnergyAccount:
         earlier = self.earlier[key]
         return None if earlier is None or this_job is None else earlier + this_job
 
-    def record(self) -> dict:
+    def state_dict(self) -> dict:
         """The run's energy so far, all ranks and jobs: what a checkpoint holds and the
         summary reports (a collective)."""
         self.gpu.update()
@@ -293,7 +301,7 @@ class EnergyAccount:
             return f"unavailable: {EARLIER} ({earlier.removeprefix('unavailable: ')})"
         return earlier
 
-    def resume_from(self, saved) -> None:
+    def load_state_dict(self, saved) -> None:
         """The checkpoint's record of the earlier jobs; one that has none (written before
         energy was counted) or an unreadable one leaves the total unavailable."""
         if not valid_record(saved):

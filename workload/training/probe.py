@@ -10,11 +10,21 @@ each step, and what measures the loop reads it instead of the loop writing to ea
     optimizer_start   the optimizer's step begins (phase "optimizer")
     step_end          the step is done: its count, its images, its own-work spans
     enter(phase)      a phase outside the step: checkpoint, collective, evaluation
+    open_window       an epoch's steps begin
+    close_window      they end: the epoch's `Window` (images, seconds, first step)
+
+The probe is also the one clock of a step's throughput: the window of an epoch counts the
+images of its steps and their seconds, with this job's first step left out (its warm-up
+and compilation, `first_step_s`, timed apart from the images per second). The window
+starts where the first step's hooks are done (at the next `step_start`), and the device
+is synchronised once at the first step's end (what the start-up clock reads too,
+workload.training.startup) and once where a window closes.
 
 Readers: the stall watchdog (the step and the phase, the `Activity` it watches), the
-straggler check (each rank's own work and data wait per step), and the energy account
-(the images trained). Per step: plain attribute writes and a few clock reads, no
-syscall, no lock, no host synchronisation. On a GPU that the straggler check times
+straggler check (each rank's own work and data wait per step), the energy account
+(the images trained) and the loop's epoch statistics (the window). Per step, but the
+job's first: plain attribute writes and a few clock reads, no syscall, no lock, no host
+synchronisation. On a GPU that the straggler check times
 (`time_on_gpu`) the spans of own work are CUDA events, read once per log interval
 (`busy_total_s`): the host runs ahead of a GPU, so a slow GPU would show in host time only
 where something waits for it, mostly in backward's all-reduce, which is not own work.
@@ -23,26 +33,51 @@ where something waits for it, mostly in backward's all-reduce, which is not own 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from workload.training.watchdog import COMPUTE, DATA, OPTIMIZER, Activity
+from workload.training.watchdog import COLLECTIVE, COMPUTE, DATA, OPTIMIZER, Activity
+
+
+def sync(device: torch.device | None) -> None:
+    """Wait for the device (a GPU runs behind the host) before the clock is read."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Window:
+    """An epoch's steps as the probe timed them (this rank's images)."""
+    images: int                 # of the steps in the window: the job's first step left out
+    seconds: float              # the window: from the first step's hooks done (or the
+                                # epoch's start) to the last step's hooks done
+    epoch_s: float              # the whole epoch's steps, the first step included
+    first_step_s: float | None  # this job's first step and its hooks, if in this epoch
 
 
 class StepProbe(Activity):
-    """Where this rank's loop is (the watchdog's `Activity`), and what it measured."""
+    """Where this rank's loop is (the watchdog's `Activity`), and what it measured.
+    `step`: where this job starts (its first step is the next); `device`: the one the
+    clock waits for."""
 
     __slots__ = ("busy_s", "data_s", "images", "on_gpu", "gpu_spans", "hooked",
-                 "_fetching", "_forward", "_backward", "_optimizer")
+                 "_fetching", "_forward", "_backward", "_optimizer", "device", "first_step",
+                 "_epoch_start", "_window_start", "_window_images", "_first_step_s",
+                 "_warm_up_ends")
 
-    def __init__(self, step: int = 0):
+    def __init__(self, step: int = 0, device: torch.device | None = None):
         super().__init__(step)
         self.busy_s = self.data_s = 0.0
         self.images = 0  # this job's, on this rank
         self.on_gpu, self.gpu_spans, self.hooked = False, [], False
         self._fetching = time.perf_counter()
         self._forward = self._backward = self._optimizer = None
+        # This job's first step (a resumed job's too): its warm-up and compilation are
+        # timed apart (first_step_s), never counted into the images per second.
+        self.device, self.first_step, self._warm_up_ends = device, step + 1, False
+        self.open_window()
 
     def time_on_gpu(self) -> None:
         self.on_gpu = True
@@ -60,6 +95,10 @@ class StepProbe(Activity):
     # --- the loop's points -------------------------------------------------------
     def step_start(self) -> None:
         self.phase, self._fetching = DATA, time.perf_counter()
+        if self._warm_up_ends:  # the job's first step and its hooks are done
+            self._warm_up_ends = False
+            self._window_start = self._fetching
+            self._first_step_s = self._fetching - self._epoch_start
 
     def data_ready(self) -> None:
         self.data_s += time.perf_counter() - self._fetching
@@ -80,11 +119,29 @@ class StepProbe(Activity):
         self.step, self.images = step, self.images + images
         self.add_busy(self._forward, self._backward)
         self.add_busy(self._optimizer, self.mark())
+        if step == self.first_step:  # the one wait in a step, once a job: warm-up ends
+            sync(self.device)
+            self._warm_up_ends = True
+        else:
+            self._window_images += images
 
     def enter(self, phase: str) -> str:
         """A phase outside the step; the one it replaces (to go back to)."""
         before, self.phase = self.phase, phase
         return before
+
+    def open_window(self) -> None:
+        self._epoch_start = self._window_start = time.perf_counter()
+        self._window_images, self._first_step_s = 0, None
+
+    def close_window(self) -> Window:
+        """The epoch's window, read after the device is done with its steps (a phase of
+        its own: the epoch's collectives follow)."""
+        self.enter(COLLECTIVE)
+        sync(self.device)
+        end = time.perf_counter()
+        return Window(self._window_images, end - self._window_start, end - self._epoch_start,
+                      self._first_step_s)
 
     # --- timing --------------------------------------------------------------------
     def mark(self):

@@ -1,6 +1,8 @@
 """Progress lines for batch logs, a trainer hook on rank 0: step/total, loss, img/s, ETA
 and peak GPU memory every `--log-every` steps (by default about every 30 s when stdout is
-not a terminal, where the progress bar shows instead), also appended to steps.jsonl.
+not a terminal, where the progress bar shows instead), also appended to steps.jsonl with
+the fields of the log interval's exchange (workload.training.interval); and the terminal's
+progress bar, a hook too (`TerminalBar`).
 
 The step's loss stays on the device and is summed there; it is read once per line, so the
 steps between two lines never wait for the device.
@@ -15,7 +17,7 @@ from pathlib import Path
 import torch
 
 from workload.files import append_jsonl
-from workload.logs import logger
+from workload.logs import Progress, logger
 from workload.training.trainer import StepDone
 
 AUTO_SECONDS = 30.0  # the interval of --log-every 0 in batch logs
@@ -83,3 +85,24 @@ class ProgressLog:
                     f"{r['loss']:.4f}, {r['images_per_second']:.1f} img/s, ETA "
                     f"{clock(r['eta_s'])}{memory}")
         append_jsonl(self.path, r)
+
+
+class TerminalBar:
+    """The epoch's progress bar on a terminal (never in batch logs): a progress hook that
+    draws the step of the epoch, and an epoch-end hook that clears its line."""
+
+    def __init__(self, steps_per_epoch: int, enabled: bool):
+        self.total, self.enabled = steps_per_epoch, enabled
+        self.bar: Progress | None = None
+        self.epoch = -1
+
+    def __call__(self, done: StepDone) -> None:
+        if done.epoch != self.epoch or self.bar is None:
+            self.epoch = done.epoch
+            self.bar = Progress(self.total, f"epoch {done.epoch + 1}", self.enabled)
+        self.bar.update(done.batch)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

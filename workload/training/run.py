@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from workload import checkpoint, distributed
@@ -15,19 +16,20 @@ from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
-from workload.launch.diagnostics import (DIAGNOSTICS, DUMP_SIGNAL, defaults_for_one_run,
-                                         enable_dump_on_signal)
+from workload.launch.diagnostics import DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal
 from workload.logs import logger
-from workload.models import MODEL_JSON, WEIGHTS, count_parameters, describe_model, save_weights
+from workload.models import count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
+from workload.runfolder import RunFolder
 from workload.training.energy import EnergyAccount, summary_fields
 from workload.training.build import build_state, lr_scale, planned_steps, start_process
 from workload.training.compile_cache import CompileCache
 from workload.training.startup import (StartupClock, across_ranks, log_startup, record_name,
                                        tune_convolutions)
-from workload.training.progress import ProgressLog
-from workload.training.trainer import Hooks, Trainer, sync
-from workload.training.stragglers import StragglerWatch
+from workload.training.interval import IntervalExchange
+from workload.training.progress import ProgressLog, TerminalBar
+from workload.training.trainer import Hooks, Trainer, TrainState
+from workload.training.stragglers import StragglerJudge
 from workload.training.probe import StepProbe
 from workload.training.watchdog import StallWatchdog, attempt_id
 
@@ -35,10 +37,11 @@ from workload.training.watchdog import StallWatchdog, attempt_id
 def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     """Train as configured; `flag` is set by the preemption signal handlers (see train)."""
     started = time.perf_counter()
-    clock = StartupClock(diagnostics_folder(cfg) / record_name())
+    folder = RunFolder.of(cfg.logging.output_dir)
+    clock = StartupClock(folder.diagnostics / record_name())
     clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
-    with defaults_for_one_run(os.environ, diagnostics_folder(cfg)), \
+    with defaults_for_one_run(os.environ, folder.diagnostics), \
             start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
         clock.mark("process group")
         return run_in_process(cfg, info, precision, flag, started, clock)
@@ -55,83 +58,116 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
     clock.mark("data")
-    out = prepare_output_dir(cfg.logging.output_dir)
-    with checkpoint.lock_run_folder(out, info):  # one writer: before anything is written
-        summary = train_in(out, cfg, info, data, precision, flag, clock)
+    folder = RunFolder(prepare_output_dir(cfg.logging.output_dir))
+    with checkpoint.lock_run_folder(folder.root, info):  # one writer: before anything is written
+        summary = train_in(folder, cfg, info, data, precision, flag, clock)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
-            write_summary(out, summary)
+            write_summary(folder, summary)
     return summary
 
 
-def train_in(out: Path, cfg: TrainConfig, info: DistInfo, data, precision: str,
+def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precision: str,
              flag: PreemptionFlag | None, clock: StartupClock) -> dict:
-    """Prepare the run folder, build and resume the state, fit: the summary."""
-    previous = previous_startup(out) if info.is_main else None
-    checkpoint.prepare(cfg, out, info.is_main)
-    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
-    state = build_state(cfg, info, data.num_classes, len(data.train), precision)
-    state.energy = energy
-    clock.mark("model")
-    log_start(cfg, info, data, state.model, precision)
-    checkpoint.resume(cfg, info, state, out, data.num_classes)
-    clock.mark("resume")
-    tune_convolutions(state.model, cfg, info.device, precision)
-    clock.mark("cudnn autotune")
-    if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
-        write_json(out / "config.json", cfg.recorded())
-    checkpointer = Checkpointer(cfg, info, state, out, len(data.train),
-                                flag or PreemptionFlag(), data.num_classes)
-    compiled = compile_cache(cfg, info, out)
-    probe = energy.probe = StepProbe(state.step)
-    watchdog = StallWatchdog(probe, diagnostics_folder(cfg), info.rank, info.world_size,
-                             cfg.distributed.stall_timeout_s,
-                             attempt_id(info.is_main, info.device))
-    if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
-        enable_dump_on_signal(watchdog.folder, info.rank)
+    """Build and resume the state, choose what runs beside the loop, fit: the summary."""
+    previous = previous_startup(folder) if info.is_main else None
+    state = training_state(folder, cfg, info, data, precision, clock)
+    wings = Wings(Checkpointer(cfg, info, state, folder.root, len(data.train),
+                               flag or PreemptionFlag(), data.num_classes),
+                  compile_cache(cfg, info, folder.root), StepProbe(state.step, info.device),
+                  state.parts["energy"], FirstStep(clock, info, previous))
+    wings.energy.probe = wings.probe  # the images its per-image energy divides by
+    watchdog = stall_watchdog(cfg, info, folder, wings.probe)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
     # The checkpointer's end commits the save in flight: before the final model, the
     # summary and the lock's release, and before a preempted run's exit.
-    with watching(watchdog), open_board(board_wanted, out, wandb) as board, checkpointer:
-        packs = [compiled.save] if compiled else []  # after the first step and each epoch
-        started_up = {}
-        hooks = Hooks(after_step=[first_step_only(first_step_done(clock, info, previous,
-                                                                  started_up)),
-                                  checkpointer.after_step, shorten_timeout(cfg, info),
-                                  *map(first_step_only, packs)],
-                      after_epoch=[*epoch_records(cfg, info, out, board),
-                                   checkpointer.after_epoch, *packs],
-                      progress=progress_hooks(cfg, info, out, len(data.train), probe,
-                                              energy),
-                      at_step_limit=[checkpointer.at_step_limit])
-        summary = Trainer(cfg, info, state, data, precision, hooks, probe).fit()
-    save_model(cfg, data, state.model, out, info.is_main)
-    summary.update(summary_fields(energy.record(), state.step))
-    summary.update(run_facts(cfg, info, state.model, precision))
-    if compiled:
-        summary["compile_cache"] = compiled.facts
-    summary["startup"] = started_up or None  # None: this job took no step
-    return summary
+    with watching(watchdog), open_board(board_wanted, folder.root, wandb) as board, \
+            wings.checkpointer:
+        hooks = choose_hooks(cfg, info, folder, len(data.train), wings, board)
+        summary = Trainer(cfg, info, state, data, precision, hooks, wings.probe).fit()
+    save_model(cfg, data, state.model, folder, info.is_main)
+    return {**summary, **summary_fields(wings.energy.state_dict(), state.step),
+            **run_facts(cfg, info, state.model, precision), **wings.facts()}
 
 
-def first_step_done(clock: StartupClock, info: DistInfo, previous: dict | None,
-                    found: dict):
-    """The hook that ends the start-up: its phases across ranks, logged (rank 0), into
-    `found` for the summary."""
-    def done() -> None:
-        sync(info.device)
-        clock.mark("first step")
-        found.update(across_ranks(clock, info.device))
-        if info.is_main:
-            log_startup(found, previous)
-    return done
+def training_state(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data,
+                   precision: str, clock: StartupClock) -> TrainState:
+    """The run folder prepared, the model built (energy counted from here, one of the
+    checkpoint's parts) and resumed, cuDNN tuned, and config.json written."""
+    checkpoint.prepare(cfg, folder.root, info.is_main)
+    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
+    state = build_state(cfg, info, data.num_classes, len(data.train), precision)
+    state.parts["energy"] = energy
+    clock.mark("model")
+    log_start(cfg, info, data, state.model, precision)
+    checkpoint.resume(cfg, info, state, folder.root, data.num_classes)
+    clock.mark("resume")
+    tune_convolutions(state.model, cfg, info.device, precision)
+    clock.mark("cudnn autotune")
+    if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
+        write_json(folder.config, cfg.recorded())
+    return state
 
 
-def previous_startup(out: Path) -> dict | None:
+@dataclass
+class Wings:
+    """What runs beside the training loop in this job, each made once."""
+    checkpointer: Checkpointer
+    compiled: CompileCache | None
+    probe: StepProbe
+    energy: EnergyAccount
+    first_step: FirstStep
+
+    def facts(self) -> dict:
+        """summary.json's fields of the wings: the compile cache, the start-up."""
+        cache = dict(compile_cache=self.compiled.facts) if self.compiled else {}
+        return {**cache, "startup": self.first_step.found or None}  # None: took no step
+
+
+def choose_hooks(cfg: TrainConfig, info: DistInfo, folder: RunFolder, steps_per_epoch: int,
+                 wings: Wings, board) -> Hooks:
+    """Which wing runs where beside the loop, in order."""
+    packs = [wings.compiled.save] if wings.compiled else []  # after the first step, epochs
+    checkpointer, bar = wings.checkpointer, TerminalBar(steps_per_epoch, info.is_main)
+    return Hooks(after_step=[first_step_only(wings.first_step), checkpointer.after_step,
+                             shorten_timeout(cfg, info), *map(first_step_only, packs)],
+                 after_epoch=[*epoch_records(cfg, info, folder, board),
+                              checkpointer.after_epoch, *packs],
+                 progress=[*progress_hooks(cfg, info, folder, steps_per_epoch, wings), bar],
+                 at_step_limit=[checkpointer.at_step_limit], epoch_end=[bar.close])
+
+
+class FirstStep:
+    """The after-step hook that ends the start-up (the probe waited for the device at the
+    step's end): its phases across ranks, logged (rank 0), in `found` for the summary."""
+
+    def __init__(self, clock: StartupClock, info: DistInfo, previous: dict | None):
+        self.clock, self.info, self.previous, self.found = clock, info, previous, {}
+
+    def __call__(self) -> None:
+        self.clock.mark("first step")
+        self.found.update(across_ranks(self.clock, self.info.device))
+        if self.info.is_main:
+            log_startup(self.found, self.previous)
+
+
+def stall_watchdog(cfg: TrainConfig, info: DistInfo, folder: RunFolder,
+                   probe: StepProbe) -> StallWatchdog:
+    """The stall watchdog of this rank, and the stack dump on SIGUSR1 where the
+    preemption signal is another."""
+    watchdog = StallWatchdog(probe, folder.diagnostics, info.rank, info.world_size,
+                             cfg.distributed.stall_timeout_s,
+                             attempt_id(info.is_main, info.device))
+    if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
+        enable_dump_on_signal(watchdog.folder, info.rank)
+    return watchdog
+
+
+def previous_startup(folder: RunFolder) -> dict | None:
     """The start-up of the run's previous job, from the summary.json it left."""
     try:
-        return read_json_file(out / "summary.json").get("startup")
+        return read_json_file(folder.summary).get("startup")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -184,22 +220,18 @@ def shorten_timeout(cfg: TrainConfig, info: DistInfo):
     return first_step_only(shorten if info.world_size > 1 else lambda: None)
 
 
-def diagnostics_folder(cfg: TrainConfig) -> Path:
-    """Where the flight recorder, the stall watchdog and the heartbeats write."""
-    return Path(cfg.logging.output_dir).expanduser().absolute() / DIAGNOSTICS
-
-
-def save_model(cfg: TrainConfig, data, model, out: Path, write: bool) -> None:
+def save_model(cfg: TrainConfig, data, model, folder: RunFolder, write: bool) -> None:
     """The final model: model.safetensors (FSDP shards gathered on every rank; rank 0
     writes) and model.json, its architecture, classes and input, both written atomically."""
-    with checkpoint.guarded_final_model(out, checkpoint.tensor_bytes(model.state_dict())):
-        save_weights(model, out / WEIGHTS, write)
+    with checkpoint.guarded_final_model(folder.root,
+                                        checkpoint.tensor_bytes(model.state_dict())):
+        save_weights(model, folder.weights, write)
     if write:
-        write_json(out / MODEL_JSON, describe_model(cfg, data.num_classes, data.classes,
+        write_json(folder.model, describe_model(cfg, data.num_classes, data.classes,
                                                     data.mean, data.std))
 
 
-def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
+def epoch_records(cfg: TrainConfig, info: DistInfo, folder: RunFolder, board) -> list:
     """Rank 0's epoch hooks: the log line, metrics.jsonl, TensorBoard."""
     if not info.is_main:
         return []
@@ -210,22 +242,22 @@ def epoch_records(cfg: TrainConfig, info: DistInfo, out: Path, board) -> list:
                     f"accuracy {record['accuracy']:.4f}, time {record['epoch_time_s']:.2f}s, "
                     f"{record['images_per_second']:.1f} img/s")
 
-    return [log_epoch, lambda record: append_jsonl(out / "metrics.jsonl", record),
+    return [log_epoch, lambda record: append_jsonl(folder.metrics, record),
             board.log_epoch]
 
 
-def progress_hooks(cfg: TrainConfig, info: DistInfo, out: Path, steps_per_epoch: int,
-                   probe: StepProbe, energy: EnergyAccount) -> list:
-    """Every rank's exchange (the straggler check with several ranks, and the energy);
-    rank 0's progress lines (--log-every) and steps.jsonl, with the ranks' spread of step
-    times and the energy."""
-    ranks = [StragglerWatch(probe, cfg.logging.log_every, info.world_size, info.device,
-                            info.is_main, energy)]
+def progress_hooks(cfg: TrainConfig, info: DistInfo, folder: RunFolder, steps_per_epoch: int,
+                   wings: Wings) -> list:
+    """Every rank's interval exchange, its contributors the straggler judge and the
+    energy; rank 0's progress lines (--log-every) and steps.jsonl, its reader."""
+    judge = StragglerJudge(wings.probe, info.world_size, info.device)
+    exchange = IntervalExchange(wings.probe, cfg.logging.log_every, info.device, info.is_main,
+                                [judge, wings.energy])
     if not info.is_main:
-        return ranks
-    extra = ranks[0].latest_record
-    return [*ranks, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
-                                info.world_size, info.device, out / "steps.jsonl", extra=extra)]
+        return [exchange]
+    return [exchange, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
+                                  info.world_size, info.device, folder.steps,
+                                  extra=exchange.latest_record)]
 
 
 def data_ready(cfg: TrainConfig, data, data_dir: str) -> dict:
@@ -280,10 +312,10 @@ def spread_facts(cfg: TrainConfig, info: DistInfo) -> dict:
                 local_world_size=info.local_world_size)
 
 
-def write_summary(out: Path, summary: dict) -> None:
-    write_json(out / "summary.json", summary)
+def write_summary(folder: RunFolder, summary: dict) -> None:
+    write_json(folder.summary, summary)
     kwh = summary.get("gpu_energy_kwh")
     energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s{energy}; summary in {out / 'summary.json'}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in {folder.summary}")

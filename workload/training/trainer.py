@@ -6,7 +6,8 @@ epoch) and `evaluate`: the same batches, precision and sums, so `evaluate` on a 
 data gives its final accuracy.
 
 No host synchronisation inside a step: losses are summed on the device and read once per
-epoch; the clock is read after a device synchronisation at the timing boundaries only. The
+epoch; the loop's probe (workload.training.probe) is its one clock, and the loop writes no
+output: the progress line, the terminal bar and the logs are hooks. The
 summed loss is also read every FINITE_CHECK_EVERY steps: a loss that became NaN or infinite
 stops the run (unless --allow-nonfinite-loss) instead of burning the allocation.
 """
@@ -14,9 +15,9 @@ stops the run (unless --allow-nonfinite-loss) instead of burning the allocation.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -25,9 +26,9 @@ from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.logs import Progress, logger
+from workload.logs import logger
 from workload.precision import autocast
-from workload.training.probe import StepProbe
+from workload.training.probe import StepProbe, Window
 from workload.training.watchdog import CHECKPOINT, COLLECTIVE, EVALUATION
 
 
@@ -35,13 +36,16 @@ from workload.training.watchdog import CHECKPOINT, COLLECTIVE, EVALUATION
 FINITE_CHECK_EVERY = 50
 
 
+class Stateful(Protocol):
+    """A part of the training state that saves and restores itself (TrainState.parts)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, saved: dict | None) -> None: ...
+
+
 class NonFiniteLoss(UsageError):
     """The training loss became NaN or infinite: the run diverged."""
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,11 @@ class TrainState:
     step: int = 0
     batch: int = 0  # batches done in the current epoch: where a resumed run continues
     accuracies: list[float] = field(default_factory=list)
-    # The run's energy (workload.training.energy.EnergyAccount): its running total goes
-    # into the checkpoint's trainer state and comes back on resume.
-    energy: object | None = None
+    # What a checkpoint carries besides the above: objects with `state_dict` (JSON data,
+    # saved under its name in trainer.json; may be a collective) and `load_state_dict`
+    # (given that data back, or None from a checkpoint without it), as torchtitan's
+    # checkpointer takes them: the run's energy (workload.training.energy) is one.
+    parts: dict[str, Stateful] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,14 +119,17 @@ class StepDone:
 
 @dataclass
 class Hooks:
-    """What runs beside the loop: after every optimizer step (checkpoints, preemption;
-    then the progress hooks, shown the step), where --max-steps stops an epoch partway
-    (its checkpoint, before the evaluation) and after every epoch, with the epoch's record
-    (logs, metrics.jsonl, TensorBoard, the epoch-end checkpoint), in list order."""
+    """What runs beside the loop, which writes no output of its own: after every
+    optimizer step (checkpoints, preemption; then the progress hooks, shown the step: the
+    interval exchange, the progress line, the terminal bar), where an epoch's steps end
+    (the bar's line cleared), where --max-steps stops an epoch partway (its checkpoint,
+    before the evaluation) and after every epoch, with the epoch's record (logs,
+    metrics.jsonl, TensorBoard, the epoch-end checkpoint), in list order."""
     after_step: list[Callable[[], None]] = field(default_factory=list)
     after_epoch: list[Callable[[dict], None]] = field(default_factory=list)
     progress: list[Callable[[StepDone], None]] = field(default_factory=list)
     at_step_limit: list[Callable[[], None]] = field(default_factory=list)
+    epoch_end: list[Callable[[], None]] = field(default_factory=list)
 
 
 def epoch_record(epoch: int, stats: EpochStats, accuracy: float, test_loss: float,
@@ -140,12 +149,10 @@ class Trainer:
         self.data = data
         self.precision = precision
         self.hooks = hooks or Hooks()
-        # What the watchdog, the straggler check and the energy read of the loop.
-        self.probe = probe or StepProbe(state.step)
+        # What the watchdog, the straggler check and the energy read of the loop, and
+        # the one clock of its throughput (this job's first step left out).
+        self.probe = probe or StepProbe(state.step, info.device)
         self.probe.watch_forward(state.model)
-        # This job's first step (a resumed job's too): its warm-up and compilation are
-        # timed apart (first_step_s), never counted into the images per second.
-        self.first_step = state.step + 1
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -165,15 +172,11 @@ class Trainer:
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
-        state, device = self.state, self.info.device
+        state, probe = self.state, self.probe
         state.model.train()
-        progress = Progress(len(self.data.train), f"epoch {epoch + 1}", self.info.is_main)
-        loss_sum = torch.zeros((), device=device)
+        loss_sum = torch.zeros((), device=self.info.device)
         steps = 0
-        timed_images = 0
-        first_step_s = None
-        t_epoch = t_window = time.perf_counter()
-        probe = self.probe
+        probe.open_window()
         probe.step_start()
         for batch, (images, labels) in enumerate(self.data.train.batches(epoch, start_batch),
                                                   start=start_batch + 1):
@@ -184,33 +187,32 @@ class Trainer:
             loss_sum += loss
             steps += 1
             state.batch = batch
-            if steps % FINITE_CHECK_EVERY == 0:  # before the hooks: no save of a diverged run
-                probe.enter(COLLECTIVE)
-                self.check_loss(distributed.all_reduce_sum(loss_sum).item())
-            probe.enter(CHECKPOINT)
-            for hook in self.hooks.after_step:
-                hook()
-            for hook in self.hooks.progress:
-                hook(StepDone(epoch, batch, state.step, len(labels), loss))
-            if state.step == self.first_step:  # warm-up (and compilation) time
-                sync(device)
-                t_window = time.perf_counter()
-                first_step_s = t_window - t_epoch
-            else:
-                timed_images += len(labels)
-            progress.update(batch)
+            self.after_step(StepDone(epoch, batch, state.step, len(labels), loss), loss_sum,
+                            steps)
             probe.step_start()
-        probe.enter(COLLECTIVE)
-        sync(device)
-        progress.close()
-        t_end = time.perf_counter()
+        for hook in self.hooks.epoch_end:
+            hook()
+        return self.epoch_stats(loss_sum, steps, probe.close_window())
+
+    def after_step(self, done: StepDone, loss_sum: torch.Tensor, steps: int) -> None:
+        if steps % FINITE_CHECK_EVERY == 0:  # before the hooks: no save of a diverged run
+            self.probe.enter(COLLECTIVE)
+            self.check_loss(distributed.all_reduce_sum(loss_sum).item())
+        self.probe.enter(CHECKPOINT)
+        for hook in self.hooks.after_step:
+            hook()
+        for hook in self.hooks.progress:
+            hook(done)
+
+    def epoch_stats(self, loss_sum: torch.Tensor, steps: int, window: Window) -> EpochStats:
+        """The epoch's mean loss (checked) and its images, summed over the ranks."""
         processes = self.info.world_size
         mean_loss = distributed.all_reduce_sum(loss_sum).item() / max(1, steps * processes)
         self.check_loss(mean_loss)
-        counted = torch.tensor(float(timed_images), device=device)
+        counted = torch.tensor(float(window.images), device=self.info.device)
         all_images = int(distributed.all_reduce_sum(counted).item())
-        return EpochStats(mean_loss, steps, t_end - t_epoch, all_images, t_end - t_window,
-                          first_step_s)
+        return EpochStats(mean_loss, steps, window.epoch_s, all_images, window.seconds,
+                          window.first_step_s)
 
     def check_loss(self, loss: float) -> None:
         """Stop a diverged run (every rank sees the same all-reduced value)."""
