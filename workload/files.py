@@ -125,6 +125,18 @@ def set_mode(fd: int, mode: int) -> None:
             raise
 
 
+def open_to_group(folder: Path) -> None:
+    """A folder made private (0700) while it was written gets the mode mkdir would have
+    given it (the setgid bit kept), set through a descriptor opened without following a
+    link: in a folder others may write, no one could put a link in it meanwhile for a
+    writer to follow."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        set_mode(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Iterator:
     """A binary file to write `path`'s new content into: a private temporary beside it
