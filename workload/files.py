@@ -33,10 +33,10 @@ def path_kind(path: Path) -> str:
 
 
 def mode_kind(mode: int) -> str:
-    """The kind of file a stat mode says, in words."""
+    """The kind of file a stat mode says, in words (an lstat's a link too)."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
