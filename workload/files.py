@@ -184,13 +184,17 @@ def open_append(path: Path, buffering: int = -1, binary: bool = False):
     return os.fdopen(fd, "ab" if binary else "a", buffering=buffering)
 
 
-def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
+def private_folder_problem(path: Path, close_looser: bool = True,
+                           readable: bool = False) -> str | None:
     """None when `path` is a folder of this user's that only this user can enter (made,
     mode 0700, when missing), else why not: a symbolic link or a folder of another uid,
     which someone else could fill. A looser mode of the user's own folder is closed, or,
-    without `close_looser`, refused when others may write it (they may have filled it)."""
+    without `close_looser`, refused when others may write it (they may have filled it).
+    `readable`: the group and others keep what the umask lets them read and enter (a
+    folder a library writes into by path, which the group may read), never write."""
+    mode = umask_mode(0o777) & ~0o022 if readable else 0o700
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, mode)
     except FileExistsError:
         pass
     except OSError as error:
@@ -209,7 +213,7 @@ def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
         if info.st_mode & 0o022 and not close_looser:
             return (f"{path} may be written by others (mode {stat.filemode(info.st_mode)}), "
                     "who may have put files there")
-        os.fchmod(fd, 0o700)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
     return unwritable_reason(path)
