@@ -33,10 +33,10 @@ def path_kind(path: Path) -> str:
 
 
 def mode_kind(mode: int) -> str:
-    """The kind of file a stat mode says, in words."""
+    """The kind of file a stat mode says, in words (an lstat's a link too)."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
@@ -125,6 +125,18 @@ def set_mode(fd: int, mode: int) -> None:
             raise
 
 
+def open_to_group(folder: Path) -> None:
+    """A folder made private (0700) while it was written gets the mode mkdir would have
+    given it (the setgid bit kept), set through a descriptor opened without following a
+    link: in a folder others may write, no one could put a link in it meanwhile for a
+    writer to follow."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        set_mode(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Iterator:
     """A binary file to write `path`'s new content into: a private temporary beside it
@@ -172,13 +184,17 @@ def open_append(path: Path, buffering: int = -1, binary: bool = False):
     return os.fdopen(fd, "ab" if binary else "a", buffering=buffering)
 
 
-def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
+def private_folder_problem(path: Path, close_looser: bool = True,
+                           readable: bool = False) -> str | None:
     """None when `path` is a folder of this user's that only this user can enter (made,
     mode 0700, when missing), else why not: a symbolic link or a folder of another uid,
     which someone else could fill. A looser mode of the user's own folder is closed, or,
-    without `close_looser`, refused when others may write it (they may have filled it)."""
+    without `close_looser`, refused when others may write it (they may have filled it).
+    `readable`: the group and others keep what the umask lets them read and enter (a
+    folder a library writes into by path, which the group may read), never write."""
+    mode = umask_mode(0o777) & ~0o022 if readable else 0o700
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, mode)
     except FileExistsError:
         pass
     except OSError as error:
@@ -197,7 +213,7 @@ def private_folder_problem(path: Path, close_looser: bool = True) -> str | None:
         if info.st_mode & 0o022 and not close_looser:
             return (f"{path} may be written by others (mode {stat.filemode(info.st_mode)}), "
                     "who may have put files there")
-        os.fchmod(fd, 0o700)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
     return unwritable_reason(path)

@@ -25,7 +25,7 @@ import torch.nn as nn
 from workload.commands import DISTRIBUTION, dali_versions, distribution_version
 from workload.distributed import unwrap
 from workload.errors import UsageError
-from workload.files import unwritable_reason
+from workload.files import private_folder_problem, unwritable_reason
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -74,12 +74,22 @@ TAGS = {"train_loss": "loss/train", "test_loss": "loss/test", "accuracy": "accur
         "epoch_time_s": "time/epoch_s"}
 
 
+def board_folder(folder: Path, flag: str) -> str:
+    """`folder`, which a library writes into by its own paths (following links, at names
+    it chooses): the user's own, not a link, and writable by no one else (readable as the
+    umask lets the group), so no one sharing the run folder can put a link or a file in
+    it for the library to write through; one line otherwise."""
+    if problem := private_folder_problem(folder, readable=True):
+        raise UsageError(f"{flag}: {problem}; move it away, or pass another --output-dir")
+    return str(folder)
+
+
 class Board:
     """One SummaryWriter; `log_epoch` takes the same record that goes to metrics.jsonl."""
 
     def __init__(self, out: Path):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=board_folder(out / "tensorboard", "--tensorboard"))
 
     def log_epoch(self, record: dict) -> None:
         for key, tag in TAGS.items():
@@ -97,6 +107,7 @@ class WandbBoard:
 
     def __init__(self, out: Path, config: dict):
         os.environ.setdefault("WANDB_MODE", "offline")
+        board_folder(out / "wandb", "--wandb")  # wandb.init makes its files in it
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),

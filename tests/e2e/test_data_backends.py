@@ -1,6 +1,7 @@
 """`--data-backend`: the automatic choice and its printed reason, every backend training,
 and bad requests refused before any work."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,26 @@ def test_image_folders_are_decoded_by_dali_and_by_torch(backend, tmp_path, capsy
                          "--data-backend", backend], tmp_path / "run")
     assert summary["steps_run"] == 16 // 4 and summary["final_accuracy"] is not None
     assert f"data backend {backend}:" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_dali_names_a_fifo_in_the_image_folder_instead_of_waiting_on_it(tmp_path):
+    """A neighbour with write access to a project's image folder puts a FIFO in place of
+    an image: the DALI backend's read waited for a writer forever."""
+    images = write_image_folder(tmp_path / "images")
+    fifo = images / "train" / "cat" / "3.jpg"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    done = subprocess.run([str(Path(sys.executable).parent / "train"), *TINY, "--dataset",
+                           "imagefolder", "--data-dir", str(images), "--image-size", "32",
+                           "--batch-size", "4", "--epochs", "1", "--data-backend", "dali",
+                           "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=clean_env(), timeout=180)
+    said = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and len(said) == 1, done.stderr[-3000:]
+    assert f"--data-backend dali cannot read an image file ({fifo} is a FIFO, not a file)" \
+        in said[0] and "--data-backend torch" in said[0], said
+    assert "Traceback" not in done.stderr
 
 
 def test_dali_and_torch_read_shards_in_the_same_order(shard_folder):

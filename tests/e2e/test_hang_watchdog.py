@@ -3,7 +3,8 @@ CPU) frozen right after its first step, before any step was timed, gets the othe
 stack dumps and stall lines within the stall timeout, and diagnose names it, leaving out
 the heartbeat an earlier 4-rank attempt left in the folder; a finished run's last
 heartbeat says so; when the run folder's file system hangs (frozen with fsfreeze), the
-stall line still comes and names the folder."""
+stall line still comes and names the folder; when the checkpoint writer is stopped, the
+stall line names it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, clean_env, ext4, wait_for
+from tests.helpers import REPO, TINY, clean_env, ext4, wait_for, writer_of
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +127,43 @@ def test_the_stall_line_comes_while_the_run_folders_file_system_hangs(tmp_path):
             subprocess.run(["fsfreeze", "-u", str(fs)], capture_output=True)
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+
+
+def test_a_stopped_checkpoint_writer_is_named_by_the_stall_line(tmp_path):
+    """The writer stopped (SIGSTOP, as a debugger or a frozen cgroup does) holds the loop
+    at the save after the one it holds: the stall line names the writer and what to do,
+    where it advised waiting for a collective timeout that never comes to one process;
+    a preemption signal then leaves with 75 without that save."""
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    with open(log, "w") as stream:
+        job = subprocess.Popen(["train", *ARGS, "--stall-timeout", "4", "--epochs", "50",
+                                "--checkpoint-every", "4", "--output-dir", str(out)],
+                               stdout=stream, stderr=subprocess.STDOUT, env=clean_env(),
+                               start_new_session=True)
+    writer = None
+    try:
+        wait_for(lambda: (out / "checkpoints" / "latest").exists(), "a first save", log, 240)
+        writer = writer_of(job.pid)
+        os.kill(writer, signal.SIGSTOP)
+        named = f"waiting for the checkpoint writer (PID {writer}, state T: stopped) to commit"
+        wait_for(lambda: any("no step done for" in line and named in line
+                             for line in log.read_text().splitlines()),
+                 "the stall line naming the stopped writer", log, 4 + 5 + 30)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left once it has ended
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        if writer is not None:  # already ended with its parent, unless the test failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(writer, signal.SIGKILL)
+    text = log.read_text()
+    [line] = [line for line in text.splitlines() if "no step done for" in line]
+    assert f"kill -CONT {writer}" in line and "collective timeout" not in line, line
+    assert job.returncode == 75, text[-3000:]
+    assert f"SIGTERM while the checkpoint writer (PID {writer}, state T: stopped) held the " \
+        "save of step" in text and "leaving without it" in text, text[-3000:]
 
 
 def heartbeat_step(diagnostics: Path) -> int:

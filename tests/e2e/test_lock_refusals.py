@@ -38,5 +38,5 @@ def test_a_folder_named_train_lock_is_one_line(tmp_path):
     done = train(tmp_path / "run")
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "train.lock is a directory" in lines[0], done.stderr
+    assert len(lines) == 1 and "train.lock is a folder, not the lock file" in lines[0], done.stderr
     assert (tmp_path / "run" / "train.lock").is_dir()

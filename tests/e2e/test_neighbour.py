@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHECKPOINT_ARGS, REPO, clean_env
+from tests.helpers import CHECKPOINT_ARGS, REPO, clean_env, write_image_folder
 from workload.checkpoint.local import local_root
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -166,6 +166,37 @@ def test_a_link_at_a_record_train_appends_to_is_refused_in_one_line(project):
     assert code == 2, out[-3000:]
     [line] = [line for line in out.splitlines() if line.startswith("train: error:")]
     assert f"{run / 'metrics.jsonl'} is a symbolic link" in line and "remove it" in line
+
+
+# The neighbour's part: files of theirs (mode 0664) at the given names.
+PLANT_FILES = """
+import os, sys
+os.umask(0o002)
+for name in sys.argv[1:]:
+    with open(name, "x") as f:
+        f.write("the neighbour's own file\\n")
+"""
+
+
+def test_a_shard_rewrite_removes_none_of_the_neighbours_files(project):
+    """A shard folder in the project folder: the neighbour's files at the names a rewrite
+    with another --shard-size removes (a shard past the new count, a first-format index)
+    were deleted with the victim's own stale shard."""
+    source = write_image_folder(project / "victim" / "src", classes=1, per_class=8, size=8)
+    dest = project / "project" / "shards"
+
+    def prepare(size: str) -> None:
+        code, out = finish(victim_train("--dataset", "imagefolder", "--data-dir", str(source),
+                                        "--prepare-data", "--shards", str(dest),
+                                        "--shard-size", size))
+        assert code == 0, out[-3000:]
+
+    prepare("4")  # two shards a split
+    theirs = [dest / "train-000005.tar", dest / "val-000000.idx"]
+    neighbour(PLANT_FILES, *map(str, theirs))
+    prepare("8")  # one: the victim's train-000001.tar is stale
+    assert all(path.read_text() == "the neighbour's own file\n" for path in theirs)
+    assert not (dest / "train-000001.tar").exists()
 
 
 # The neighbour's part: a checkpoint of theirs planted as the tier's newest for the run.

@@ -1,5 +1,6 @@
 """`report` draws PNG figures from a real short run and from bench-shaped JSON files;
-`train --tensorboard` writes event files that TensorBoard can read back."""
+`train --tensorboard` writes event files that TensorBoard can read back, into a folder
+of the user's own that no one else may write (nor link elsewhere), as W&B's is."""
 
 from __future__ import annotations
 
@@ -86,6 +87,25 @@ def test_tensorboard_events_hold_every_epoch(real_run):
         scalars = board.Scalars(tag)
         assert [s.step for s in scalars] == [1, 2]
         assert [s.value for s in scalars] == pytest.approx([r[key] for r in records])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, folder", [("--tensorboard", "tensorboard"), ("--wandb", "wandb")])
+def test_a_link_at_a_boards_folder_is_refused_in_one_line(tmp_path, capsys, monkeypatch, flag,
+                                                         folder):
+    """Someone sharing the run folder puts a link where TensorBoard (or W&B) makes its
+    folder: the library wrote its files through it, wherever it led."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / folder).symlink_to(elsewhere)
+    with pytest.raises(SystemExit) as stop:
+        run_train([*TINY, *SYNTHETIC, "--epochs", "1", flag], out)
+    [line] = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and f"{flag}: {out / folder} is a symbolic link" in line, line
+    assert list(elsewhere.iterdir()) == []
 
 
 BAD = {

@@ -113,8 +113,56 @@ def test_a_folder_named_train_lock_is_refused_in_one_line(tmp_path):
     (tmp_path / LOCK_NAME).mkdir()
     refusal = RunLock(tmp_path).acquire()
     assert refusal is not None and len(refusal.splitlines()) == 1
-    assert f"{tmp_path / LOCK_NAME} is a directory" in refusal
+    assert f"{tmp_path / LOCK_NAME} is a folder, not the lock file" in refusal
     assert (tmp_path / LOCK_NAME).is_dir(), "never removed"
+
+
+def dead_holder() -> dict:
+    """A lock's content whose holder has ended on this host: stale at once."""
+    return dict(host=socket.gethostname(), pid=os.getpid(), pid_start="1",
+                pid_ns=run_lock._pid_namespace(), token="dead")
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_lock_s_name_is_refused_in_one_line_not_waited_on(tmp_path):
+    """A neighbour with write access to the run folder puts a FIFO at train.lock: reading
+    it by its name waited for a writer forever, before any line."""
+    os.mkfifo(tmp_path / LOCK_NAME)
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and len(refusal.splitlines()) == 1
+    assert f"{tmp_path / LOCK_NAME} is a FIFO, not the lock file train keeps there" in refusal
+
+
+def test_a_link_at_the_lock_s_name_is_refused_not_read_through(tmp_path):
+    """The lock is a file of its own: a symbolic link there is a neighbour's, whatever the
+    file it leads to says (here a dead holder's lock, which was taken over)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(json.dumps(dead_holder()))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).symlink_to(elsewhere)
+    refusal = RunLock(run).acquire()
+    assert refusal is not None and f"{run / LOCK_NAME} is a symbolic link" in refusal
+    assert (run / LOCK_NAME).is_symlink() and json.loads(elsewhere.read_text())["token"] == "dead"
+
+
+def test_a_stale_lock_replaced_after_it_was_judged_is_put_back(tmp_path, monkeypatch):
+    """Between judging a lock stale and renaming it away, another file took its name
+    (another run's takeover, a neighbour's swap) with the very same bytes: the file
+    renamed is told by its identity, so the newcomer is put back, not removed."""
+    write_lock(tmp_path, **dead_holder())
+    path, breaks = tmp_path / LOCK_NAME, run_lock._break
+
+    def swapped_first(lock, judged):
+        content = path.read_bytes()
+        path.unlink()
+        path.write_bytes(content)  # a new file of the same content
+        breaks(lock, judged)
+
+    monkeypatch.setattr(run_lock, "_break", swapped_first)
+    refusal = RunLock(tmp_path).acquire()
+    assert refusal is not None and "keeps changing hands" in refusal
+    assert json.loads(path.read_text())["token"] == "dead"
 
 
 @pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS])

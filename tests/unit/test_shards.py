@@ -109,6 +109,23 @@ def test_a_folder_of_the_first_format_loses_its_per_shard_indexes(shard_source, 
     assert contents(dest) == contents(shard_folder)
 
 
+def test_a_rewrite_removes_only_files_it_wrote(shard_source, shard_folder, tmp_path, caplog):
+    """A shard folder may be a project's: at the names a rewrite removes, a link (to a
+    file of the user's elsewhere) is not one of its shards, and a name it never wrote
+    (a member's notes beside a shard) is not either; both stay, the link named."""
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    shutil.copytree(shard_folder, dest)
+    elsewhere.write_bytes(b"the user's own")
+    (dest / "train-000004.tar").unlink()
+    (dest / "train-000004.tar").symlink_to(elsewhere)
+    (dest / "train-000001.notes.txt").write_text("a member's notes")
+    write_shards(shard_source, dest, shard_size=50)
+    assert (dest / "train-000004.tar").is_symlink() and elsewhere.read_bytes() == b"the user's own"
+    assert (dest / "train-000001.notes.txt").read_text() == "a member's notes"
+    assert not (dest / "train-000003.tar").exists(), "its own stale shard removed"
+    assert f"left {dest / 'train-000004.tar'} in place: it is a symbolic link" in caplog.text
+
+
 def test_a_folder_of_another_dataset_or_of_other_files_is_refused(shard_source, shard_folder,
                                                                   tmp_path):
     other = tmp_path / "other"

@@ -6,13 +6,14 @@ import fcntl
 import io
 import json
 import os
+import socket
 import tarfile
 
 import pytest
 
 from tests.helpers import tar_folder, write_image_folder
 from workload.data.staging import data_root, stage_once
-from workload.data.stagefiles import listing
+from workload.data.stagefiles import identity, listing, staged_name
 from workload.errors import UsageError
 
 
@@ -122,6 +123,45 @@ def test_a_fifo_at_a_stagings_manifest_is_no_manifest_not_a_hang(tmp_path):
     os.mkfifo(manifest)
     with pytest.raises(UsageError, match=f"{target} exists but was not made by --stage-to"):
         stage_once(data, local)
+
+
+def staging_of(data, local):
+    """Where stage_once will put `data` in `local`: the names a neighbour can foresee."""
+    return local / f"{staged_name(data)}-{identity(data)[:16]}"
+
+
+def test_a_link_planted_at_the_partial_copy_s_name_takes_no_copy_elsewhere(tmp_path):
+    """A neighbour in a shared node-local folder puts a link where the partial copy was
+    named from the host and PID: the copy went through it into the neighbour's folder,
+    which then became the staging train reads."""
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local, theirs = tmp_path / "local", tmp_path / "neighbours"
+    local.mkdir()
+    theirs.mkdir()
+    target = staging_of(data, local)
+    partial = f".{target.name}.partial-{socket.gethostname()}-{os.getpid()}"
+    (local / partial).symlink_to(theirs)
+    assert stage_once(data, local)[0] == target
+    assert list(theirs.iterdir()) == [], "nothing written through the link"
+    assert not target.is_symlink() and (target / "train" / "cat" / "0.jpg").is_file()
+    assert (local / partial).is_symlink(), "the neighbour's link left alone"
+
+
+def test_a_link_planted_at_a_staging_s_lock_is_one_line_and_not_followed(tmp_path):
+    """The lock file was opened with O_CREAT through a link: a file of the neighbour's
+    choosing made wherever the user may write."""
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local, victim = tmp_path / "local", tmp_path / "victim"
+    local.mkdir()
+    victim.mkdir()
+    lock = local / f".{staging_of(data, local).name}.lock"
+    lock.symlink_to(victim / "made-by-the-link")
+    with pytest.raises(UsageError) as error:
+        stage_once(data, local)
+    assert str(error.value) == (f"{lock} is a symbolic link, where train keeps a lock file; "
+                                f"someone else put it there: move it away (mv {lock} "
+                                f"{lock}.moved), or pass another folder")
+    assert list(victim.iterdir()) == []
 
 
 @pytest.mark.parametrize("loops", [1, 2])

@@ -24,6 +24,9 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
                  and each rank's `extra`
     background.py  asynchronous saves: the staging buffer and the requests to the writer
     writer.py    the writer process (torch-free: it starts at once)
+    stall.py     a background writer that does not answer: named while the loop waits
+                 for it (waited_writer, which train's stall watchdog reads), and left
+                 behind on a preemption
     handover.py  the hand-over of a save to the writer and every rank's agreement on its
                  outcome, for train's Checkpointer and Checkpoints alike
     local.py     the node-local tier (--checkpoint-local): written there first, copied
@@ -48,6 +51,7 @@ _HOMES = {
     "request_requeue": "saving", "save_checkpoint": "saving", "tensor_bytes": "saving",
     "take_snapshot": "snapshot",
     "CorruptCheckpoint": "store",
+    "waited_writer": "stall",
 }
 __all__ = sorted(_HOMES)
 

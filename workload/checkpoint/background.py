@@ -50,7 +50,7 @@ from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
 from workload.checkpoint.saving import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
-from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal
+from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
 from workload.checkpoint.store import Snapshot, header
 from workload.errors import UsageError
 from workload.logs import logger, say
@@ -255,18 +255,15 @@ class Writer:
         """The writer's answer line ("" when it died), waited for in slices: a writer that
         takes long is named with its state at 10, 20, 40 ... s, and a preemption signal
         that comes while it is stopped or hung leaves without this save (exit 75)."""
-        started, say_at, stuck = time.monotonic(), STALL_SAY_S, StallWatch(self.proc.pid)
-        while not select.select([self.proc.stdout], [], [], 1.0)[0]:
-            waited = time.monotonic() - started
-            if waited >= say_at:
-                say_at *= 2
-                logger.warning(f"still waiting for the checkpoint writer ({stuck.named()}) "
-                               f"to commit step {step}, for {waited:.0f} s; a stopped one "
-                               f"goes on after kill -CONT {self.proc.pid}, and a preemption "
-                               "signal leaves without this save while it is stopped or hung")
-            signal_name = preemption_signal()
-            if signal_name and stuck.stuck():
-                self._abandon(step, signal_name, stuck.named())
+        started, say_at = time.monotonic(), STALL_SAY_S
+        with waiting_for(StallWatch(self.proc.pid, step)) as stuck:
+            while not select.select([self.proc.stdout], [], [], 1.0)[0]:
+                if time.monotonic() - started >= say_at:
+                    say_at *= 2
+                    logger.warning(f"still waiting for {stuck.waiting()}")
+                signal_name = preemption_signal()
+                if signal_name and stuck.stuck():
+                    self._abandon(step, signal_name, stuck.named())
         return self.proc.stdout.readline()
 
     def _abandon(self, step: int, signal_name: str, named: str) -> None:

@@ -23,14 +23,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
-from workload.files import replace_file, set_mode, umask_mode
+from workload.files import open_to_group, replace_file
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -153,21 +152,13 @@ def publish(tmp: Path, final: Path) -> None:
     replaced. Pruning is the caller's, after it (`prune`): the writer process prunes only
     once it has told the loop the checkpoint is committed."""
     root = final.parent
-    _open_to_group(tmp)
+    # A save's folder is private (0700) while it is written: in a run folder others may
+    # write, no one can put a link in it for a writer to follow (safetensors' own writer
+    # follows links). Complete, it gets the mode mkdir would have given it.
+    open_to_group(tmp)
     _rename_into_place(tmp, final)
     fsync_dir(root)
     replace_latest(root, final.name)
-
-
-def _open_to_group(tmp: Path) -> None:
-    """A save's folder is made private (0700): in a run folder others may write, no one
-    can put a link in it for a writer to follow (safetensors' own writer follows links).
-    Once complete it gets the mode mkdir would have given it (the setgid bit kept)."""
-    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        set_mode(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
-    finally:
-        os.close(fd)
 
 
 def replace_latest(root: Path, name: str) -> None:

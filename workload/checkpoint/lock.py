@@ -30,11 +30,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import proc_stat_fields, set_mode, umask_mode
+from workload.files import open_regular, proc_stat_fields, set_mode, umask_mode
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -43,6 +44,7 @@ STALE_AFTER_S = 300.0  # ten missed heartbeats: longer than NFS attribute cachin
 # What link() fails with where the file system has no hard links: vfat/exFAT (EPERM), many
 # FUSE and object-store mounts (ENOSYS, EOPNOTSUPP), union mounts that cannot link (EXDEV).
 NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV}
+MAX_LOCK_BYTES = 64 << 10  # what me() writes takes a few hundred bytes: more is not train's
 
 
 class Refused(Exception):
@@ -85,8 +87,9 @@ def _fs_now(folder: Path) -> float:
         return os.fstat(probe.fileno()).st_mtime
 
 
-def stale_reason(path: Path, holder: dict) -> str | None:
-    """Why the lock at `path` is stale, or None while its holder may still run."""
+def stale_reason(path: Path, holder: dict, mtime: float) -> str | None:
+    """Why the lock at `path` (last refreshed at `mtime`) is stale, or None while its
+    holder may still run."""
     mine = me()
     if holder.get("host") == mine["host"] and holder.get("pid_ns") == mine["pid_ns"]:
         pid = holder.get("pid")
@@ -94,7 +97,7 @@ def stale_reason(path: Path, holder: dict) -> str | None:
         if running is None or (holder.get("pid_start") not in (None, running)):
             return f"process {pid} no longer runs on {mine['host']}"
         return None
-    age = _fs_now(path.parent) - path.stat().st_mtime
+    age = _fs_now(path.parent) - mtime
     if age > STALE_AFTER_S:
         return f"its heartbeat stopped {age:.0f} s ago (stale after {STALE_AFTER_S:.0f} s)"
     return None
@@ -105,17 +108,28 @@ def readable(holder: dict) -> bool:
     return isinstance(holder.get("host"), str) and isinstance(holder.get("pid"), int)
 
 
-def _read(path: Path, named: str = "--output-dir") -> tuple[bytes, dict]:
+@contextmanager
+def _opened(path: Path, named: str = "--output-dir") -> Iterator[tuple[os.stat_result, dict]]:
+    """The lock file's status and holder, through one descriptor opened without following
+    a link or waiting (files.open_regular: a FIFO would hold the run forever) and held
+    open meanwhile, so its inode cannot be reused: what is judged stale is what _break
+    removes, never a file reached through a neighbour's link."""
     try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise Refused(f"{path} is a directory, not the lock file train keeps there; move it "
-                      f"away (mv {path} {path}.moved) or pass another {named}") from None
-    try:
-        holder = json.loads(raw)
-    except (ValueError, RecursionError):  # damaged, or not written by train
-        holder = {}
-    return raw, holder if isinstance(holder, dict) else {}
+        fd = open_regular(path, follow_links=False)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.EINVAL):
+            raise  # FileNotFoundError: released meanwhile
+        what = f"{path} is a symbolic link" if error.errno == errno.ELOOP else \
+            error.strerror.removesuffix(", not a file")
+        raise Refused(f"{what}, not the lock file train keeps there; move it away (mv {path} "
+                      f"{path}.moved) or pass another {named}") from None
+    with open(fd, "rb") as file:
+        info, raw = os.fstat(fd), file.read(MAX_LOCK_BYTES + 1)
+        try:
+            holder = json.loads(raw) if len(raw) <= MAX_LOCK_BYTES else {}
+        except (ValueError, RecursionError):  # damaged, or not written by train
+            holder = {}
+        yield info, holder if isinstance(holder, dict) else {}
 
 
 def _no_hard_links(path: Path, error: OSError, named: str) -> Refused:
@@ -142,17 +156,32 @@ def _link(draft: Path, path: Path, named: str) -> bool:
         return False
 
 
-def _break(path: Path, seen: bytes) -> None:
-    """Rename the stale lock away; if what was renamed is not what was judged stale
-    (another process took it over meanwhile), put it back."""
+def _break(path: Path, judged: os.stat_result) -> None:
+    """Rename the stale lock away; if what was renamed is not the file judged stale
+    (another process took it over meanwhile, or a neighbour swapped the name), put it
+    back. The file renamed is told by its identity on an open descriptor, not read again
+    through its name."""
     aside = path.with_name(f".{path.name}.stale-{socket.gethostname()}-{os.getpid()}")
     os.replace(path, aside)
-    if aside.read_bytes() != seen:
+    if _identity(aside) != (judged.st_dev, judged.st_ino):
         try:
-            os.link(aside, path)
+            os.link(aside, path)  # link() does not follow a link: the name comes back as it was
         except FileExistsError:
             pass
     aside.unlink()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the regular file `path` itself, None for anything else."""
+    try:
+        fd = open_regular(path, follow_links=False)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        return info.st_dev, info.st_ino
+    finally:
+        os.close(fd)
 
 
 def _draft(path: Path, holder: dict) -> Path:
@@ -199,23 +228,27 @@ class RunLock:
 
     def _judge(self) -> str | None:
         """A refusal naming the live holder, or None after breaking a stale lock."""
-        seen, holder = _read(self.path, self.named)
-        reason = stale_reason(self.path, holder)
-        if reason is None and not readable(holder):
+        with _opened(self.path, self.named) as (seen, holder):
+            reason = stale_reason(self.path, holder, seen.st_mtime)
+            if reason is None:
+                return self._refusal(holder)
+            logger.warning(f"taking over the lock of a run that ended without releasing it "
+                           f"({describe_holder(holder)}): {reason}")
+            _break(self.path, seen)
+        return None
+
+    def _refusal(self, holder: dict) -> str:
+        """Why a lock that is not stale keeps this run out."""
+        if not readable(holder):
             return (f"{self.path} is not a lock file train wrote (its content is not the "
                     f"holder's JSON); if no run uses {self.named} {self.path.parent}, remove "
                     f"it (rm {self.path}) and start again; left alone, it is taken over "
                     f"once unchanged for {STALE_AFTER_S:.0f} s")
-        if reason is None:
-            return (f"{self.named} {self.path.parent} is in use by another run "
-                    f"({describe_holder(holder)}; lock file {self.path}); wait for it to "
-                    f"end, stop it, or pass another {self.named}. A lock whose process died is "
-                    f"taken over: on the same host at once, from another host after "
-                    f"{STALE_AFTER_S:.0f} s without its heartbeat")
-        logger.warning(f"taking over the lock of a run that ended without releasing it "
-                       f"({describe_holder(holder)}): {reason}")
-        _break(self.path, seen)
-        return None
+        return (f"{self.named} {self.path.parent} is in use by another run "
+                f"({describe_holder(holder)}; lock file {self.path}); wait for it to "
+                f"end, stop it, or pass another {self.named}. A lock whose process died is "
+                f"taken over: on the same host at once, from another host after "
+                f"{STALE_AFTER_S:.0f} s without its heartbeat")
 
     def _hold(self, holder: dict) -> None:
         self.holder = holder
@@ -227,7 +260,9 @@ class RunLock:
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                os.utime(self.path)  # no times given: the file server's clock on NFS
+                # No times given: the file server's clock on NFS. A link a
+                # neighbour put at the name is not followed.
+                os.utime(self.path, follow_symlinks=False)
             except OSError as error:
                 logger.warning(f"cannot refresh the run folder's lock {self.path}: {error}")
 
@@ -239,9 +274,9 @@ class RunLock:
         if self._beat is not None:
             self._beat.join()
         try:
-            _, holder = _read(self.path)
-            if holder.get("token") == self.holder["token"]:
-                self.path.unlink()
+            with _opened(self.path) as (_, holder):
+                if holder.get("token") == self.holder["token"]:
+                    self.path.unlink()
         except (OSError, Refused):  # gone, or replaced by something else: not ours
             pass
         self.holder = None

@@ -30,6 +30,7 @@ shards are read here and fed to DALI (tests/e2e/test_data_backends.py holds both
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import nvidia.dali.fn as fn
@@ -41,6 +42,9 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from workload.data.augment import PADDING, Normalizer, batch_work_threads, draw_flips_and_offsets
 from workload.data.datasets import ArrayDataset
 from workload.data.loaders import ShardedBatches, batch_seed, batch_slice, num_batches
+from workload.data.shardformat import MAX_MEMBER_BYTES
+from workload.errors import UsageError
+from workload.files import read_regular
 
 # RandomResizedCrop's defaults, as the torch backend uses for image folders.
 RANDOM_AREA = (0.08, 1.0)
@@ -125,11 +129,25 @@ class FileSource:
         self.image_size = image_size
 
     def inputs(self, idx: np.ndarray, generator: torch.Generator | None) -> dict:
-        feed = {"encoded": [np.fromfile(self.paths[i], dtype=np.uint8) for i in idx]}
+        feed = {"encoded": [encoded_file(self.paths[i]) for i in idx]}
         if generator is not None:
             flip, _, _ = draw_flips_and_offsets(len(idx), PADDING, generator, torch.device("cpu"))
             feed["mirror"] = flip.int().numpy()
         return feed
+
+
+def encoded_file(path: str) -> np.ndarray:
+    """An image file's bytes, read as every reader of a walked folder reads
+    (files.read_regular, at most a shard member's bound): a FIFO or a device put in
+    place of a listed file is one line, where reading it waited forever."""
+    try:
+        return np.frombuffer(read_regular(Path(path), MAX_MEMBER_BYTES), dtype=np.uint8)
+    except OSError as error:
+        why = error.strerror or str(error)
+        why = why if path in why else f"{path}: {why}"
+        raise UsageError(f"--data-backend dali cannot read an image file ({why}); remove it "
+                         "from the image folder, or train with --data-backend torch, which "
+                         "skips files it cannot read") from None
 
 
 class ShardSource:

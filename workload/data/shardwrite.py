@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import time
 from pathlib import Path
@@ -32,9 +33,9 @@ from workload.data.shardformat import (FORMAT, FORMAT_VERSION, MANIFEST, MAX_MEM
                                        shard_name)
 from workload.data.stagefiles import NoLocks, identity, try_exclusive
 from workload.errors import UsageError
-from workload.files import (json_text, open_append, read_json_file, read_jsonl_records,
-                            read_regular, replacing, sha256_file, unwritable_reason,
-                            write_json)
+from workload.files import (json_text, mode_kind, open_append, read_json_file,
+                            read_jsonl_records, read_regular, replacing, sha256_file,
+                            unwritable_reason, write_json)
 from workload.logs import logger
 
 SHARD_SIZE = 1000  # images per shard: about 100 MB of ImageNet photographs
@@ -169,12 +170,31 @@ def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
 def remove_stale(dest: Path, split: str, count: int) -> None:
     """What no reader would ever open: the shards of this split past `count` that an
     earlier write (another --shard-size) left, and the per-shard index files of the
-    first format."""
-    for path in dest.glob(f"{split}-*"):
+    first format. Only files this code wrote are removed: those exact names, regular
+    files of this user's own. A shard folder may be a project's, and a file another
+    member (or a link someone) put at such a name is theirs: named and left."""
+    for path in sorted(dest.glob(f"{split}-*")):
         stem = path.name.split(".")[0]
-        if SHARD_NAME.fullmatch(stem + ".tar") and \
-                (int(stem.split("-")[1]) >= count or path.name != stem + ".tar"):
-            path.unlink()
+        if not SHARD_NAME.fullmatch(stem + ".tar"):
+            continue
+        old_index = path.name in (stem + ".idx.json", stem + ".idx")
+        if old_index or (path.name == stem + ".tar" and int(stem.split("-")[1]) >= count):
+            remove_own(path)
+
+
+def remove_own(path: Path) -> None:
+    """Unlink `path` when it is a regular file of this user's (lstat: a link is judged
+    itself, never its target), else say why it stays. The name is unlinked after the
+    look: only someone who may write the folder could swap it in between, and a name is
+    all unlink takes from them."""
+    info = path.lstat()
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+        path.unlink()
+        return
+    whose = mode_kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else \
+        f"a file of uid {info.st_uid}"
+    logger.warning(f"left {path} in place: it is {whose}, not a file this user's train "
+                   "--shards wrote; no reader opens it, remove it if no one needs it")
 
 
 def complete(dest: Path, line: dict | None, planned: list[int]) -> bool:

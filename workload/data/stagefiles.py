@@ -33,7 +33,7 @@ from pathlib import Path
 from workload.config import TAR_SUFFIXES
 from workload.data.datasets import walk_once
 from workload.errors import UsageError
-from workload.files import open_regular
+from workload.files import mode_kind, open_regular
 from workload.launch.preemption import PreemptionFlag
 
 CHUNK = 8 << 20  # bytes copied between two looks at the preemption flag
@@ -123,8 +123,8 @@ def first_difference(expected: dict[str, int], found: dict[str, int]) -> str | N
 
 def copy_in(source: Path, partial: Path, flag: PreemptionFlag | None,
             names: list[str] | None = None) -> dict[str, int]:
-    """Copy or unpack `source` into `partial` (of a folder, only the files `names` if
-    given); the files it holds (path -> size)."""
+    """Copy or unpack `source` into the new folder `partial` (of a folder, only the files
+    `names` if given); the files it holds (path -> size)."""
     if source.is_dir():
         return copy_folder(source, partial, flag, names)
     return unpack_tar(source, partial, flag)
@@ -153,7 +153,6 @@ def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
 
 def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
     require_extraction_filters(source)
-    partial.mkdir()
     try:
         with tarfile.open(source) as tar:
             files = {}
@@ -216,7 +215,7 @@ def _open_locked(path: Path, how: int) -> int | None:
     """An open file descriptor of `path` locked `how`, or None if another process holds a
     conflicting lock (with LOCK_NB)."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, how)
         except BlockingIOError:
@@ -226,11 +225,36 @@ def _open_locked(path: Path, how: int) -> int | None:
             os.close(fd)
             raise NoLocks(*error.args) if error.errno in NO_LOCKS else error from None
         try:
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            if _same_file(os.fstat(fd), os.stat(path, follow_symlinks=False)):
                 return fd
         except FileNotFoundError:
             pass
         os.close(fd)  # removed meanwhile: lock the file that is there now
+
+
+def _same_file(one: os.stat_result, other: os.stat_result) -> bool:
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _open_lock_file(path: Path) -> int:
+    """`path` opened (made when missing) to be locked: never through a link and only when
+    it is a regular file (checked on the descriptor), since the folder may be shared and
+    someone else may have put anything at its name; one line otherwise."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o666)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        what = "a symbolic link"
+    else:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            return fd
+        os.close(fd)
+        what = mode_kind(mode)
+    raise UsageError(f"{path} is {what}, where train keeps a lock file; someone else put it "
+                     f"there: move it away (mv {path} {path}.moved), or pass another folder")
 
 
 def hold_shared(path: Path) -> int | None:

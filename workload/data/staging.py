@@ -13,7 +13,8 @@ for as long as it runs; a later job whose source has changed stages a new copy a
 the older stagings of the same source that no live job holds. `train` removes nothing it
 did not make: a folder without its manifest is refused. Copies go to a private folder
 first, so two stagers on one folder cannot mix their files, and a killed or stopped copy
-never looks complete.
+never looks complete. That folder is made by mkdtemp (a name no one can foresee, mode
+0700), so a link planted in a shared node-local folder cannot take the copy elsewhere.
 
 A shard folder (`--dataset shards`) is staged by the same rules, its files being those
 its manifest names (the manifest, each shard and its indexes): the folder is not listed,
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +42,7 @@ from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_di
                                       remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import read_json_file, unwritable_reason, write_json
+from workload.files import open_to_group, read_json_file, unwritable_reason, write_json
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
                                         exit_for_requeue)
 from workload.launch.variables import node_name
@@ -181,7 +183,11 @@ def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | Non
             raise UsageError(f"the staging {target} is incomplete and another job on this "
                              "node reads it; wait for that job to end, or pass another "
                              "--stage-to folder")
-    partial = target.with_name(f".{target.name}.partial-{socket.gethostname()}-{os.getpid()}")
+    # A private folder (0700) of a name no one can foresee: a node-local folder may be
+    # shared, and a link planted at a name known in advance took the copy elsewhere
+    # (then became the staging); no one can put a link inside it for the copy to follow.
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"
+                                    f"{socket.gethostname()}-{os.getpid()}-"))
     try:
         expected = copy_in(source, partial, flag, names)
         problem = first_difference(expected, listing(partial))
@@ -190,6 +196,7 @@ def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | Non
         # The manifest first: a folder named like a staging without one is not train's.
         write_json(manifest_of(target), dict(source=str(source), staging=target.name,
                                              identity=key, files=expected))
+        open_to_group(partial)  # readable as mkdir would have made it, as it takes its place
         os.rename(partial, target)
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from workload import distributed
+from workload.checkpoint import waited_writer
 from workload.files import open_append, write_json
 from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
                                          heartbeat_file, stacks_file)
@@ -179,14 +180,22 @@ class StallWatchdog:
             # The line first: the files may never come when the file system hangs.
             logger.warning(f"rank {self.rank} on {self.host}: no step done for {stalled:.0f} s "
                            f"(step {step}, phase {phase}); stacks in "
-                           f"{stacks_file(self.folder, self.rank)}; "
-                           f"after the collective timeout run: {dump_command(self.folder)}")
+                           f"{stacks_file(self.folder, self.rank)}; {self.what_to_do()}")
             reason = f"{STALL_MARK} no step done for {stalled:.0f} s"
             self.files.submit("dump", lambda: self.dump(reason, step, phase))
         self.name_hung_write(now)
         if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
             self.write_heartbeat(step, phase)
             self.written, self.written_at = (step, phase), now
+
+    def what_to_do(self) -> str:
+        """The stall line's advice: a collective's timeout ends a rank that waits for
+        another, but not one that waits for its own checkpoint writer (a stopped or hung
+        process), which is named instead."""
+        writer = waited_writer()
+        if writer is not None:
+            return f"waiting for {writer.waiting()}"
+        return f"after the collective timeout run: {dump_command(self.folder)}"
 
     def name_hung_write(self, now: float) -> None:
         """One line when a write into the folder has not returned for HUNG_WRITE_S: the
