@@ -5,6 +5,7 @@ answer before torch is imported."""
 from __future__ import annotations
 
 import ast
+import graphlib
 import io
 import re
 import subprocess
@@ -94,6 +95,32 @@ def test_imports_follow_the_layers(path):
                 f"{me} (layer {layer_of(me)}) imports {target} (layer {layer_of(target)})")
         if target in COMMAND_MODULES:
             assert unit_of(target) == unit_of(me), f"{me} imports the command {target}"
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in `graph` (module -> the modules it imports), as the
+    modules along it, the first again at the end; [] when there is none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return list(reversed(error.args[1]))
+    return []
+
+
+def test_an_import_cycle_is_found():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) in (
+        ["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"])
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+
+
+def test_no_import_cycle_anywhere():
+    # Within a package too, which the layer rule does not look into. Every import counts,
+    # those inside a function included: a lazy import that closes a circle only hides it.
+    graph = {module_name(path): {target for target in imports_of(path)
+                                 if target in MODULES and target != module_name(path)}
+             for path in SOURCES}
+    cycle = import_cycle(graph)
+    assert not cycle, f"an import circle: {' -> '.join(cycle)}"
 
 
 def test_every_module_has_a_layer():

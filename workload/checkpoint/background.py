@@ -48,7 +48,7 @@ from workload.checkpoint import writer
 from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
-from workload.checkpoint.saving import HOLDERS, snapshot_bytes
+from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal
 from workload.checkpoint.store import Snapshot, header
@@ -194,7 +194,7 @@ def _start_writer() -> subprocess.Popen:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-class Writer:
+class WriterHandle:
     """The loop's side: the writer process, started at the first save, and the save in
     flight (at most one)."""
 

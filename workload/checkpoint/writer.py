@@ -42,8 +42,7 @@ except ImportError:  # earlier releases (a base image's own): each tensor's byte
 
 from workload.checkpoint.diskfull import DiskFull, guarded_save
 from workload.checkpoint.durable import SAFETENSORS_METADATA
-from workload.checkpoint.folder import prune
-from workload.checkpoint.local import copy_to_run
+from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.store import finish_checkpoint
 from workload.launch.preemption import LOOP_SIGNALS
 
@@ -144,28 +143,16 @@ def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nb
     return TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset, data_len=nbytes)
 
 
-def _write(request: dict, buffer: Buffer) -> list[Path]:
-    """The checkpoint committed (and copied to the run folder, for the local tier); the
-    folders it went to, the run folder's last, for `_prune`."""
+def _commit(request: dict, buffer: Buffer, answer: Callable[[Path], None]) -> None:
+    """The checkpoint committed, copied into the run folder for the local tier, `answer`
+    told where it is, then the older ones pruned (local.copy_and_prune, as a save in the
+    trainer ends)."""
     root, tmp = Path(request["root"]), Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
         finish_checkpoint(tmp, final, _files(request, buffer), request["header"])
-    roots = [root]
-    if request.get("copy_to"):
-        roots.append(copy_to_run(final, Path(request["copy_to"])).parent)
-    return roots
-
-
-def _prune(request: dict, roots: list[Path]) -> None:
-    """The checkpoints older than the newest `keep`, after the answer. A failure is said
-    on stderr (the loop's own), and the next save's pruning tries again."""
-    for root in roots:
-        try:
-            prune(root, request["keep"], newest=request["header"]["step"])
-        except OSError as error:
-            print(f"checkpoint writer: could not prune the older checkpoints in {root}: "
-                  f"{error}", file=sys.stderr, flush=True)
+    copy_to = request.get("copy_to")
+    copy_and_prune(final, request["keep"], Path(copy_to) if copy_to else None, answer)
 
 
 def die_with(parent: int, started_by_main_thread: bool) -> None:
@@ -209,18 +196,18 @@ def serve() -> None:
         request = json.loads(line)
         if request == STOP:
             break
-        roots = []
         try:
-            roots = _write(request, buffer)
-            reply = {"saved": str(roots[-1] / request["final"])}
+            _commit(request, buffer, lambda saved: _answer(replies, {"saved": str(saved)}))
         except DiskFull as error:
-            reply = {"disk_full": str(error)}
+            _answer(replies, {"disk_full": str(error)})
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-        _prune(request, roots)
+            _answer(replies, {"error": f"{type(error).__name__}: {error}"})
     buffer.close()
+
+
+def _answer(replies, reply: dict) -> None:
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
 
 
 if __name__ == "__main__":
