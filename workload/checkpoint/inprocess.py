@@ -5,9 +5,9 @@ runs alone when a save meant for the writer process cannot be handed over. Which
 save takes is workload.checkpoint.saves's to decide; when to save, saving's.
 
 Both halves end as every save ends (workload.checkpoint.local's `copy_and_prune`), and the
-files are committed by the protocol of workload.checkpoint.folder (its commit point: the
-replacement of `latest`). A full disk: one line that names the folder and the space, the
-partial folder removed (workload.checkpoint.diskfull).
+commit is the same (workload.checkpoint.folder: the commit point). A full disk: one line
+that names the folder and the space, the partial folder removed
+(workload.checkpoint.diskfull).
 """
 
 from __future__ import annotations

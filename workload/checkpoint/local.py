@@ -2,12 +2,13 @@
 checkpoint is committed there first, then copied into the run folder, where it is taken
 only once complete and verified.
 
-Both places follow the same commit protocol (workload.checkpoint.store and folder): the
-local save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest
-of the run folder's absolute path, so that runs sharing a node's disk never mix), and the
-copy goes into the run folder's `.tmp-step-N`, every file fsynced, is verified against
-its manifest, renamed into place, then `latest` replaced and the oldest pruned. With
---checkpoint-async the background writer does both; without, rank 0 does.
+Both places commit the same way (workload.checkpoint.folder: the commit point): the local
+save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest of
+the run folder's absolute path, so that runs sharing a node's disk never mix), and the
+copy goes into the run folder's `.tmp-step-N`, every file fsynced, and is verified against
+its manifest before it is committed (`copy_to_run`). `copy_and_prune` is how every save
+ends, the copy then the pruning in both places; with --checkpoint-async the writer process
+runs it, without, rank 0 does.
 
 A resume (--resume auto) first looks at the local tier: a verified checkpoint there newer
 than the run folder's (the job ended before its copy did) is copied into the run folder

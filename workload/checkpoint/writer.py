@@ -1,5 +1,6 @@
-"""The background writer process of asynchronous saves (its loop side, the staging buffer
-and the request: workload.checkpoint.background). Torch-free, so that it starts in a
+"""The writer process of asynchronous saves (the loop's side, the staging buffer, the
+request and the loop's handle on this process, WriterHandle: workload.checkpoint.
+background). Torch-free, so that it starts in a
 fraction of a second: a save at the first step of a job (a preemption's, within SLURM's
 grace time) does not wait seconds for torch to import, and a node's ranks do not each
 hold a second copy of torch's libraries.
@@ -9,12 +10,14 @@ file has no name) and the checkpoint's files in writing order: a JSON file as it
 safetensors file as where each tensor lies in the buffer. safetensors writes each of its
 files straight from the buffer (`serialize_file` takes the address of each tensor's bytes:
 no copy into Python objects, no torch), and its sha256 is taken from the buffer while the
-file is fsynced; the rest is the synchronous save's own last half
-(workload.checkpoint.store's `finish_checkpoint`: the JSON files, the manifest, rename,
-`latest`; a full disk in one line). Then one JSON line answers, and only then are the
-older checkpoints pruned (deleting 137 MB of files takes about 50 ms on the development
-machine's ext4): the loop learns of the commit without waiting for it, and the next
-request is read once the pruning is done, so a save never meets one in progress.
+file is fsynced; the rest is what a save in the trainer does: workload.checkpoint.store's
+`finish_checkpoint` (the JSON files, the manifest, the commit: workload.checkpoint.
+folder's commit point; a full disk in one line), then workload.checkpoint.local's
+`copy_and_prune`, which copies the checkpoint into the run folder for the local tier,
+lets this process answer one JSON line, and only then prunes the older checkpoints
+(deleting 137 MB of files takes about 50 ms on the development machine's ext4): the loop
+learns of the commit without waiting for it, and the next request is read once the
+pruning is done, so a save never meets one in progress.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from workload.launch.preemption import LOOP_SIGNALS
 # before the writer's start (a blocked mask survives exec) until it ignores them, so one
 # sent while it starts cannot kill it.
 IGNORED = LOOP_SIGNALS
-STOP = {"stop": True}  # the request that ends the writer (background.Writer.stop)
+STOP = {"stop": True}  # the request that ends the writer (background.WriterHandle.stop)
 
 
 class Buffer:
