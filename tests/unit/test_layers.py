@@ -237,6 +237,66 @@ def test_the_checkpoint_writer_process_imports_no_torch():
     assert heavy_imports("import workload.checkpoint.writer") == []
 
 
+def module_level_imports(path: Path) -> set[str]:
+    """What importing this file imports (the imports outside its functions), workload's
+    modules by the name MODULES knows them, others by their top package."""
+    found = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(imports_of_node(node))
+            visit(ast.iter_child_nodes(node))
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def imports_of_node(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name if a.name.startswith("workload") else a.name.split(".")[0]
+                for a in node.names}
+    module = node.module or ""
+    if not module.startswith("workload"):
+        return {module.split(".")[0]}
+    return {f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
+            for a in node.names}
+
+
+def imports_torch(module: str, seen: set[str] | None = None) -> bool:
+    """Whether importing `module` imports torch, through any module it imports."""
+    seen = set() if seen is None else seen
+    seen.add(module)
+    path = next(p for p in SOURCES if module_name(p) == module)
+    found = module_level_imports(path)
+    return "torch" in found or any(imports_torch(m, seen) for m in found
+                                   if m in MODULES and m not in seen)
+
+
+def checkpoint_table() -> dict[str, tuple[str, str]]:
+    """The code map's table of checkpoint/'s modules: module -> (runs in, imports torch)."""
+    rows = re.findall(r"^\| `(\w+)\.py` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$",
+                      CODE_MAP.read_text(), re.M)
+    return {f"workload.checkpoint.{name}": (runs.strip(), torch.strip().split()[0])
+            for name, runs, torch in rows}
+
+
+def test_the_code_maps_checkpoint_table_is_true():
+    table = checkpoint_table()
+    package = {m for m in MODULES if m.startswith("workload.checkpoint.")}
+    assert set(table) == package
+    for module, (_, torch) in table.items():
+        assert torch == ("yes" if imports_torch(module) else "no"), module
+    code = ("import sys, workload.checkpoint.writer; print(' '.join(m for m in sys.modules "
+            "if m.startswith('workload.checkpoint.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout.split()
+    assert sorted(loaded) == sorted(m for m, (runs, _) in table.items()
+                                    if runs in ("both", "writer process"))
+
+
 @pytest.mark.parametrize("command, argv", [
     ("workload.train", ["--help"]),
     ("workload.train", ["--version"]),
