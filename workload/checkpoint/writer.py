@@ -1,9 +1,8 @@
-"""The writer process of asynchronous saves (the loop's side, the staging buffer, the
-request and the loop's handle on this process, WriterHandle: workload.checkpoint.
-background). Torch-free, so that it starts in a
-fraction of a second: a save at the first step of a job (a preemption's, within SLURM's
-grace time) does not wait seconds for torch to import, and a node's ranks do not each
-hold a second copy of torch's libraries.
+"""The writer process of asynchronous saves (the loop's side, the staging buffer, the request
+and the loop's handle on this process, WriterHandle: workload.checkpoint.background).
+Torch-free, so that it starts in a fraction of a second: a save at the first step of a job
+(a preemption's, within SLURM's grace time) does not wait seconds for torch to import, and
+a node's ranks do not each hold a second copy of torch's libraries.
 
 Each request names the loop's staging buffer (mapped here through /proc/<pid>/fd: the
 file has no name) and the checkpoint's files in writing order: a JSON file as its text, a
