@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint import (Checkpointer, Checkpoints, PreemptionFlag, save_checkpoint,
-                                 take_snapshot)
+from workload.checkpoint import Checkpointer, Checkpoints, save_checkpoint, take_snapshot
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
+from workload.launch import PreemptionFlag
 from workload.training.build import build_state
 
 

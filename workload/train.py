@@ -90,7 +90,8 @@ def settings_of(path: str) -> dict:
 def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     cfg = parse_config(argv)
     warn_container_paths(cfg)
-    from workload.checkpoint import PreemptionFlag, Preempted
+    from workload.checkpoint import Preempted
+    from workload.launch import PreemptionFlag
     from workload.training.run import run
 
     # Installed first, so a preemption signal during start-up is not fatal either. Ctrl-C
@@ -178,8 +179,8 @@ def leave_for_requeue(stop: Exception, signal_name: str | None) -> None:
     SIGTERM with no job script to requeue the job, a wait for SLURM to end the step
     instead (the launch layer's exit_for_requeue makes the same choice for a user's own
     script; workload/launch/preemption.py says why)."""
-    from workload.checkpoint import REQUEUE_EXIT_STATUS
-    from workload.launch.preemption import slurm_will_requeue, wait_for_slurm
+    from workload.launch.preemption import (REQUEUE_EXIT_STATUS, slurm_will_requeue,
+                                            wait_for_slurm)
     from workload.logs import logger
 
     if slurm_will_requeue(signal_name):

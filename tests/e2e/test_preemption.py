@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.helpers import TINY, writer_of
-from workload.checkpoint import REQUEUE_EXIT_STATUS
+from workload.launch import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow  # every test here trains
 

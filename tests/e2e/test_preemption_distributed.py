@@ -17,7 +17,7 @@ from tests.helpers import TINY
 from tests.helpers import free_ports
 from tests.helpers import clean_env, local_rank_env, pickles_and_zips
 from tests.helpers import REPO, TESTS
-from workload.checkpoint import REQUEUE_EXIT_STATUS
+from workload.launch import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow
 

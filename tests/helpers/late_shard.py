@@ -10,11 +10,11 @@ import time
 
 import torch.distributed as dist
 
-from workload.checkpoint import saving
+from workload.checkpoint import inprocess
 from workload.train import cli
 
 LATE_RANK, DELAY_S = 1, 0.5
-original_save_shards = saving.save_shards
+original_save_shards = inprocess.save_shards
 
 
 def save_shards_late(*args, **kwargs) -> dict:
@@ -23,5 +23,5 @@ def save_shards_late(*args, **kwargs) -> dict:
     return original_save_shards(*args, **kwargs)
 
 
-saving.save_shards = save_shards_late
+inprocess.save_shards = save_shards_late
 cli()  # as the `train` program: it ends the process

@@ -18,7 +18,7 @@ from workload.checkpoint.content import check_fits
 from workload.checkpoint.folder import complete_steps, prune, prune_aside, step_name
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes, write_part
 from workload.checkpoint.diskfull import DiskFull
-from workload.checkpoint.saving import save_checkpoint
+from workload.checkpoint.inprocess import save_checkpoint
 from workload.checkpoint.snapshot import local_states, read_checkpoint, restore
 from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, Snapshot, verify
 from workload.files import sha256_file

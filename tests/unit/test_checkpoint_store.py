@@ -15,7 +15,7 @@ import torch
 from workload.checkpoint.durable import HASH_IN_A_THREAD, write_durably
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
 from workload.checkpoint.folder import complete_steps, move_aside, prune, step_name
-from workload.checkpoint.saving import commit
+from workload.checkpoint.inprocess import save_checkpoint
 from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, OldFormat, Snapshot, verify
 from workload.files import sha256_file
 
@@ -28,10 +28,7 @@ def snapshot(step: int, model: dict | None = None) -> Snapshot:
 
 
 def save(root, step: int, keep: int = 3, model: dict | None = None):
-    root.mkdir(exist_ok=True)
-    tmp = root / f".tmp-{step_name(step)}"
-    tmp.mkdir()
-    return commit(root, tmp, snapshot(step, model), keep)
+    return save_checkpoint(root, snapshot(step, model), keep, is_main=True)
 
 
 def test_a_save_is_complete_verified_and_pointed_to(tmp_path):

@@ -4,13 +4,15 @@ save of the same snapshot, whatever the tensors' dtypes."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from workload.checkpoint.background import Stage
-from workload.checkpoint.saving import commit
+from workload.checkpoint.inprocess import commit
 from workload.checkpoint.store import MANIFEST, Snapshot, verify
 from workload.checkpoint.folder import complete_steps
-from workload.checkpoint.writer import Buffer, _prune, _write
+from workload.checkpoint.writer import Buffer, _commit
 
 
 def snapshot(step: int) -> Snapshot:
@@ -24,6 +26,11 @@ def snapshot(step: int) -> Snapshot:
                     {"seed": 1, "name": "x"})
 
 
+def answered(answers: list, saved) -> None:
+    """The writer's answer: where the checkpoint is, and the steps its folder then holds."""
+    answers.append((saved, [step for step, _ in complete_steps(saved.parent)]))
+
+
 def test_the_writer_writes_the_files_of_a_synchronous_save(tmp_path):
     stage, buffer = Stage(), Buffer()
     try:
@@ -34,22 +41,21 @@ def test_the_writer_writes_the_files_of_a_synchronous_save(tmp_path):
             tmp = staged / f".tmp-{step}"
             tmp.mkdir()
             request.update(root=str(staged), tmp=str(tmp), keep=1)
-            roots = _write(request, buffer)
+            # Committed first, pruned after the answer: step 1 goes only then.
+            answers = []
+            _commit(request, buffer, partial(answered, answers))
+            assert answers == [(staged / f"step-{step:09d}", [*range(1, step + 1)])]
+            assert [s for s, _ in complete_steps(staged)] == [step]
             plain = tmp_path / "sync" / "checkpoints"
             plain.mkdir(parents=True, exist_ok=True)
             (plain / ".tmp").mkdir()
-            expected = commit(plain, plain / ".tmp", snapshot(step), keep=3)
-            assert roots == [staged]
+            expected = commit(plain, plain / ".tmp", snapshot(step))
             files = verify(expected)["files"]
             assert verify(staged / expected.name)["files"] == files
             for name in files:
                 assert (staged / expected.name / name).read_bytes() == \
                     (expected / name).read_bytes(), name
             assert MANIFEST not in files and "model.safetensors" in files
-            # Committed first, pruned after the answer: step 1 goes only then.
-            assert [s for s, _ in complete_steps(staged)] == [*range(1, step + 1)]
-            _prune(request, roots)
-            assert [s for s, _ in complete_steps(staged)] == [step]
     finally:
         buffer.close()
         stage.drop()

@@ -5,6 +5,7 @@ answer before torch is imported."""
 from __future__ import annotations
 
 import ast
+import graphlib
 import io
 import re
 import subprocess
@@ -94,6 +95,32 @@ def test_imports_follow_the_layers(path):
                 f"{me} (layer {layer_of(me)}) imports {target} (layer {layer_of(target)})")
         if target in COMMAND_MODULES:
             assert unit_of(target) == unit_of(me), f"{me} imports the command {target}"
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in `graph` (module -> the modules it imports), as the
+    modules along it, the first again at the end; [] when there is none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return list(reversed(error.args[1]))
+    return []
+
+
+def test_an_import_cycle_is_found():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) in (
+        ["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"])
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+
+
+def test_no_import_cycle_anywhere():
+    # Within a package too, which the layer rule does not look into. Every import counts,
+    # those inside a function included: a lazy import that closes a circle only hides it.
+    graph = {module_name(path): {target for target in imports_of(path)
+                                 if target in MODULES and target != module_name(path)}
+             for path in SOURCES}
+    cycle = import_cycle(graph)
+    assert not cycle, f"an import circle: {' -> '.join(cycle)}"
 
 
 def test_every_module_has_a_layer():
@@ -208,6 +235,66 @@ def test_the_checkpoint_writer_process_imports_no_torch():
     # It starts at a run's first asynchronous save, a preemption's within SLURM's grace
     # time: torch's import would take seconds of it (workload/checkpoint/writer.py).
     assert heavy_imports("import workload.checkpoint.writer") == []
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """What importing this file imports (the imports outside its functions), workload's
+    modules by the name MODULES knows them, others by their top package."""
+    found = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(imports_of_node(node))
+            visit(ast.iter_child_nodes(node))
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def imports_of_node(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name if a.name.startswith("workload") else a.name.split(".")[0]
+                for a in node.names}
+    module = node.module or ""
+    if not module.startswith("workload"):
+        return {module.split(".")[0]}
+    return {f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
+            for a in node.names}
+
+
+def imports_torch(module: str, seen: set[str] | None = None) -> bool:
+    """Whether importing `module` imports torch, through any module it imports."""
+    seen = set() if seen is None else seen
+    seen.add(module)
+    path = next(p for p in SOURCES if module_name(p) == module)
+    found = module_level_imports(path)
+    return "torch" in found or any(imports_torch(m, seen) for m in found
+                                   if m in MODULES and m not in seen)
+
+
+def checkpoint_table() -> dict[str, tuple[str, str]]:
+    """The code map's table of checkpoint/'s modules: module -> (runs in, imports torch)."""
+    rows = re.findall(r"^\| `(\w+)\.py` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$",
+                      CODE_MAP.read_text(), re.M)
+    return {f"workload.checkpoint.{name}": (runs.strip(), torch.strip().split()[0])
+            for name, runs, torch in rows}
+
+
+def test_the_code_maps_checkpoint_table_is_true():
+    table = checkpoint_table()
+    package = {m for m in MODULES if m.startswith("workload.checkpoint.")}
+    assert set(table) == package
+    for module, (_, torch) in table.items():
+        assert torch == ("yes" if imports_torch(module) else "no"), module
+    code = ("import sys, workload.checkpoint.writer; print(' '.join(m for m in sys.modules "
+            "if m.startswith('workload.checkpoint.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout.split()
+    assert sorted(loaded) == sorted(m for m, (runs, _) in table.items()
+                                    if runs in ("both", "writer process"))
 
 
 @pytest.mark.parametrize("command, argv", [

@@ -183,11 +183,14 @@ def test_the_flag_then_exit_for_requeue(tmp_path):
     assert marker.read_text() == "preempted by SIGUSR2 at step 12\n"
 
 
-def test_the_trainer_uses_the_same_flag():
+@pytest.mark.parametrize("name", ["PreemptionFlag", "REQUEUE_EXIT_STATUS", "exit_for_requeue",
+                                  "request_requeue"])
+def test_the_preemption_names_come_from_the_launch_layer_only(name):
     import workload.checkpoint as checkpoint
 
-    assert checkpoint.PreemptionFlag is PreemptionFlag
-    assert checkpoint.REQUEUE_EXIT_STATUS == REQUEUE_EXIT_STATUS
+    assert name not in checkpoint.__all__
+    with pytest.raises(AttributeError):
+        getattr(checkpoint, name)
 
 
 # ------------------------------------------------------------------ jobs

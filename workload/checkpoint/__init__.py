@@ -1,5 +1,6 @@
 """Checkpoints: atomic, verified saves of the whole training state, exact resume, and
-preemption (a signal -> one checkpoint -> exit status 75 -> the job script requeues).
+preemption's save (a signal -> one checkpoint -> exit status 75 -> the job script
+requeues; the flag and the status are workload.launch's).
 
     formats.py   the file formats: state trees as JSON + safetensors, the safetensors
                  reader
@@ -13,8 +14,10 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
                  it fits the live model, optimizer, schedule and scaler
     snapshot.py  the live training state <-> a checkpoint (take, read, restore), FSDP2
                  shards joined for any world size, the random states
-    saving.py    when to save (Checkpointer), the collective save, preemption's save
-                 and agreement across ranks
+    saving.py    when to save (Checkpointer) and what a preemption does: the policy
+    saves.py     the one save entry: handed to the writer process or made in this one,
+                 then copied into the run folder and pruned; every rank's agreement
+    inprocess.py the save made in this process: the collective save, rank 0's commit
     diskfull.py  a save that runs out of disk space: one line, the partial files removed
     resuming.py  which checkpoint a run continues from (--resume, --overwrite), and
                  whether one fits this run
@@ -22,13 +25,12 @@ preemption (a signal -> one checkpoint -> exit status 75 -> the job script reque
     loop.py      Checkpoints: the same saves and resumes for a user's own training loop
     loopargs.py  the checks of what a loop passes to Checkpoints, by the reader's limits,
                  and each rank's `extra`
-    background.py  asynchronous saves: the staging buffer and the requests to the writer
+    background.py  asynchronous saves: the staging buffer and the writer's handle
+                 (WriterHandle: the requests to the writer process)
     writer.py    the writer process (torch-free: it starts at once)
     stall.py     a background writer that does not answer: named while the loop waits
                  for it (waited_writer, which train's stall watchdog reads), and left
                  behind on a preemption
-    handover.py  the hand-over of a save to the writer and every rank's agreement on its
-                 outcome, for train's Checkpointer and Checkpoints alike
     local.py     the node-local tier (--checkpoint-local): written there first, copied
                  into the run folder with the same commit, the newer one resumed from
 
@@ -46,9 +48,9 @@ _HOMES = {
     "checkpoints_dir": "folder", "step_name": "folder",
     "lock_run_folder": "lock",
     "prepare": "resuming", "resume": "resuming",
-    "REQUEUE_EXIT_STATUS": "saving", "Checkpointer": "saving", "Preempted": "saving",
-    "PreemptionFlag": "saving", "guarded_final_model": "diskfull",
-    "request_requeue": "saving", "save_checkpoint": "saving", "tensor_bytes": "saving",
+    "Checkpointer": "saving", "Preempted": "saving",
+    "guarded_final_model": "diskfull",
+    "save_checkpoint": "inprocess", "tensor_bytes": "inprocess",
     "take_snapshot": "snapshot",
     "CorruptCheckpoint": "store",
     "waited_writer": "stall",

@@ -1,5 +1,6 @@
-"""Asynchronous saves: the training loop waits only while the state is copied into a
-staging buffer in host memory; a writer process writes the checkpoint from it.
+"""Asynchronous saves, the training loop's side: the loop waits only while the state is
+copied into a staging buffer in host memory; the writer process (workload.checkpoint.
+writer) writes the checkpoint from it. `WriterHandle` is the loop's handle on that process.
 
 Why a process and not a thread: a writer thread hashing and writing hundreds of MB holds
 the GIL for much of that time and slows the training loop it was meant to free
@@ -11,21 +12,24 @@ processes and reused by every save (grown when a state outgrows it; its size is 
 once per size). The loop copies every tensor of the snapshot into it and sends the
 writer one JSON line: the snapshot's tree with its tensors as references (the encoding
 of workload.checkpoint.formats), where each tensor lies in the buffer, and the save's
-temporary folder. No pickle crosses the pipe. The writer rebuilds the snapshot from the
-buffer and runs the synchronous save's own last half (workload.checkpoint.saving.commit:
-the files, sha256, fsync, manifest, rename, `latest`, pruning, a full disk in one line),
-then answers one JSON line. At most one save is in flight: the next save, a resume and
-`close` first wait for its answer, so the buffer is never overwritten while read.
+temporary folder. No pickle crosses the pipe. The writer writes the files from the buffer
+and commits them as a save in the trainer does (workload.checkpoint.folder: the commit point),
+copies the checkpoint into the run folder for the local tier, answers one JSON line, and
+only then prunes (workload.checkpoint.writer). At most one save is in flight: the next
+save, a resume and `stop` first wait for its answer, so the buffer is never overwritten
+while read.
 
-The writer ignores the preemption signals (a job step's SIGTERM reaches every process)
-from its start: the loop decides when to stop and waits for the save in flight first. A
-writer that dies (kill -9, out of memory) leaves only the temporary folder, which is
-never resumed from: the next resume moves it aside with one line and takes the previous
-checkpoint. When the loop's process dies, its writer is killed with it (the kernel's
-parent-death signal): a save it held is left unfinished, moved aside at the next resume,
-and a new run on the folder never meets a writer of the old one still renaming folders
-and replacing `latest`. The buffer's file is unlinked as soon as the loop has mapped
-it (the writer maps it through /proc/<pid>/fd), so no kill leaves it behind.
+The writer ignores the loop's signals (a job step's SIGTERM reaches every process;
+workload.launch.preemption's LOOP_SIGNALS) from its start: the loop decides when to stop
+and waits for the save in flight first. A writer that dies (kill -9, out of memory) leaves
+only the temporary folder, which is never resumed from: the next resume moves it aside
+with one line and takes the previous checkpoint. When the loop's process dies, its writer
+kills itself (writer.die_with: a thread of it watches the loop's process, and the kernel's
+parent-death signal is armed too when the loop's main thread started it): a save it held
+is left unfinished, moved aside at the next resume, and a new run on the folder never
+meets a writer of the old one still renaming folders and replacing `latest`. The buffer's
+file is unlinked as soon as the loop has mapped it (the writer maps it through
+/proc/<pid>/fd), so no kill leaves it behind.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from workload.checkpoint import writer
 from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
-from workload.checkpoint.saving import HOLDERS, snapshot_bytes
+from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
 from workload.checkpoint.store import Snapshot, header
@@ -194,9 +198,9 @@ def _start_writer() -> subprocess.Popen:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-class Writer:
-    """The loop's side: the writer process, started at the first save, and the save in
-    flight (at most one)."""
+class WriterHandle:
+    """The loop's handle on its writer process (started at the first save) and on the save
+    in flight (at most one)."""
 
     def __init__(self):
         self.stage = Stage()

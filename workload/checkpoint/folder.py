@@ -9,13 +9,17 @@ Layout of `<output-dir>/checkpoints/` (what one step folder holds: workload.chec
     step-000000140.abandoned-20261122-163000/   a step after a rollback, kept for the user
     .tmp-step-000000160/    a save under way (or one a crash interrupted)
 
+The commit point of every save (in the trainer or the writer process, in the run folder
+or the local tier; docs/checkpoints.md says it for users) is the atomic replacement of
+`latest` by a file that names it (`publish`): its files, the manifest last, are fsynced in
+`.tmp-step-N` and the folder renamed into place before it, and the oldest are pruned only
+after it, so that a crash at any instant leaves the timeline whole.
+
 `latest` names the checkpoint the last save wrote: the head of the run's current timeline.
 Steps after it are not on it (a rollback left them, or a crash came between a save's
 rename and the update of `latest`), so `--resume auto` never continues from them. A
 rollback renames the later steps `step-...abandoned-<time>`: kept whole for the user (never
-resumed, never pruned), out of the way of the steps the new timeline saves. A save's folder
-is renamed into place, then `latest` is replaced, and only then are the oldest pruned
-beyond --keep-checkpoints: a crash at any moment leaves the timeline whole.
+resumed, never pruned), out of the way of the steps the new timeline saves.
 """
 
 from __future__ import annotations
@@ -149,8 +153,9 @@ def roll_back(root: Path, path: Path, step: int) -> None:
 
 def publish(tmp: Path, final: Path) -> None:
     """A finished save's folder takes its place: renamed into place, then `latest`
-    replaced. Pruning is the caller's, after it (`prune`): the writer process prunes only
-    once it has told the loop the checkpoint is committed."""
+    replaced, the commit point (this module's docstring). Pruning is the caller's, after
+    it (local.copy_and_prune: the writer process prunes only once it has told the loop
+    the checkpoint is committed)."""
     root = final.parent
     # A save's folder is private (0700) while it is written: in a run folder others may
     # write, no one can put a link in it for a writer to follow (safetensors' own writer

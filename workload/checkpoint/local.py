@@ -2,12 +2,13 @@
 checkpoint is committed there first, then copied into the run folder, where it is taken
 only once complete and verified.
 
-Both places follow the same commit protocol (workload.checkpoint.store and folder): the
-local save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest
-of the run folder's absolute path, so that runs sharing a node's disk never mix), and the
-copy goes into the run folder's `.tmp-step-N`, every file fsynced, is verified against
-its manifest, renamed into place, then `latest` replaced and the oldest pruned. With
---checkpoint-async the background writer does both; without, rank 0 does.
+Both places commit the same way (workload.checkpoint.folder: the commit point): the local
+save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest of
+the run folder's absolute path, so that runs sharing a node's disk never mix), and the
+copy goes into the run folder's `.tmp-step-N`, every file fsynced, and is verified against
+its manifest before it is committed (`copy_to_run`). `copy_and_prune` is how every save
+ends, the copy then the pruning in both places; with --checkpoint-async the writer process
+runs it, without, rank 0 does.
 
 A resume (--resume auto) first looks at the local tier: a verified checkpoint there newer
 than the run folder's (the job ended before its copy did) is copied into the run folder
@@ -35,13 +36,15 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from workload.errors import UsageError
 from workload.files import (private_folder_problem, read_regular, replace_file,
                             unwritable_reason)
-from workload.logs import logger
+from workload.logs import logger, say
 
 FLAG = "--checkpoint-local"
 # The id of the run folder the tier's checkpoints belong to: in the run folder's
@@ -82,9 +85,37 @@ def _shared_problem(folder: Path) -> str | None:
     return None
 
 
+def copy_and_prune(final: Path, keep: int, copy_to: Path | None = None,
+                   committed: Callable[[Path], None] | None = None) -> Path:
+    """How every save ends, in the trainer or in the writer process: the committed
+    checkpoint `final` copied into the run folder's checkpoints `copy_to` (when `final` is
+    the local tier's), then the checkpoints older than the newest `keep` pruned in each
+    folder that holds it. Its path in the run folder. `committed` is told that path before
+    the pruning (the writer process answers the loop then, so that the loop never waits
+    for the pruning); a pruning that fails once it was told is said on stderr, and the
+    next save's pruning tries again."""
+    from workload.checkpoint.folder import prune
+
+    folders = [final.parent]
+    if copy_to is not None:
+        folders.append(copy_to_run(final, copy_to).parent)
+    saved = folders[-1] / final.name
+    if committed is not None:
+        committed(saved)
+    for folder in folders:
+        try:
+            prune(folder, keep, newest=int(final.name.removeprefix("step-")))
+        except OSError as error:
+            if committed is None:
+                raise
+            say(f"checkpoint writer: could not prune the older checkpoints in {folder}: "
+                f"{error}", sys.stderr)
+    return saved
+
+
 def copy_to_run(path: Path, run_root: Path) -> Path:
     """Copy the committed checkpoint `path` into the run folder with the same commit
-    (folder.publish: pruning is the caller's); a full disk there in one line
+    (folder.publish; pruning is `copy_and_prune`'s); a full disk there in one line
     (workload.checkpoint.diskfull)."""
     from workload.checkpoint.folder import move_aside, publish
     from workload.checkpoint.diskfull import guarded_copy
@@ -121,7 +152,7 @@ def _copy_durably(source: Path, target: Path) -> None:
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
     than the run folder's `latest`, copied into the run folder (one line)."""
-    from workload.checkpoint.folder import latest_step, newest_loadable, prune, step_name
+    from workload.checkpoint.folder import latest_step, newest_loadable, step_name
     from workload.checkpoint.store import verify
 
     if not local.is_dir():
@@ -135,8 +166,7 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     if head is not None and step <= head:
         return
     where = f"step {head}" if head is not None else "none"
-    copy_to_run(path, run_root)
-    prune(run_root, keep, newest=step)
+    copy_and_prune(path, keep, copy_to=run_root)
     logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
                    f"({where}): the job ended before its copy did; copied into {run_root} "
                    f"as {step_name(step)}, verified, and resuming from it")

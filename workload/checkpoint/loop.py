@@ -7,7 +7,7 @@ four calls (docs/your-script.md).
     ckpt.close()
 
 Nothing here writes or reads a file itself. A save is train's collective save
-(workload.checkpoint.saving: rank 0 writes under DDP, every rank its shard under FSDP2,
+(workload.checkpoint.saves: rank 0 writes under DDP, every rank its shard under FSDP2,
 the random states of every rank, a full disk in one line); a resume is train's
 (workload.checkpoint.resuming and folder: the newest verified checkpoint of the timeline,
 a damaged one moved aside with one line and the one before taken, every rank loading
@@ -135,7 +135,6 @@ class Checkpoints:
         or with `async_save` once the state is copied (the save before it committed
         first). `extra`: JSON data of the loop's own (its position in the data); each
         rank's is kept."""
-        from workload.checkpoint.saving import save_checkpoint
         from workload.checkpoint.snapshot import is_sharded, take_snapshot
 
         self._open("save")
@@ -149,10 +148,7 @@ class Checkpoints:
         snapshot = take_snapshot(state, _settings(state), self.info.world_size, sharded)
         snapshot.trainer.update(every_rank_extra(extra, self.info.world_size))
         self._last = step
-        if self.async_save and not sharded:
-            return self._saves.hand_over(self.root, snapshot, self.keep)
-        return save_checkpoint(self.root, snapshot, self.keep, self.info.is_main,
-                               state if sharded else None)
+        return self._saves.save(self.root, snapshot, self.keep, state if sharded else None)
 
     def wait(self) -> None:
         """Until the save in flight is committed (every rank calls it); its error, if it
@@ -244,10 +240,10 @@ class Checkpoints:
 
 # --- the arguments ----------------------------------------------------------------------
 
-def _saves(info, enabled: bool):
-    from workload.checkpoint.handover import AsyncSaves
+def _saves(info, background: bool):
+    from workload.checkpoint.saves import Saves
 
-    return AsyncSaves(info, enabled)
+    return Saves(info, background)
 
 
 # --- what a checkpoint records of its loop ------------------------------------------------

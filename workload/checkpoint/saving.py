@@ -1,23 +1,19 @@
-"""Saving: when (the policy), how every rank takes part, what a preemption does, and what
-a save that runs out of disk space leaves.
+"""Saving's policy: when to save, and what a preemption does. How a save is made is
+workload.checkpoint.saves's (the one save entry).
 
-One module because these are one path, from the training loop's step boundary to the
-files: `Checkpointer` decides when to save (every N steps or T seconds with
---checkpoint-every, at each epoch end, where --max-steps stops the run, and once when
-preempted, then the exit for a requeue); one position is saved once (a step that is both
-periodic and the step limit's gives one checkpoint). `save_checkpoint` is the collective
-save (FSDP shards from every rank, the rest from rank 0, see workload.checkpoint.store).
+`Checkpointer` decides when to save (every N steps or T seconds with --checkpoint-every,
+at each epoch end, where --max-steps stops the run, and once when preempted, then the
+exit for a requeue); one position is saved once (a step that is both periodic and the
+step limit's gives one checkpoint).
 
 Preemption: the signal handler only sets a flag (workload.launch.preemption, torch-free,
 which a user's own script uses too; nothing else is safe inside a signal handler, least of
 all a collective or a file write). At the next step boundary every rank contributes its
 flag to one all-reduce (workload.distributed's `any_rank`), so a signal that reached a
 single rank stops all of them at the same step and none is left waiting in a collective.
-The trainer then saves one checkpoint and exits with REQUEUE_EXIT_STATUS; the batch script
-sees it and runs `scontrol requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
-
-A full disk: one line that names the folder and the space, the partial folder removed
-(workload.checkpoint.diskfull).
+The trainer then saves one checkpoint, waits until it is committed, and exits with
+workload.launch's REQUEUE_EXIT_STATUS; the batch script sees it and runs `scontrol
+requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -25,94 +21,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
 from workload import distributed
-from workload.checkpoint.diskfull import guarded_save
-from workload.checkpoint.folder import checkpoints_dir, move_aside, prune, step_name
-from workload.checkpoint.formats import as_bytes
-from workload.checkpoint.local import copy_to_run, local_root
-from workload.checkpoint.snapshot import (checkpoint_files, is_sharded, run_settings,
-                                          save_shards, take_snapshot)
-from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
-# The flag and the requeue request live in the launch layer (torch-free), where a user's
-# own script can use them too; this module adds what needs torch.
-from workload.launch.preemption import (REQUEUE_EXIT_STATUS,  # noqa: F401 (re-exported)
-                                        PreemptionFlag, request_requeue)
+from workload.checkpoint.folder import checkpoints_dir
+from workload.checkpoint.local import local_root
+from workload.checkpoint.saves import Saves
+from workload.checkpoint.snapshot import is_sharded, run_settings, take_snapshot
+from workload.launch.preemption import PreemptionFlag, request_requeue
 from workload.logs import logger
-
-# What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
-HOLDERS = (torch.Tensor, dict, list, tuple)
-
-
-def tensor_bytes(value) -> int:
-    """The bytes of every tensor in nested dicts and lists."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        value = value.values()
-    elif not isinstance(value, (list, tuple)):
-        return 0
-    return sum(tensor_bytes(v) for v in value if isinstance(v, HOLDERS))
-
-
-def snapshot_bytes(snapshot: Snapshot) -> int:
-    """The bytes of a snapshot's tensors: about what its checkpoint takes on disk."""
-    return tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer, snapshot.rng])
-
-
-def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
-                    sharded_state=None) -> Path:
-    """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
-    rank writes into the same temporary folder first."""
-    tmp = start_save(root, snapshot, sharded_state is not None) if is_main else \
-        root / f".tmp-{step_name(snapshot.trainer['step'])}"
-    shard_files = _save_shards(root, tmp, snapshot, sharded_state)
-    final = commit(root, tmp, snapshot, keep, shard_files) if is_main else \
-        root / step_name(snapshot.trainer["step"])
-    distributed.barrier()  # the others wait until the checkpoint is complete
-    return final
-
-
-def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
-    """Rank 0: the save's empty temporary folder (one a killed run left is moved aside)."""
-    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
-    root.mkdir(parents=True, exist_ok=True)
-    if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
-        move_aside(tmp, "incomplete")
-    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        tmp.mkdir(mode=0o700)  # private while written: see folder.publish
-        if sharded:
-            (tmp / SHARDS_DIR).mkdir()
-    return tmp
-
-
-def commit(root: Path, tmp: Path, snapshot: Snapshot, keep: int,
-           shard_files: dict | None = None) -> Path:
-    """Rank 0, itself: the files, the manifest, the rename into place, `latest`, pruning;
-    a full disk in one line (the writer process: workload.checkpoint.writer)."""
-    step = snapshot.trainer["step"]
-    final = root / step_name(step)
-    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),
-                          shard_files)
-    prune(root, keep, newest=step)
-    return final
-
-
-def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> dict:
-    """FSDP: every rank writes its shard; rank 0 gets the manifest entries of all of them.
-    The gather is the barrier: no rank contributes before its shard is on disk, so rank 0
-    names and renames only complete files, and never reads one back to hash it."""
-    if sharded_state is None:
-        return {}
-    world_size = snapshot.trainer["world_size"]
-    distributed.barrier()  # the folder exists before anyone writes into it
-    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
-                           world_size)
-    return {f"{SHARDS_DIR}/{name}": entry for entries in
-            distributed.gather_objects(mine, world_size) for name, entry in entries.items()}
 
 
 class Preempted(Exception):
@@ -126,14 +41,12 @@ class Preempted(Exception):
 class Checkpointer:
     """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
     preemption; with --checkpoint-async (the default) rank 0's writer process commits each
-    save in the background (workload.checkpoint.handover). Used as a context manager: its
+    save in the background (workload.checkpoint.saves). Used as a context manager: its
     end waits for the save in flight and commits it, on leaving normally; on an exception
     it waits too, with no collective."""
 
     def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
                  flag: PreemptionFlag, num_classes: int):
-        from workload.checkpoint.handover import AsyncSaves
-
         self.cfg, self.info, self.state, self.flag = cfg, info, state, flag
         self.settings = run_settings(cfg, num_classes)
         self.saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch)
@@ -141,7 +54,7 @@ class Checkpointer:
         self.every_steps, self.every_s = every.steps, every.seconds
         self.root, self.batches_per_epoch = checkpoints_dir(out), batches_per_epoch
         self.last_save = time.monotonic()
-        self.saves = AsyncSaves(info, cfg.checkpoint.checkpoint_async)
+        self.saves = Saves(info, cfg.checkpoint.checkpoint_async)
         self.said_sharded = False
         local = cfg.checkpoint.checkpoint_local
         self.local = local_root(local, out) if local else None  # written first, then copied
@@ -183,20 +96,10 @@ class Checkpointer:
         started = time.perf_counter()
         sharded = is_sharded(self.state.model)
         snapshot = take_snapshot(self.state, self.settings, self.info.world_size, sharded)
-        keep, local = self.cfg.checkpoint.keep_checkpoints, self.local
-        if self.saves.enabled and not sharded:
-            path = self.saves.hand_over(local or self.root, snapshot, keep,
-                                        copy_to=self.root if local else None)
-            done = "handed to the writer" if self.saves.in_flight is not None else "saved"
-        else:
-            self._say_sharded(sharded)
-            first = local if local and not sharded else self.root
-            path = save_checkpoint(first, snapshot, keep, self.info.is_main,
-                                   self.state if sharded else None)
-            if first != self.root and self.info.is_main:
-                path = copy_to_run(path, self.root)
-                prune(self.root, keep, newest=self.state.step)
-            done = "saved"
+        self._say_sharded(sharded)
+        path = self.saves.save(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
+                               self.state if sharded else None, self.local)
+        done = "handed to the writer" if self.saves.in_flight is not None else "saved"
         logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
                     f"in {time.perf_counter() - started:.2f}s")
         self.last_save, self.saved_at = time.monotonic(), position

@@ -2,8 +2,8 @@
 a collective), read back (`read_checkpoint`) and put back (`restore`), FSDP's shards
 included, and the random states an exact resume needs. One module because each of these
 crosses between the live model, optimizer and generators and what the files hold; the
-files and their safety rules are workload.checkpoint.store's and formats', when and how a
-save runs is workload.checkpoint.saving's.
+files and their safety rules are workload.checkpoint.store's and formats', when a save
+runs is workload.checkpoint.saving's, and how, saves'.
 
 FSDP2 checkpoints as safetensors: every rank writes its own shard, and any number of ranks
 reads them back.

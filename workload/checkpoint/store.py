@@ -16,12 +16,11 @@ the folder around it, `latest` and the ones moved aside: workload.checkpoint.fol
 With FSDP, `shards/rank-NNNNN.safetensors` and `shards/rank-NNNNN.json` (every rank writes
 its own: its rows of each parameter and optimizer state, and the layout) take the place of
 model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the others
-(same filesystem, so the rename is atomic), fsyncs every file, writes the manifest, renames
-the directory into place, fsyncs the parent, replaces `latest`, and only then prunes the
-oldest beyond --keep-checkpoints (these last steps are the folder's `publish`). A crash at
-any moment leaves either the previous checkpoints or the new one complete. Loading
-verifies the manifest (read as strict JSON, its names plain ones inside the folder) and
-refuses a JSON file that starts like a pickle or a zip archive; nothing is ever unpickled.
+(same filesystem, so the rename is atomic), fsyncs every file and writes the manifest last
+(`finish_checkpoint`); the folder's `publish` then commits it (workload.checkpoint.folder:
+the commit point). Loading verifies the manifest (read as strict JSON, its names plain
+ones inside the folder) and refuses a JSON file that starts like a pickle or a zip
+archive; nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ def header(snapshot: Snapshot) -> dict:
 def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileContent]],
                       head: dict, shard_files: dict | None = None) -> None:
     """Rank 0 or its writer process: `files` (in writing order: see workload.checkpoint.
-    snapshot's `checkpoint_files`), the manifest last, rename, `latest` (pruning is the
-    caller's: folder.publish). `head`: `header` of the
+    snapshot's `checkpoint_files`), the manifest last, then the commit (folder.publish;
+    pruning is the caller's: local.copy_and_prune). `head`: `header` of the
     snapshot; `shard_files`: the manifest entries of the FSDP shards every rank wrote,
     gathered. Torch-free: the writer process runs it on tensors
     it never turns into torch's."""

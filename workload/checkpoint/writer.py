@@ -1,20 +1,22 @@
-"""The background writer process of asynchronous saves (its loop side, the staging buffer
-and the request: workload.checkpoint.background). Torch-free, so that it starts in a
-fraction of a second: a save at the first step of a job (a preemption's, within SLURM's
-grace time) does not wait seconds for torch to import, and a node's ranks do not each
-hold a second copy of torch's libraries.
+"""The writer process of asynchronous saves (the loop's side, the staging buffer, the request
+and the loop's handle on this process, WriterHandle: workload.checkpoint.background).
+Torch-free, so that it starts in a fraction of a second: a save at the first step of a job
+(a preemption's, within SLURM's grace time) does not wait seconds for torch to import, and
+a node's ranks do not each hold a second copy of torch's libraries.
 
 Each request names the loop's staging buffer (mapped here through /proc/<pid>/fd: the
 file has no name) and the checkpoint's files in writing order: a JSON file as its text, a
 safetensors file as where each tensor lies in the buffer. safetensors writes each of its
 files straight from the buffer (`serialize_file` takes the address of each tensor's bytes:
 no copy into Python objects, no torch), and its sha256 is taken from the buffer while the
-file is fsynced; the rest is the synchronous save's own last half
-(workload.checkpoint.store's `finish_checkpoint`: the JSON files, the manifest, rename,
-`latest`; a full disk in one line). Then one JSON line answers, and only then are the
-older checkpoints pruned (deleting 137 MB of files takes about 50 ms on the development
-machine's ext4): the loop learns of the commit without waiting for it, and the next
-request is read once the pruning is done, so a save never meets one in progress.
+file is fsynced; the rest is what a save in the trainer does: workload.checkpoint.store's
+`finish_checkpoint` (the JSON files, the manifest, the commit: workload.checkpoint.
+folder's commit point; a full disk in one line), then workload.checkpoint.local's
+`copy_and_prune`, which copies the checkpoint into the run folder for the local tier,
+lets this process answer one JSON line, and only then prunes the older checkpoints
+(deleting 137 MB of files takes about 50 ms on the development machine's ext4): the loop
+learns of the commit without waiting for it, and the next request is read once the
+pruning is done, so a save never meets one in progress.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ except ImportError:  # earlier releases (a base image's own): each tensor's byte
 
 from workload.checkpoint.diskfull import DiskFull, guarded_save
 from workload.checkpoint.durable import SAFETENSORS_METADATA
-from workload.checkpoint.folder import prune
-from workload.checkpoint.local import copy_to_run
+from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.store import finish_checkpoint
 from workload.launch.preemption import LOOP_SIGNALS
 
@@ -52,7 +53,7 @@ from workload.launch.preemption import LOOP_SIGNALS
 # before the writer's start (a blocked mask survives exec) until it ignores them, so one
 # sent while it starts cannot kill it.
 IGNORED = LOOP_SIGNALS
-STOP = {"stop": True}  # the request that ends the writer (background.Writer.stop)
+STOP = {"stop": True}  # the request that ends the writer (background.WriterHandle.stop)
 
 
 class Buffer:
@@ -144,28 +145,16 @@ def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nb
     return TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset, data_len=nbytes)
 
 
-def _write(request: dict, buffer: Buffer) -> list[Path]:
-    """The checkpoint committed (and copied to the run folder, for the local tier); the
-    folders it went to, the run folder's last, for `_prune`."""
+def _commit(request: dict, buffer: Buffer, answer: Callable[[Path], None]) -> None:
+    """The checkpoint committed, copied into the run folder for the local tier, `answer`
+    told where it is, then the older ones pruned (local.copy_and_prune, as a save in the
+    trainer ends)."""
     root, tmp = Path(request["root"]), Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
         finish_checkpoint(tmp, final, _files(request, buffer), request["header"])
-    roots = [root]
-    if request.get("copy_to"):
-        roots.append(copy_to_run(final, Path(request["copy_to"])).parent)
-    return roots
-
-
-def _prune(request: dict, roots: list[Path]) -> None:
-    """The checkpoints older than the newest `keep`, after the answer. A failure is said
-    on stderr (the loop's own), and the next save's pruning tries again."""
-    for root in roots:
-        try:
-            prune(root, request["keep"], newest=request["header"]["step"])
-        except OSError as error:
-            print(f"checkpoint writer: could not prune the older checkpoints in {root}: "
-                  f"{error}", file=sys.stderr, flush=True)
+    copy_to = request.get("copy_to")
+    copy_and_prune(final, request["keep"], Path(copy_to) if copy_to else None, answer)
 
 
 def die_with(parent: int, started_by_main_thread: bool) -> None:
@@ -209,18 +198,18 @@ def serve() -> None:
         request = json.loads(line)
         if request == STOP:
             break
-        roots = []
         try:
-            roots = _write(request, buffer)
-            reply = {"saved": str(roots[-1] / request["final"])}
+            _commit(request, buffer, lambda saved: _answer(replies, {"saved": str(saved)}))
         except DiskFull as error:
-            reply = {"disk_full": str(error)}
+            _answer(replies, {"disk_full": str(error)})
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-        _prune(request, roots)
+            _answer(replies, {"error": f"{type(error).__name__}: {error}"})
     buffer.close()
+
+
+def _answer(replies, reply: dict) -> None:
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
 
 
 if __name__ == "__main__":

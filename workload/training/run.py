@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workload import checkpoint, distributed
-from workload.checkpoint import Checkpointer, PreemptionFlag
+from workload.checkpoint import Checkpointer
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
+from workload.launch import PreemptionFlag
 from workload.launch.diagnostics import DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal
 from workload.logs import logger
 from workload.models import count_parameters, describe_model, save_weights

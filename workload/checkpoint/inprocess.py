@@ -1,0 +1,98 @@
+"""The in-process save: the checkpoint written by this process (and, under FSDP2, every
+rank's shard by its own), as against the writer process's (workload.checkpoint.writer).
+`save_checkpoint` is the collective save, `start_save` and `commit` the two halves rank 0
+runs alone when a save meant for the writer process cannot be handed over. Which of them a
+save takes is workload.checkpoint.saves's to decide; when to save, saving's.
+
+Both halves end as every save ends (workload.checkpoint.local's `copy_and_prune`), and the
+commit is the same (workload.checkpoint.folder: the commit point). A full disk: one line
+that names the folder and the space, the partial folder removed
+(workload.checkpoint.diskfull).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from workload import distributed
+from workload.checkpoint.diskfull import guarded_save
+from workload.checkpoint.folder import move_aside, step_name
+from workload.checkpoint.formats import as_bytes
+from workload.checkpoint.local import copy_and_prune
+from workload.checkpoint.snapshot import checkpoint_files, save_shards
+from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
+
+# What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
+HOLDERS = (torch.Tensor, dict, list, tuple)
+
+
+def tensor_bytes(value) -> int:
+    """The bytes of every tensor in nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 0
+    return sum(tensor_bytes(v) for v in value if isinstance(v, HOLDERS))
+
+
+def snapshot_bytes(snapshot: Snapshot) -> int:
+    """The bytes of a snapshot's tensors: about what its checkpoint takes on disk."""
+    return tensor_bytes([snapshot.model, snapshot.optimizer, snapshot.trainer, snapshot.rng])
+
+
+def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
+                    sharded_state=None, copy_to: Path | None = None) -> Path:
+    """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
+    rank writes into the same temporary folder first. `copy_to`: the run folder's
+    checkpoints, when `root` is the local tier's. The checkpoint's path in the run folder."""
+    step = snapshot.trainer["step"]
+    tmp = start_save(root, snapshot, sharded_state is not None) if is_main else \
+        root / f".tmp-{step_name(step)}"
+    shard_files = _save_shards(root, tmp, snapshot, sharded_state)
+    if is_main:
+        copy_and_prune(commit(root, tmp, snapshot, shard_files), keep, copy_to)
+    distributed.barrier()  # the others wait until the checkpoint is complete
+    return (copy_to or root) / step_name(step)
+
+
+def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
+    """Rank 0: the save's empty temporary folder (one a killed run left is moved aside)."""
+    tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
+    root.mkdir(parents=True, exist_ok=True)
+    if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
+        move_aside(tmp, "incomplete")
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
+        tmp.mkdir(mode=0o700)  # private while written: see folder.publish
+        if sharded:
+            (tmp / SHARDS_DIR).mkdir()
+    return tmp
+
+
+def commit(root: Path, tmp: Path, snapshot: Snapshot, shard_files: dict | None = None
+           ) -> Path:
+    """Rank 0, itself: the files, the manifest, the commit (workload.checkpoint.folder);
+    a full disk in one line. Copying and pruning are the caller's (`copy_and_prune`)."""
+    final = root / step_name(snapshot.trainer["step"])
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
+        finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),
+                          shard_files)
+    return final
+
+
+def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> dict:
+    """FSDP: every rank writes its shard; rank 0 gets the manifest entries of all of them.
+    The gather is the barrier: no rank contributes before its shard is on disk, so rank 0
+    names and renames only complete files, and never reads one back to hash it."""
+    if sharded_state is None:
+        return {}
+    world_size = snapshot.trainer["world_size"]
+    distributed.barrier()  # the folder exists before anyone writes into it
+    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
+        mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
+                           world_size)
+    return {f"{SHARDS_DIR}/{name}": entry for entries in
+            distributed.gather_objects(mine, world_size) for name, entry in entries.items()}
