@@ -94,7 +94,9 @@ def file_system_type(path: str | Path, mounts: str | None = None) -> str:
         mounts = MOUNTS_FILE.read_text() if mounts is None else mounts
     except OSError:
         return "unknown"
-    folder, best, kind = str(nearest_existing(path)), -1, "unknown"
+    folder = str(nearest_existing(path))
+    best = -1
+    kind = "unknown"
     for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 3:
@@ -102,7 +104,8 @@ def file_system_type(path: str | Path, mounts: str | None = None) -> str:
         point = unescape(fields[1])
         inside = folder == point or folder.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= best:
-            best, kind = len(point), fields[2]
+            best = len(point)
+            kind = fields[2]
     return kind
 
 
@@ -160,7 +163,8 @@ def private_root(env: MutableMapping[str, str]) -> tuple[Path | None, list[str]]
 def is_chosen_value(variable: str, env: MutableMapping[str, str]) -> bool:
     """Whether `variable` is unset or holds the package's or torch's own choice (not the
     user's)."""
-    value, root = env.get(variable), env.get(ROOT_VARIABLE)
+    value = env.get(variable)
+    root = env.get(ROOT_VARIABLE)
     if not value or (root and value == str(Path(root) / CACHE_FOLDERS[variable])):
         return True
     return variable == "TORCHINDUCTOR_CACHE_DIR" and is_inductor_default(value)

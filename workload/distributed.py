@@ -67,7 +67,8 @@ class DistInfo:
         backend = str(dist.get_backend())
         device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend
                   else torch.device("cpu"))
-        rank, world = dist.get_rank(), dist.get_world_size()
+        rank = dist.get_rank()
+        world = dist.get_world_size()
         return cls(Launch(rank, 0, world, 1, 0, str(device)), device, backend)
 
 
@@ -147,7 +148,8 @@ def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> No
 
 
 class _Held:
-    failed, stderr = False, 2  # stderr: the descriptor of the real one while it is held
+    failed = False  # stderr: the descriptor of the real one while it is held
+    stderr = 2
 
 
 @contextmanager
@@ -156,7 +158,8 @@ def _held_stderr():
     logs every retry with a C++ stack. Replayed after success (or with
     TORCH_DISTRIBUTED_DEBUG set), dropped after a failure, whose one line says it all."""
     sys.stderr.flush()
-    saved, held = os.dup(2), _Held()
+    saved = os.dup(2)
+    held = _Held()
     held.stderr = saved
     with tempfile.TemporaryFile() as log:
         os.dup2(log.fileno(), 2)

@@ -23,7 +23,8 @@ class LaunchError(ValueError):
     """A launch variable that cannot be used; ``str()`` is one line for stderr."""
 
     def __init__(self, name: str, value: str, expected: str, fix: str):
-        self.name, self.value = name, value
+        self.name = name
+        self.value = value
         super().__init__(f"{name}={_quoted(value)} is not usable: expected {expected}; "
                          f"fix: {fix}")
 

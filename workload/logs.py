@@ -52,7 +52,8 @@ class Progress:
     logs). It shows steps, not the loss, so it never forces a device synchronisation."""
 
     def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label = total, label
+        self.total = total
+        self.label = label
         self.enabled = enabled and sys.stdout.isatty()
 
     def update(self, step: int) -> None:

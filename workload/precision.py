@@ -72,8 +72,8 @@ def one_step_undone(model: torch.nn.Module, images: tuple[int, ...], channels_la
     buffers = [(b, b.clone()) for b in model.buffers()]
     was_training = model.training
     model.train()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-            torch.compiler.set_stance("force_eager"):
+    with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+          torch.compiler.set_stance("force_eager")):
         batch = torch.randn(images, device=device)
         if channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)

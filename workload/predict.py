@@ -82,13 +82,14 @@ def read_batch(paths: list[Path], transform) -> tuple[list, dict[Path, str]]:
     """The uint8 tensors of the images that read, and why each other one did not."""
     from workload.data import UNREADABLE, open_rgb
 
-    tensors, errors = [], {}
+    tensors = []
+    errors = {}
     for path in paths:
         try:
             tensors.append(transform(open_rgb(path)))
         except UNREADABLE as error:
-            errors[path] = str(error).strip().splitlines()[0] if str(error).strip() else \
-                type(error).__name__
+            errors[path] = (str(error).strip().splitlines()[0] if str(error).strip()
+                            else type(error).__name__)
     return tensors, errors
 
 

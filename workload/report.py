@@ -332,7 +332,8 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the --output-dir "
                          "of a train run")
-    records, summary = read_metrics(run_dir), read_summary(run_dir)
+    records = read_metrics(run_dir)
+    summary = read_summary(run_dir)
     points = [point for path in bench_files for point in read_bench(path)]
     out = output_dir(run_dir, out_flag)
     written = [out / "training.png", out / "throughput.png"]

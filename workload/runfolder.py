@@ -21,9 +21,14 @@ from pathlib import Path
 
 from workload.launch.diagnostics import DIAGNOSTICS
 
-CONFIG, METRICS, STEPS, SUMMARY = "config.json", "metrics.jsonl", "steps.jsonl", "summary.json"
-MODEL_JSON, WEIGHTS = "model.json", "model.safetensors"
-CHECKPOINTS, LOCK = "checkpoints", "train.lock"
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+STEPS = "steps.jsonl"
+SUMMARY = "summary.json"
+MODEL_JSON = "model.json"
+WEIGHTS = "model.safetensors"
+CHECKPOINTS = "checkpoints"
+LOCK = "train.lock"
 
 
 @dataclass(frozen=True)

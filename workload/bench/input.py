@@ -83,7 +83,8 @@ class EncodedReader:
     epoch in this process, undecoded: what reading the files costs, alone."""
 
     def __init__(self, cfg):
-        seed, self.batch_size = cfg.training.seed, cfg.training.batch_size
+        seed = cfg.training.seed
+        self.batch_size = cfg.training.batch_size
         if cfg.data.dataset == "shards":
             train = load_shards(cfg.data.data_dir, 32)[0]
             self.sampler = rank_sampler(train, True, seed, 0, 1)
@@ -97,7 +98,8 @@ class EncodedReader:
         return self.sampler.count() // self.batch_size
 
     def batches(self, epoch: int, start: int = 0):
-        self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
+        self.sampler.epoch = epoch
+        self.sampler.start = start * self.batch_size
         items = iter(self.sampler)
         for _ in range(start, len(self)):
             yield [self.read(item) for item in itertools.islice(items, self.batch_size)], None

@@ -121,7 +121,8 @@ def run_bench(device_flag: str, quick: bool, save, skip: frozenset = frozenset()
                 bench["profile"] = profile_step(bench_args(device_flag, size, "wrn"))
                 print_summary(bench["profile"])
             else:
-                model, late = part.split()[0], part.endswith(levers.LATE)
+                model = part.split()[0]
+                late = part.endswith(levers.LATE)
                 model_part(bench, bench_args(device_flag, size, model), device, skip, late)
         bench["parts_done"].append(part)
         save(bench)
@@ -172,7 +173,8 @@ def save_result(path: str | None, result: dict, bench: dict | None) -> None:
 
 
 # ---------------------------------------------------------------- the profile of a step
-WARMUP_STEPS, PROFILED_STEPS = 2, 2
+WARMUP_STEPS = 2
+PROFILED_STEPS = 2
 
 
 def profile_step(args: dict) -> dict:

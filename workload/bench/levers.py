@@ -71,13 +71,21 @@ class Row:
     """One config's runner and what its timed runs measured."""
 
     def __init__(self, config: str, model: str, batch: int):
-        self.config, self.model, self.batch = config, model, batch
-        self.runner, self.reason, self.status = None, None, "measured"
-        self.warm, self.runs, self.joules, self.peak = None, [], [], 0
+        self.config = config
+        self.model = model
+        self.batch = batch
+        self.runner = None
+        self.reason = None
+        self.status = "measured"
+        self.warm = None
+        self.runs = []
+        self.joules = []
+        self.peak = 0
 
     def fail(self, stage: str, exc: Exception) -> None:
         traceback.print_exc()
-        self.status, self.reason = "failed", f"{stage}: {type(exc).__name__}: {exc}"[:500]
+        self.status = "failed"
+        self.reason = f"{stage}: {type(exc).__name__}: {exc}"[:500]
         self.runner = None  # its model and graphs are not kept for later rounds
 
 
@@ -87,9 +95,11 @@ def planned(model: str, batch: int, configs, device: torch.device,
     rows = [Row(config, model, batch) for config in configs]
     for row in rows:
         if row.config in skip:
-            row.status, row.reason = "not run", "left out (--skip)"
+            row.status = "not run"
+            row.reason = "left out (--skip)"
         elif reason := not_applicable(row.config, device):
-            row.status, row.reason = "not run", reason
+            row.status = "not run"
+            row.reason = reason
     return rows
 
 
@@ -152,7 +162,8 @@ def described(row: Row, flops: float, device, reference: float | None, meter) ->
                reason=row.reason)
     if not row.runs or row.status != "measured":
         return out
-    spec, runner = row.runner.spec, row.runner
+    spec = row.runner.spec
+    runner = row.runner
     rate = images_per_second(row)
     step_s = statistics.median(s / (n / row.batch) for n, s in row.runs)
     peak = peak_tflops(device, "bf16")

@@ -33,8 +33,8 @@ def summarise(events, on_device: bool) -> dict:
 
 def is_device_annotation(event) -> bool:
     """A record_function range as the GPU's timeline shows it (the whole range's span)."""
-    return bool(getattr(event, "is_user_annotation", False)) and \
-        event.device_type != DeviceType.CPU
+    return (bool(getattr(event, "is_user_annotation", False))
+            and event.device_type != DeviceType.CPU)
 
 
 def host_events(events) -> list:

@@ -84,12 +84,15 @@ class Runner:
     """A model, optimizer and batch stream for one Spec, kept across alternating rounds."""
 
     def __init__(self, spec: Spec, base_cfg, info: distributed.DistInfo):
-        self.spec, self.info, self.device = spec, info, info.device
+        self.spec = spec
+        self.info = info
+        self.device = info.device
         cfg = base_cfg.replace(model=spec.model, batch_size=spec.batch_size,
                                precision=spec.precision, channels_last=spec.channels_last,
                                compile=spec.compile, compile_mode=spec.compile_mode,
                                compile_scope=spec.compile_scope)
-        self.cfg, self.precision = cfg, resolve_precision(spec.precision, info.device)
+        self.cfg = cfg
+        self.precision = resolve_precision(spec.precision, info.device)
         if spec.reference:
             self._build_reference(cfg)
         else:
@@ -110,7 +113,9 @@ class Runner:
     def _build_optimised(self, cfg) -> None:
         data = build_data(cfg, self.device, self.info.rank, self.info.world_size,
                           self.info.local_world_size)
-        self.loader, self.num_classes, self.backend = data.train, data.num_classes, data.backend
+        self.loader = data.train
+        self.num_classes = data.num_classes
+        self.backend = data.backend
         state = build_state(cfg, self.info, self.num_classes, len(data.train), self.precision)
         self.step = Trainer(cfg, self.info, state, data, self.precision).train_step
 
@@ -133,7 +138,8 @@ class Runner:
 def specs_for(args: dict, cfg, device: torch.device) -> list[Spec]:
     precision = args.get("precision") or cfg.hardware.precision
     if args.get("versus_reference"):
-        model, batch = args.get("model") or "wrn", args.get("batch_size") or 64
+        model = args.get("model") or "wrn"
+        batch = args.get("batch_size") or 64
         opt_precision = precision if args.get("precision") else "bf16"
         channels_last = args.get("channels_last") is not False
         # The reference in FP32 as NGC's PyTorch runs it: TF32 on for convolutions and

@@ -166,7 +166,9 @@ class Stage:
     def drop(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
-        self.fd, self.id, self.buffer = None, None, None
+        self.fd = None
+        self.id = None
+        self.buffer = None
 
 
 def _tensors(value):
@@ -242,8 +244,10 @@ class WriterHandle:
         if self.proc is None:
             return
         if self.in_flight is not None:
-            step, self.in_flight = self.in_flight, None
-            line, self.answer = self.answer or self._answer(step), None
+            step = self.in_flight
+            self.in_flight = None
+            line = self.answer or self._answer(step)
+            self.answer = None
             if not line:
                 self._died(f"while saving step {step}; that checkpoint was not committed")
             reply = json.loads(line)
@@ -259,7 +263,8 @@ class WriterHandle:
         """The writer's answer line ("" when it died), waited for in slices: a writer that
         takes long is named with its state at 10, 20, 40 ... s, and a preemption signal
         that comes while it is stopped or hung leaves without this save (exit 75)."""
-        started, say_at = time.monotonic(), STALL_SAY_S
+        started = time.monotonic()
+        say_at = STALL_SAY_S
         with waiting_for(StallWatch(self.proc.pid, step)) as stuck:
             while not select.select([self.proc.stdout], [], [], 1.0)[0]:
                 if time.monotonic() - started >= say_at:
@@ -278,7 +283,8 @@ class WriterHandle:
 
         self.proc.kill()  # SIGKILL ends a stopped process too
         self.proc.wait()
-        self.proc, self.in_flight = None, None
+        self.proc = None
+        self.in_flight = None
         logger.warning(f"{signal_name} while the checkpoint writer ({named}) held the save "
                        f"of step {step}: leaving without it; the next run resumes from the "
                        "newest committed checkpoint")

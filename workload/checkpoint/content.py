@@ -131,7 +131,8 @@ def check_fits(snapshot, state, path: Path, schedule_per_step: bool = True) -> N
 
 def _check_model(snapshot, live: dict, path: Path) -> None:
     where = SHARDS_DIR if snapshot.rank_buffers is not None else MODEL_FILE
-    missing, unexpected = live.keys() - snapshot.model.keys(), snapshot.model.keys() - live.keys()
+    missing = live.keys() - snapshot.model.keys()
+    unexpected = snapshot.model.keys() - live.keys()
     reshaped = {k for k in live.keys() & snapshot.model.keys()
                 if tuple(live[k].shape) != tuple(snapshot.model[k].shape)}
     if missing or unexpected or reshaped:
@@ -149,7 +150,8 @@ def _check_model(snapshot, live: dict, path: Path) -> None:
 
 
 def _check_optimizer(saved: dict, optimizer, path: Path, where: str) -> None:
-    groups, live_groups = saved["param_groups"], optimizer.state_dict()["param_groups"]
+    groups = saved["param_groups"]
+    live_groups = optimizer.state_dict()["param_groups"]
     counts = [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list)
               else -1 for g in groups]
     if counts != [len(g["params"]) for g in live_groups]:
@@ -255,7 +257,8 @@ def check_states(states) -> None:
     its 624 keys without a word and then crashes the process)."""
     if not (isinstance(states, dict) and all(k in states for k in RNG_KEYS)):
         raise ValueError(f"not a dictionary of random states ({', '.join(RNG_KEYS)})")
-    n, t = states["numpy"], states["torch"]
+    n = states["numpy"]
+    t = states["torch"]
     if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1):
         raise ValueError("torch's state is not a uint8 tensor")
     keys = n.get("keys") if isinstance(n, dict) else None

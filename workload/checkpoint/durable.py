@@ -18,7 +18,8 @@ from workload.files import create_new, json_text, strict_json
 
 # First bytes of the formats a checkpoint never holds: a pickle (protocol 2 and later
 # start with the PROTO opcode 0x80) and a zip archive (torch.save since 1.6).
-PICKLE_MAGIC, ZIP_MAGIC = b"\x80", b"PK\x03\x04"
+PICKLE_MAGIC = b"\x80"
+ZIP_MAGIC = b"PK\x03\x04"
 # The deepest a checkpoint's JSON is nested is about 8 (optimizer state, shard layouts);
 # anything much deeper is not a checkpoint, and would exhaust Python's recursion limit.
 MAX_DEPTH = 32
@@ -56,7 +57,8 @@ def write_durably(path: Path, data: bytes) -> dict:
     hash runs in a thread while the file is written and synced (both release the GIL), so
     a large file costs the longer of the two rather than their sum; a small one (the JSON
     parts, a few hundred bytes) is hashed in place, where a thread would cost more."""
-    digest, hashing = hashlib.sha256(), None
+    digest = hashlib.sha256()
+    hashing = None
     if len(data) >= HASH_IN_A_THREAD:
         hashing = threading.Thread(target=digest.update, args=(data,))
         try:

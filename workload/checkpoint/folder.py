@@ -101,7 +101,8 @@ def latest_step(root: Path) -> int | None:
 def on_timeline(root: Path) -> list[tuple[int, Path]]:
     """The complete steps `--resume auto` may continue from, oldest first: those up to
     `latest`. Later ones are left where they are, with a line saying why."""
-    steps, head = complete_steps(root), latest_step(root)
+    steps = complete_steps(root)
+    head = latest_step(root)
     if head is None:
         return steps
     for step, path in steps:
@@ -191,8 +192,8 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
     renamed away first, then removed. One `latest` does not name was left off the
     timeline (a crash between its rename and `latest`) and is kept, as a resume promised:
     moved aside as abandoned, with a line."""
-    if (final.exists() or final.is_symlink()) and latest_step(final.parent) != \
-            int(final.name.removeprefix("step-")):
+    if ((final.exists() or final.is_symlink())
+            and latest_step(final.parent) != int(final.name.removeprefix("step-"))):
         moved = move_aside(final, "abandoned")
         logger.warning(f"saving {final.name}: the folder of that name, not on the run's "
                        f"timeline, moved to {moved.name} (kept, never resumed)")

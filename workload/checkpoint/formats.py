@@ -56,7 +56,8 @@ def _shard_entry(value, key: str, tensors: dict) -> dict:
     if tuple(value.placements) != (Placement(0),):
         raise ValueError(f"{key}: only tensors sharded on dim 0 are saved, not "
                          f"{value.placements}")
-    mesh, rows = value.device_mesh, value.shape[0]
+    mesh = value.device_mesh
+    rows = value.shape[0]
     chunk = -(-rows // mesh.size())
     local = value.to_local()
     key = cpu_copy(tensors, key, local)
@@ -157,7 +158,8 @@ def assemble(trees: list):
     if isinstance(first, Shard):
         if not all(isinstance(t, Shard) for t in trees):
             raise ValueError("a tensor is sharded in one rank's file and not in another's")
-        parts, row = sorted(trees, key=lambda s: s.offset), 0
+        parts = sorted(trees, key=lambda s: s.offset)
+        row = 0
         for part in parts:
             if part.offset != row or list(part.shape) != list(first.shape):
                 raise ValueError(f"shards of a {first.shape} tensor do not tile it")
@@ -200,9 +202,11 @@ def too_deep_to_read(value, depth: int) -> bool:
         item, at = pending.pop()
         if isinstance(item, dict):
             tagged = bool(set(item) & set(_TAGS)) or not all(isinstance(k, str) for k in item)
-            below, children = at + (3 if tagged else 1), list(item.values())
+            below = at + (3 if tagged else 1)
+            children = list(item.values())
         else:
-            below, children = at + (1 if isinstance(item, list) else 2), item
+            below = at + (1 if isinstance(item, list) else 2)
+            children = item
         if children and below >= MAX_DEPTH:
             return True
         pending += [(child, below) for child in children if isinstance(child, containers)]

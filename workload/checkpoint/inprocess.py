@@ -50,8 +50,8 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
     rank writes into the same temporary folder first. `copy_to`: the run folder's
     checkpoints, when `root` is the local tier's. The checkpoint's path in the run folder."""
     step = snapshot.trainer["step"]
-    tmp = start_save(root, snapshot, sharded_state is not None) if is_main else \
-        root / f".tmp-{step_name(step)}"
+    tmp = (start_save(root, snapshot, sharded_state is not None) if is_main
+           else root / f".tmp-{step_name(step)}")
     shard_files = _save_shards(root, tmp, snapshot, sharded_state)
     if is_main:
         copy_and_prune(commit(root, tmp, snapshot, shard_files), keep, copy_to)

@@ -64,13 +64,14 @@ def check_local(local: str, out: str) -> None:
     folder (UsageError in one line otherwise)."""
     if not local:
         return
-    folder, run = Path(local).expanduser().absolute(), Path(out).expanduser().absolute()
+    folder = Path(local).expanduser().absolute()
+    run = Path(out).expanduser().absolute()
     if folder.resolve().is_relative_to(run.resolve()):
         raise UsageError(f"{FLAG} {local} is inside the run folder {out}; pass a folder on "
                          f"a node-local disk outside it, e.g. {FLAG} $SLURM_TMPDIR, or leave "
                          "the flag out")
-    reason = unwritable_reason(folder, create=True) or _shared_problem(folder) or \
-        private_folder_problem(local_root(local, out).parent, close_looser=False)
+    reason = (unwritable_reason(folder, create=True) or _shared_problem(folder)
+              or private_folder_problem(local_root(local, out).parent, close_looser=False))
     if reason:
         raise UsageError(f"{FLAG} {local}: {reason}; pass a folder of your own on a "
                          f"node-local disk, e.g. {FLAG} $SLURM_TMPDIR, or leave the flag out")
@@ -190,7 +191,8 @@ def bind_to_run(local: str, out: Path) -> None:
     and made again) is emptied with one line."""
     from workload.checkpoint.folder import checkpoints_dir
 
-    run_root, tier = checkpoints_dir(out), local_root(local, out).parent
+    run_root = checkpoints_dir(out)
+    tier = local_root(local, out).parent
     run_root.mkdir(parents=True, exist_ok=True)
     mine = _read_id(run_root / RUN_ID)
     if mine is None:

@@ -119,12 +119,13 @@ def _opened(path: Path, named: str = "--output-dir") -> Iterator[tuple[os.stat_r
     except OSError as error:
         if error.errno not in (errno.ELOOP, errno.EINVAL):
             raise  # FileNotFoundError: released meanwhile
-        what = f"{path} is a symbolic link" if error.errno == errno.ELOOP else \
-            error.strerror.removesuffix(", not a file")
+        what = (f"{path} is a symbolic link" if error.errno == errno.ELOOP
+                else error.strerror.removesuffix(", not a file"))
         raise Refused(f"{what}, not the lock file train keeps there; move it away (mv {path} "
                       f"{path}.moved) or pass another {named}") from None
     with open(fd, "rb") as file:
-        info, raw = os.fstat(fd), file.read(MAX_LOCK_BYTES + 1)
+        info = os.fstat(fd)
+        raw = file.read(MAX_LOCK_BYTES + 1)
         try:
             holder = json.loads(raw) if len(raw) <= MAX_LOCK_BYTES else {}
         except (ValueError, RecursionError):  # damaged, or not written by train
@@ -200,7 +201,8 @@ class RunLock:
     gave workload.checkpoint.Checkpoints)."""
 
     def __init__(self, out: Path, named: str = "--output-dir"):
-        self.path, self.named = RunFolder(Path(out)).lock, named
+        self.path = RunFolder(Path(out)).lock
+        self.named = named
         self.holder: dict | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None

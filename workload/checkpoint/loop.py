@@ -89,9 +89,11 @@ class Checkpoints:
         from workload.checkpoint.folder import checkpoints_dir
         from workload.distributed import DistInfo
 
-        self.folder, self.keep = folder_path(folder), keep_count(keep)
+        self.folder = folder_path(folder)
+        self.keep = keep_count(keep)
         self.async_save = switch(async_save)
-        self.root, self.info = checkpoints_dir(self.folder), DistInfo.of_group()
+        self.root = checkpoints_dir(self.folder)
+        self.info = DistInfo.of_group()
         self._saves = _saves(self.info, self.async_save)
         self.extra: dict = {}
         self._last: int | None = None  # the step of the last resume or save (None: neither)
@@ -117,7 +119,8 @@ class Checkpoints:
         current = _settings(state)
         step, snapshot = newest_on_every_rank(self.root, _read, self.info)
         if step is None:
-            self.extra, self._last = {}, 0
+            self.extra = {}
+            self._last = 0
             return 0
         path = self.root / step_name(step)
         snapshot = snapshot or _read(path)
@@ -160,7 +163,8 @@ class Checkpoints:
         """Whether any rank's PreemptionFlag (workload.launch) is set: one all-reduce, so
         that every rank stops at the same step (every rank calls it). A save in flight that
         failed meanwhile is raised here, on every rank, in the same all-reduce."""
-        mine, failed = flag.is_set(), self._saves.failed_by_now()
+        mine = flag.is_set()
+        failed = self._saves.failed_by_now()
         if self.info.world_size > 1:
             from workload.distributed import any_rank
 

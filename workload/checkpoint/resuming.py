@@ -155,7 +155,8 @@ def newest_on_every_rank(root: Path, load: Callable[[Path], Snapshot], info
     checkpoint that `load` takes (its snapshot is returned there) and every rank learns
     its step (None: there is none), so that all load the same one; one of the old format
     stops every rank."""
-    snapshot, refused = None, None
+    snapshot = None
+    refused = None
     if info.is_main:
         try:
             snapshot = newest_loadable(root, load)

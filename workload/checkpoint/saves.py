@@ -35,7 +35,8 @@ class Saves:
     collective."""
 
     def __init__(self, info, background: bool):
-        self.info, self.enabled = info, background
+        self.info = info
+        self.enabled = background
         self.handle: WriterHandle | None = None
         self.staging_refused = False  # rank 0: no staging buffer or no writer process
 

@@ -47,12 +47,17 @@ class Checkpointer:
 
     def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
                  flag: PreemptionFlag, num_classes: int):
-        self.cfg, self.info, self.state, self.flag = cfg, info, state, flag
+        self.cfg = cfg
+        self.info = info
+        self.state = state
+        self.flag = flag
         self.settings = run_settings(cfg, num_classes)
         self.saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch)
         every = cfg.checkpoint.checkpoint_every
-        self.every_steps, self.every_s = every.steps, every.seconds
-        self.root, self.batches_per_epoch = checkpoints_dir(out), batches_per_epoch
+        self.every_steps = every.steps
+        self.every_s = every.seconds
+        self.root = checkpoints_dir(out)
+        self.batches_per_epoch = batches_per_epoch
         self.last_save = time.monotonic()
         self.saves = Saves(info, cfg.checkpoint.checkpoint_async)
         self.said_sharded = False
@@ -63,7 +68,8 @@ class Checkpointer:
         state = self.state
         due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
         due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
-        preempt, failed = self.flag.is_set(), self.saves.failed_by_now()
+        preempt = self.flag.is_set()
+        failed = self.saves.failed_by_now()
         if self.info.world_size > 1:  # one collective: every rank takes the same decision
             preempt, due_time, failed = distributed.any_rank([preempt, due_time, failed],
                                                              self.info.device)
@@ -102,7 +108,8 @@ class Checkpointer:
         done = "handed to the writer" if self.saves.in_flight is not None else "saved"
         logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
                     f"in {time.perf_counter() - started:.2f}s")
-        self.last_save, self.saved_at = time.monotonic(), position
+        self.last_save = time.monotonic()
+        self.saved_at = position
 
     def _say_sharded(self, sharded: bool) -> None:
         wanted = [flag for flag, on in (("--checkpoint-async", self.saves.enabled),

@@ -93,7 +93,8 @@ def read_checkpoint(path: Path) -> Snapshot:
     """Verify and read every file of one checkpoint, onto the CPU (`restore` copies the
     tensors to the device); FSDP shards are joined into full tensors."""
     manifest = verify(path)
-    trainer, states = read_part(path, "trainer"), read_part(path, "rng")
+    trainer = read_part(path, "trainer")
+    states = read_part(path, "rng")
     check_loaded(path, trainer, states, manifest)
     buffers = None
     if manifest.get("sharded"):
@@ -101,7 +102,8 @@ def read_checkpoint(path: Path) -> Snapshot:
                                                 manifest["files"])
         where = f"{SHARDS_DIR}/"
     else:
-        model, optimizer = read_tensors(path / MODEL_FILE), read_part(path, "optimizer")
+        model = read_tensors(path / MODEL_FILE)
+        optimizer = read_part(path, "optimizer")
         where = MODEL_FILE
     check_state(path, where, model, optimizer)
     return Snapshot(model, optimizer, trainer, states, read_config(path), buffers)
@@ -110,13 +112,16 @@ def read_checkpoint(path: Path) -> Snapshot:
 def restore(snapshot: Snapshot, state, rank: int, world_size: int) -> None:
     """Put a loaded checkpoint into the live training state of this rank (a collective
     when the live model is sharded), whatever the world size that wrote it."""
-    trainer, buffers = snapshot.trainer, snapshot.rank_buffers
+    trainer = snapshot.trainer
+    buffers = snapshot.rank_buffers
     own = buffers[rank] if buffers and rank < len(buffers) else None
     load_model(state.model, snapshot.model, own)
     load_optimizer(state.optimizer, snapshot.optimizer)
     state.schedule.load_state_dict(trainer["schedule"])
     state.scaler.load_state_dict(trainer["scaler"])
-    state.epoch, state.batch, state.step = trainer["epoch"], trainer["batch"], trainer["step"]
+    state.epoch = trainer["epoch"]
+    state.batch = trainer["batch"]
+    state.step = trainer["step"]
     state.accuracies[:] = trainer["accuracies"]
     for name, part in state.parts.items():  # each part checks what it is given itself
         part.load_state_dict(trainer.get(name))
@@ -244,7 +249,8 @@ def _to_live(full: torch.Tensor, live) -> torch.Tensor:
 def load_model(model: nn.Module, full: dict, buffers: dict | None = None) -> None:
     """Full tensors into the live model, sharded or not; `buffers` (this rank's own
     BatchNorm statistics) take precedence over the full state's."""
-    module, own = unwrap(model), buffers or {}
+    module = unwrap(model)
+    own = buffers or {}
     live = module.state_dict()
     module.load_state_dict({name: _to_live(own.get(name, full[name]), tensor)
                             for name, tensor in live.items()})

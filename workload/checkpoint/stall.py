@@ -38,7 +38,8 @@ class StallWatch:
     """The writer process `pid`, as the loop waits for it to commit `step`."""
 
     def __init__(self, pid: int, step: int):
-        self.pid, self.step = pid, step
+        self.pid = pid
+        self.step = step
         self.cpu: int | None = None  # its CPU time (clock ticks) when last seen to change
         self.since = self.started = time.monotonic()
 
@@ -68,7 +69,8 @@ class StallWatch:
         state, cpu = stat
         now = time.monotonic()
         if cpu != self.cpu:
-            self.cpu, self.since = cpu, now
+            self.cpu = cpu
+            self.since = now
         return state in "Tt" or now - self.since >= HUNG_S
 
 

@@ -75,14 +75,16 @@ class Buffer:
                 self.map = mmap.mmap(fd, request["size"])
             finally:
                 os.close(fd)
-            self.first, self.id = ctypes.c_char.from_buffer(self.map), request["buffer_id"]
+            self.first = ctypes.c_char.from_buffer(self.map)
+            self.id = request["buffer_id"]
         return ctypes.addressof(self.first)
 
     def close(self) -> None:
         self.first = None  # its hold on the mapping first, or close() refuses
         if self.map is not None:
             self.map.close()
-        self.id, self.map = None, None
+        self.id = None
+        self.map = None
 
 
 def _files(request: dict, buffer: Buffer) -> Iterator[tuple[str, bytes | Callable]]:
@@ -121,11 +123,13 @@ def _digest(buffer: Buffer, layout: dict, head: bytes, size: int) -> str:
     """The sha256 of the safetensors file of `size` bytes that starts with `head` (its
     length and header), its data taken from the buffer in the header's order."""
     digest = hashlib.sha256(head)
-    header, at = json.loads(head[8:]), len(head)
+    header = json.loads(head[8:])
+    at = len(head)
     data = memoryview(buffer.map)
     try:
         for begin, end, key in sorted((*header[key]["data_offsets"], key) for key in layout):
-            offset, nbytes = layout[key][0], layout[key][3]
+            offset = layout[key][0]
+            nbytes = layout[key][3]
             if len(head) + begin != at or end - begin != nbytes:
                 raise ValueError(f"{key}: the file holds it elsewhere than its layout says")
             digest.update(data[offset:offset + nbytes])
@@ -149,7 +153,8 @@ def _commit(request: dict, buffer: Buffer, answer: Callable[[Path], None]) -> No
     """The checkpoint committed, copied into the run folder for the local tier, `answer`
     told where it is, then the older ones pruned (local.copy_and_prune, as a save in the
     trainer ends)."""
-    root, tmp = Path(request["root"]), Path(request["tmp"])
+    root = Path(request["root"])
+    tmp = Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
         finish_checkpoint(tmp, final, _files(request, buffer), request["header"])

@@ -42,7 +42,9 @@ def stems_of(model: str) -> tuple[str, ...]:
 def resolve_stem(cfg: TrainConfig) -> str:
     """`--stem auto` made concrete for this model and image size; a forced stem the model
     does not have is a UsageError."""
-    name, wanted, size = cfg.model.name, cfg.model.stem, image_size_of(cfg)
+    name = cfg.model.name
+    wanted = cfg.model.stem
+    size = image_size_of(cfg)
     stems = stems_of(name)
     if wanted == "auto":
         if len(stems) == 1:
@@ -57,7 +59,9 @@ def resolve_stem(cfg: TrainConfig) -> str:
 
 def describe_stem(cfg: TrainConfig) -> str:
     """The start-up line's words for the stem."""
-    stem, size, name = resolve_stem(cfg), image_size_of(cfg), cfg.model.name
+    stem = resolve_stem(cfg)
+    size = image_size_of(cfg)
+    name = cfg.model.name
     if len(stems_of(name)) == 1:
         return f"stem: {name}'s own ({stem}-image design) for {size} px images"
     how = ("7x7 stride-2 convolution and max-pool" if stem == "imagenet"
@@ -151,7 +155,8 @@ def _check_numbers(c: dict) -> None:
     """Every number finite (`inf` and `nan` pass some ranges, then train to NaN deep
     inside torch) and within its field's Range (schema.py), with an example to pass."""
     for key in KEYS:
-        value, flag = c[key], flag_of(key)
+        value = c[key]
+        flag = flag_of(key)
         if isinstance(value, float):
             _require(math.isfinite(value), f"{flag} must be a finite number, got {value!r}")
         problem = out_of_bounds(key, value) if isinstance(value, (int, float)) else ""
@@ -232,7 +237,8 @@ def _check_shards(c: dict) -> None:
 
 def _check_data_files(c: dict) -> None:
     _check_shards(c)
-    data_dir, stage_to = c["data_dir"], c["stage_to"]
+    data_dir = c["data_dir"]
+    stage_to = c["stage_to"]
     is_tar = data_dir.endswith(TAR_SUFFIXES)
     _require(not is_tar or c["dataset"] != "shards",
              f"--dataset shards reads a shard folder, and --data-dir {data_dir} is a tar "
@@ -250,7 +256,8 @@ def _check_data_files(c: dict) -> None:
              f"--data-dir {data_dir} does not exist, so --stage-to has nothing to copy")
     # Links resolved: a staged copy inside the dataset becomes part of it (a class more
     # for every later run), and a dataset inside the staging folder is copied into itself.
-    read, staged = source.resolve(), Path(stage_to).expanduser().resolve()
+    read = source.resolve()
+    staged = Path(stage_to).expanduser().resolve()
     _require(not source.is_dir() or not (read == staged or read in staged.parents
                                          or staged in read.parents),
              f"--stage-to {stage_to} and --data-dir {data_dir} overlap ({staged} and {read}: "

@@ -42,7 +42,8 @@ def add_flags(parser: argparse.ArgumentParser, sections=tuple(SECTIONS),
 
 
 def _add(group, f: dataclasses.Field, default, field_default: bool) -> None:
-    meta, key = f.metadata, key_of(f)
+    meta = f.metadata
+    key = key_of(f)
     # A default made at run time (the output folder's timestamp) is described in the help.
     made_at_run_time = f.default_factory is not dataclasses.MISSING and f.type is str
     shown = ("" if made_at_run_time or default is False or default == ""

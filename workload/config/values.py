@@ -29,7 +29,8 @@ class Every:
             raise UsageError(f"--checkpoint-every {text!r} is neither a step count nor a "
                              "duration; pass e.g. --checkpoint-every 500 (steps) or 10m "
                              "(also 90s, 1h)")
-        number, unit = int(match.group(1)), match.group(2)
+        number = int(match.group(1))
+        unit = match.group(2)
         return cls(0, float(number * _UNITS[unit])) if unit else cls(number, 0.0)
 
     def __str__(self) -> str:

@@ -155,11 +155,16 @@ def build_torch(req: DataRequest):
         return build_shards(req)
     if req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
-        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+        normalizer = _normalizer(req, None)
+        classes = len(train.classes)
+        names = train.classes
     else:
-        split, names = read_in_memory(req), None
-        train, test = ArrayImages(split.train, train=True), ArrayImages(split.test, train=False)
-        normalizer, classes = _normalizer(req, split), split.train.num_classes
+        split = read_in_memory(req)
+        names = None
+        train = ArrayImages(split.train, train=True)
+        test = ArrayImages(split.test, train=False)
+        normalizer = _normalizer(req, split)
+        classes = split.train.num_classes
     make = lambda data, is_train: TorchLoader(data, req.cfg.training.batch_size, req.device,
                                               normalizer, train=is_train, workers=req.workers,
                                               **req.shard)
@@ -175,16 +180,22 @@ def build_dali(req: DataRequest):
         sources = tuple(dali.ShardSource(data, rank_sampler(data, is_train, **req.shard),
                                          req.image_size)
                         for data, is_train in ((train, True), (test, False)))
-        normalizer, classes, num_train = _normalizer(req, None), len(names), len(train)
+        normalizer = _normalizer(req, None)
+        classes = len(names)
+        num_train = len(train)
     elif req.cfg.data.dataset == "imagefolder":
         train, test = load_imagefolder(req.cfg.data.data_dir, req.image_size)
         sources = dali.FileSource(train, req.image_size), dali.FileSource(test, req.image_size)
-        normalizer, classes, names = _normalizer(req, None), len(train.classes), train.classes
+        normalizer = _normalizer(req, None)
+        classes = len(train.classes)
+        names = train.classes
         num_train = len(train)
     else:
-        split, names = read_in_memory(req), None
+        split = read_in_memory(req)
+        names = None
         sources = dali.ArraySource(split.train), dali.ArraySource(split.test)
-        normalizer, classes = _normalizer(req, split), split.train.num_classes
+        normalizer = _normalizer(req, split)
+        classes = split.train.num_classes
         num_train = len(split.train)
     loaders = dali.build_loaders(*sources, req.cfg.training.batch_size, req.device, normalizer,
                                  max(1, req.workers), **req.shard)

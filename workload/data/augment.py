@@ -74,7 +74,8 @@ class Normalizer:
     """uint8 images to normalised floats, optionally in channels-last memory format."""
 
     def __init__(self, mean, std, device: torch.device, channels_last: bool = False):
-        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
         self.scale = (1.0 / (255.0 * torch.tensor(std, device=device))).view(1, -1, 1, 1)
         shift = torch.tensor(mean, device=device) / torch.tensor(std, device=device)
         self.shift = shift.view(1, -1, 1, 1)
@@ -104,7 +105,8 @@ class ArrayImages(torch.utils.data.Dataset):
     """(uint8 image, label) pairs from an ArrayDataset, augmented one sample at a time."""
 
     def __init__(self, data: ArrayDataset, train: bool):
-        self.images, self.labels = data.images, data.labels
+        self.images = data.images
+        self.labels = data.labels
         self.transform = train_transform(data.images.shape[-1]) if train else None
 
     def __len__(self) -> int:

@@ -65,7 +65,8 @@ STOP = pickle.STOP[0]
 
 def check_opcodes(data: bytes) -> None:
     """Walk the opcodes up to STOP: each must be known and its argument inside `data`."""
-    pos, end = 0, len(data)
+    pos = 0
+    end = len(data)
     while pos < end:
         code = data[pos]
         kind = KINDS[code]
@@ -194,8 +195,8 @@ def labels_of(value) -> np.ndarray:
     """A list of label numbers (or a 1-D integer array) as int64, its length checked first."""
     if isinstance(value, ArrayPlan):
         return array_of(value, MAX_ROWS).astype(np.int64).reshape(-1)
-    if not isinstance(value, list) or len(value) > MAX_ROWS or \
-            not all(type(v) is int for v in value):
+    if (not isinstance(value, list) or len(value) > MAX_ROWS
+            or not all(type(v) is int for v in value)):
         raise HostileFile(f"labels as a {type(value).__name__}: a list of at most "
                           f"{MAX_ROWS} integers was expected")
     return np.array(value, dtype=np.int64)

@@ -157,7 +157,9 @@ class ShardSource:
     pipeline = staticmethod(file_pipeline)
 
     def __init__(self, samples, sampler, image_size: int):
-        self.samples, self.sampler, self.image_size = samples, sampler, image_size
+        self.samples = samples
+        self.sampler = sampler
+        self.image_size = image_size
         self.read_labels: list[torch.Tensor] = []  # of the batches scheduled, oldest first
 
     def inputs(self, idx: np.ndarray, generator: torch.Generator | None) -> dict:
@@ -188,9 +190,14 @@ class DaliLoader(ShardedBatches):
     def __init__(self, source, batch_size: int, device: torch.device, normalizer: Normalizer,
                  *, train: bool, seed: int = 0, rank: int = 0, world_size: int = 1,
                  threads: int = 1):
-        self.source, self.batch_size, self.device = source, batch_size, device
-        self.normalize, self.train = normalizer, train
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.source = source
+        self.batch_size = batch_size
+        self.device = device
+        self.normalize = normalizer
+        self.train = train
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.labels = source.labels.to(device) if hasattr(source, "labels") else None
         on_gpu = device.type == "cuda"
         device_id = (device.index or 0) if on_gpu else None  # None: DALI without a GPU
@@ -221,7 +228,8 @@ class DaliLoader(ShardedBatches):
         return _to_torch(images, self.device)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices, count = self._indices(epoch).numpy(), len(self)
+        indices = self._indices(epoch).numpy()
+        count = len(self)
         if start >= count:
             return
         self._schedule(epoch, start, indices)
@@ -244,7 +252,8 @@ class ShardDaliLoader(DaliLoader):
 
     def _indices(self, epoch: int) -> torch.Tensor:
         sampler = self.source.sampler
-        sampler.epoch, sampler.start = epoch, 0
+        sampler.epoch = epoch
+        sampler.start = 0
         return torch.tensor([sample for sample, _ in sampler], dtype=torch.int64)
 
     def __len__(self) -> int:

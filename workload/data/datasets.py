@@ -91,7 +91,8 @@ def load_digits(image_size: int = 32) -> SplitDataset:
     labels = torch.from_numpy(digit_labels)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(DIGITS_SPLIT_SEED))
     n_test = int(len(labels) * DIGITS_TEST_FRACTION)
-    test_idx, train_idx = order[:n_test], order[n_test:]
+    test_idx = order[:n_test]
+    train_idx = order[n_test:]
     # Digits are dark strokes on white paper in spirit, but these are white on black:
     # use their own statistics rather than CIFAR's.
     mean = float(images.float().mean() / 255)
@@ -149,8 +150,8 @@ def open_rgb(source) -> Image.Image:
     (ValueError) past MAX_PIXELS before its pixels are decoded. `source`: a file object, or
     the path of a regular file (open_regular: a FIFO or a device is an OSError, never
     opened to wait). The one check of an image, for the readers and the shard writer."""
-    file = open(open_regular(source), "rb") if isinstance(source, (str, os.PathLike)) \
-        else contextlib.nullcontext(source)
+    file = (open(open_regular(source), "rb") if isinstance(source, (str, os.PathLike))
+            else contextlib.nullcontext(source))
     with file as opened, Image.open(opened) as image:
         width, height = image.size
         if width * height > MAX_PIXELS:

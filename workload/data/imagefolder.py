@@ -23,7 +23,8 @@ class CheckedImageFolder(ImageFolder):
     @staticmethod
     def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None,
                      allow_empty=False):
-        samples, found = [], set()
+        samples = []
+        found = set()
         for name in sorted(class_to_idx):
             for root, _, files in sorted(walk_once(os.path.join(directory, name))):
                 for file in sorted(files):

@@ -123,9 +123,13 @@ class ShardSampler(torch.utils.data.Sampler):
     """The shared sharding rule as a DataLoader sampler; set `epoch` and `start` before use."""
 
     def __init__(self, num_samples: int, seed: int, rank: int, world_size: int, train: bool):
-        self.num_samples, self.seed = num_samples, seed
-        self.rank, self.world_size, self.train = rank, world_size, train
-        self.epoch, self.start = 0, 0
+        self.num_samples = num_samples
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.train = train
+        self.epoch = 0
+        self.start = 0
 
     def _indices(self) -> torch.Tensor:
         if self.train:
@@ -155,8 +159,10 @@ class TorchLoader:
         if sampler is None:
             sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
         self.sampler = sampler
-        self.batch_size, self.train = batch_size, train
-        self.device, self.normalize = device, normalizer
+        self.batch_size = batch_size
+        self.train = train
+        self.device = device
+        self.normalize = normalizer
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
             drop_last=train, pin_memory=device.type == "cuda",
@@ -176,7 +182,8 @@ class TorchLoader:
         return num_batches(self.sampler.count(), self.batch_size, self.train)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        self.sampler.epoch, self.sampler.start = epoch, start * self.batch_size
+        self.sampler.epoch = epoch
+        self.sampler.start = start * self.batch_size
         with loop_signals_held():  # the workers start here (the first epoch's, then kept)
             batches = iter(self.loader)
         with one_line_from_workers():

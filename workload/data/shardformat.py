@@ -83,7 +83,9 @@ def member_header(name: str, size: int) -> tarfile.TarInfo:
     """A tar header that depends on nothing but the name and size: no time, owner or mode
     from the source, so the same images always give the same bytes."""
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = size, 0, 0o444
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o444
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
@@ -187,7 +189,8 @@ def entry_problem(entry, split: str) -> str | None:
 def read_index(folder: Path, split: str, entry: dict) -> list[list]:
     """A shard's index rows [key, ext, offset, size, class]: its line of the split's
     index file, read where the manifest's entry says and checked against that entry."""
-    name, (offset, length) = entry["name"], entry["index"]
+    name = entry["name"]
+    offset, length = entry["index"]
     try:
         with open(open_regular(folder / index_name(split)), "rb") as file:
             line = os.pread(file.fileno(), length, offset)
@@ -196,8 +199,8 @@ def read_index(folder: Path, split: str, entry: dict) -> list[list]:
         raise damaged(folder, name, f"its line of {index_name(split)} cannot be read: "
                                     f"{error}") from None
     rows = index.get("samples") if isinstance(index, dict) else None
-    if not isinstance(rows, list) or len(rows) != entry["samples"] or \
-            index.get("shard") != name or index.get("sha256") != entry["sha256"]:
+    if (not isinstance(rows, list) or len(rows) != entry["samples"]
+            or index.get("shard") != name or index.get("sha256") != entry["sha256"]):
         raise damaged(folder, name, f"its line of {index_name(split)} does not match "
                                     f"{MANIFEST}")
     for row in rows:

@@ -112,7 +112,8 @@ def stream_order(counts: list[int], seed: int, epoch: int, buffer: int = SHUFFLE
 def buffered(samples: list[int], rng: random.Random, buffer: int) -> list[int]:
     """`samples` through a shuffle buffer of `buffer` samples: each one read replaces a
     random one of the buffer, which goes out; the rest of the buffer shuffled at the end."""
-    order, held = [], []
+    order = []
+    held = []
     for sample in samples:
         if len(held) < buffer:
             held.append(sample)
@@ -143,9 +144,13 @@ class StreamSampler(torch.utils.data.Sampler):
     first iterated; its length is known without it."""
 
     def __init__(self, counts: list[int], seed: int, rank: int, world_size: int, train: bool):
-        self.counts, self.seed, self.train = counts, seed, train
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
+        self.counts = counts
+        self.seed = seed
+        self.train = train
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.start = 0
         self._cached: tuple[int, list[int]] | None = None
 
     def _positions(self) -> range:
@@ -185,7 +190,9 @@ class ShardSamples(torch.utils.data.Dataset):
 
     def __init__(self, folder: Path, split: str, entries: list[dict], num_classes: int,
                  transform):
-        self.folder, self.split, self.entries = folder, split, entries
+        self.folder = folder
+        self.split = split
+        self.entries = entries
         self.transform = transform
         self.num_classes = num_classes
         self.open_limit = OPEN_SHARDS  # StreamSampler.open_shards() for the rank's reads
@@ -195,8 +202,8 @@ class ShardSamples(torch.utils.data.Dataset):
         # rank's reads move forward through the shards of its lanes, so a few per lane
         # stay open, whatever the number of shards (a process may hold only so many
         # files, and an index of 1,000 samples is a quarter of a megabyte in memory).
-        self._open_shards: collections.OrderedDict[int, tuple[int, list]] = \
-            collections.OrderedDict()
+        self._open_shards: collections.OrderedDict[int, tuple[int, list]] = (
+            collections.OrderedDict())
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -275,8 +282,8 @@ def member_data(folder: Path, shard: str, span: bytes, at: int, expected: str,
     """The data of the member whose header starts at `at` in `span`, which must be
     `expected` (of `size` bytes, or a class text)."""
     found = plain_member_size(span[at:at + BLOCK], expected)
-    if found is not None and found <= shardformat.MAX_MEMBER_BYTES \
-            and found == (size if size is not None else min(found, MAX_CLASS_TEXT)):
+    if (found is not None and found <= shardformat.MAX_MEMBER_BYTES
+            and found == (size if size is not None else min(found, MAX_CLASS_TEXT))):
         data = span[at + BLOCK:at + BLOCK + found]
         if len(data) == found:
             return data
@@ -307,9 +314,9 @@ def plain_member_size(header: bytes, expected: str) -> int | None:
     each file otherwise). None for anything else, a header of another writer included,
     which the caller parses whole."""
     size = header[124:136]
-    if header[:100] != expected.encode().ljust(100, b"\0") or header[156:157] != b"0" \
-            or header[345:346] != b"\0" or size[11:] != b"\0" \
-            or not OCTAL_DIGITS.issuperset(size[:11]):
+    if (header[:100] != expected.encode().ljust(100, b"\0") or header[156:157] != b"0"
+            or header[345:346] != b"\0" or size[11:] != b"\0"
+            or not OCTAL_DIGITS.issuperset(size[:11])):
         return None
     return int(size[:11], 8)
 
@@ -326,9 +333,11 @@ def verify_shards(folder: Path, manifest: dict) -> int:
 
 
 def verify_shard(folder: Path, split: str, entry: dict) -> None:
-    name, path = entry["name"], folder / entry["name"]
+    name = entry["name"]
+    path = folder / entry["name"]
     try:
-        digest, size = sha256_file(path), path.stat().st_size
+        digest = sha256_file(path)
+        size = path.stat().st_size
     except OSError as error:
         raise damaged(folder, name, f"it cannot be read: {error.strerror or error}") from None
     if size != entry["bytes"] or digest != entry["sha256"]:

@@ -47,7 +47,9 @@ class Progress:
     """Progress lines with the rate and the time left, at most every PROGRESS_EVERY_S."""
 
     def __init__(self, total: int):
-        self.total, self.done, self.started = total, 0, time.perf_counter()
+        self.total = total
+        self.done = 0
+        self.started = time.perf_counter()
         self.last = self.started
 
     def add(self, count: int, force: bool = False) -> None:
@@ -71,7 +73,8 @@ def write_shards(source: Path, dest: Path, shard_size: int = SHARD_SIZE) -> str:
     key = identity(source)
     lock = claim(source, dest, key)
     try:
-        splits, kept = {}, 0
+        splits = {}
+        kept = 0
         progress = Progress(len(train.samples) + len(val.samples))
         for split, folder in (("train", train), ("val", val)):
             entries, kept_here = write_split(dest, split, folder.samples, shard_size, progress)
@@ -125,9 +128,10 @@ def write_split(dest: Path, split: str, samples: list, shard_size: int,
                 progress: Progress) -> tuple[list[dict], int]:
     """The shards of one split: their manifest entries and how many were kept."""
     index = dest / index_name(split)
-    earlier = {line.get("shard"): line for line in read_jsonl_records(index)[0]} \
-        if index.is_file() else {}
-    lines, kept = [], 0
+    earlier = ({line.get("shard"): line for line in read_jsonl_records(index)[0]}
+               if index.is_file() else {})
+    lines = []
+    kept = 0
     with open_append(index, binary=True) as journal:
         for number, first in enumerate(range(0, len(samples), shard_size)):
             chunk = [(first + i, path, label) for i, (path, label)
@@ -155,7 +159,8 @@ def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
     """The split's index file as readers take it, one line per shard in order (the
     appended lines of an interrupted write gone); the shards' manifest entries, each
     with where its line is."""
-    entries, offset = [], 0
+    entries = []
+    offset = 0
     with replacing(index, durable=True) as file:  # a private temporary, renamed over it
         for line in lines:
             data = json_line(line)
@@ -191,8 +196,8 @@ def remove_own(path: Path) -> None:
     if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
         path.unlink()
         return
-    whose = mode_kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else \
-        f"a file of uid {info.st_uid}"
+    whose = (mode_kind(info.st_mode) if not stat.S_ISREG(info.st_mode)
+             else f"a file of uid {info.st_uid}")
     logger.warning(f"left {path} in place: it is {whose}, not a file this user's train "
                    "--shards wrote; no reader opens it, remove it if no one needs it")
 
@@ -202,8 +207,8 @@ def complete(dest: Path, line: dict | None, planned: list[int]) -> bool:
     images (first position, count) and its bytes still match."""
     try:
         shard = dest / line["shard"]
-        return line["planned"] == planned and line["bytes"] == shard.stat().st_size \
-            and line["sha256"] == sha256_file(shard)
+        return (line["planned"] == planned and line["bytes"] == shard.stat().st_size
+                and line["sha256"] == sha256_file(shard))
     except (OSError, KeyError, TypeError):
         return False
 
@@ -227,7 +232,8 @@ def add_sample(tar: tarfile.TarFile, position: int, path: str, label: int,
                data: bytes) -> list:
     """The image and its class as two members; the index row [key, ext, offset, size,
     class] (offset: where the image's bytes start, after its one 512-byte header)."""
-    key, ext = sample_key(position), Path(path).suffix.lower().lstrip(".")
+    key = sample_key(position)
+    ext = Path(path).suffix.lower().lstrip(".")
     offset = tar.offset + tarfile.BLOCKSIZE
     tar.addfile(member_header(f"{key}.{ext}", len(data)), io.BytesIO(data))
     text = str(label).encode()

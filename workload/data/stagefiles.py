@@ -55,7 +55,8 @@ def stop_if_signalled(flag: PreemptionFlag | None) -> None:
 def scan(folder: Path, flag: PreemptionFlag | None = None
          ) -> tuple[list[str], dict[str, os.stat_result]]:
     """The folders and the regular files under `folder` (relative paths), links followed."""
-    folders, files = [], {}
+    folders = []
+    files = {}
     for parent, _, names in walk_once(str(folder)):
         stop_if_signalled(flag)  # a million files on a busy shared file system take a while
         relative = Path(parent).relative_to(folder)

@@ -166,8 +166,8 @@ def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag |
                          f"{manifest_of(target).name} beside it naming it), and train "
                          "replaces only its own stagings: move that folder away, or pass "
                          "another --stage-to folder")
-    if recorded is not None and recorded.get("identity") == key and target.is_dir() \
-            and first_difference(recorded["files"], listing(target)) is None:
+    if (recorded is not None and recorded.get("identity") == key and target.is_dir()
+            and first_difference(recorded["files"], listing(target)) is None):
         return (f"{node_name()}: reusing the staging of {source} in {target} "
                 f"({len(recorded['files'])} files verified in "
                 f"{time.perf_counter() - started:.1f} s)")

@@ -99,7 +99,9 @@ def read_folder(run_dir: Path) -> Folder:
 
 
 def read_rank_file(fd: int, name: str, match: re.Match, found: Folder) -> None:
-    kind, rank, suffix = match.group(1), int(match.group(2)), match.group(3)
+    kind = match.group(1)
+    rank = int(match.group(2))
+    suffix = match.group(3)
     if rank >= MAX_RANKS:
         found.skipped.append(f"{name}: rank {rank} is not below {MAX_RANKS}")
         return
@@ -136,7 +138,8 @@ def read_bounded(fd: int, name: str, limit: int, tail: bool) -> bytes:
         if size > limit and not tail:
             raise Skipped(f"{size} bytes, more than the {limit} such a file has")
         os.lseek(file, max(0, size - limit), os.SEEK_SET)
-        chunks, left = [], limit
+        chunks = []
+        left = limit
         while left and (chunk := os.read(file, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)

@@ -66,9 +66,10 @@ def heartbeat(data: bytes, rank: int) -> dict:
 def startup(data: bytes, rank: int) -> dict:
     """train's start-up record: the last phase this rank finished, and when."""
     record = json_object(data)
-    last, at = record.get("last_phase"), record.get("at")
-    if last not in (None, *STARTUP_PHASES) or not isinstance(at, _NUMBER) \
-            or isinstance(at, bool):
+    last = record.get("last_phase")
+    at = record.get("at")
+    if (last not in (None, *STARTUP_PHASES) or not isinstance(at, _NUMBER)
+            or isinstance(at, bool)):
         raise Skipped("not a start-up record (last_phase or at)")
     return {"startup_last": last, "startup_at": at}
 

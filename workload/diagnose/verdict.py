@@ -18,7 +18,8 @@ def this_attempt(ranks: dict[int, dict]) -> tuple[dict[int, dict], int, list[str
     if not beats:
         return ranks, max(ranks, default=-1) + 1, []
     newest = max(beats, key=lambda r: (r.get("attempt", 0), r.get("time", 0)))
-    attempt, world = newest.get("attempt"), newest["world_size"]
+    attempt = newest.get("attempt")
+    world = newest["world_size"]
     outside = sorted(rank for rank in ranks if rank >= world)
     kept = {rank: r for rank, r in ranks.items() if rank < world}
     stale = sorted(rank for rank, r in kept.items() if "step" in r and

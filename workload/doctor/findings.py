@@ -9,7 +9,10 @@ from pathlib import Path
 
 from workload.files import write_json
 
-OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+OK = "ok"
+INFO = "info"
+WARN = "warn"
+FAIL = "fail"
 SEVERITY = {OK: 0, INFO: 0, WARN: 1, FAIL: 2}
 
 

@@ -172,7 +172,8 @@ def _cuda_tag() -> str:
 
 # ---------------------------------------------------------------- TF32
 def tf32_check() -> Finding:
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn.allow_tf32
     detail = (f"matmul allow_tf32={matmul}, cudnn allow_tf32={cudnn}, float32 matmul "
               f"precision {torch.get_float32_matmul_precision()!r} (train sets both from "
               "--precision)")

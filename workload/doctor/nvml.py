@@ -54,8 +54,8 @@ def watts(milliwatts: int | None) -> float | None:
 
 def readings(pynvml, handle) -> dict:
     name = pynvml.nvmlDeviceGetName(handle)
-    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+               or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
     remapped = optional(pynvml.nvmlDeviceGetRemappedRows, handle)
     return dict(
         name=name.decode() if isinstance(name, bytes) else name,
@@ -80,7 +80,8 @@ def throttled_by(bits: int) -> list[str]:
 
 def gpu_problems(reading: dict) -> tuple[list[str], list[str]]:
     """(failures, warnings) of one GPU's readings, each a phrase with its values."""
-    failures, warnings = [], []
+    failures = []
+    warnings = []
     if reading.get("ecc_uncorrected"):
         failures.append(f"{reading['ecc_uncorrected']} uncorrected ECC errors since the "
                         "driver loaded")

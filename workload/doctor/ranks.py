@@ -124,7 +124,8 @@ def allreduce_probe(info: DistInfo, buffer: torch.Tensor, iterations: int,
     elapsed = torch.tensor([(time.perf_counter() - started) / iterations], dtype=torch.float64,
                            device=info.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    seconds, n = elapsed.item(), info.world_size
+    seconds = elapsed.item()
+    n = info.world_size
     size = buffer.numel() * 4
     algbw = size / seconds / 1e9
     return dict(backend=info.backend, world_size=n, bytes=size, iterations=iterations,
@@ -168,7 +169,9 @@ def transport_name(via: str) -> str:
 
 def parse_nccl_log(lines) -> dict:
     """The network and the per-channel transports named in NCCL INFO lines."""
-    network, provider, transports = None, None, set()
+    network = None
+    provider = None
+    transports = set()
     for line in lines:
         if match := NETWORK_LINE.search(line):
             network = match.group(1)

@@ -18,13 +18,15 @@ import torch
 
 from workload.doctor.findings import FAIL, OK, WARN, Finding
 
-MATMUL_SIDE, MATMUL_REPEATS = 512, 3
+MATMUL_SIDE = 512
+MATMUL_REPEATS = 3
 SLOWER_THAN_MEDIAN = 0.10
 
 
 def sweep_sizes(max_mib: float) -> list[int]:
     """1, 2, 4, ... MiB up to `max_mib` (none for 0)."""
-    sizes, size = [], 1
+    sizes = []
+    size = 1
     while size <= max_mib:
         sizes.append(size)
         size *= 2
@@ -78,7 +80,8 @@ def outliers(rates: list[float]) -> list[int]:
     deviation below the median (of three or more: of two, neither is the odd one out)."""
     if len(rates) < 3:
         return []
-    median, spread = statistics.median(rates), statistics.pstdev(rates)
+    median = statistics.median(rates)
+    spread = statistics.pstdev(rates)
     return [index for index, rate in enumerate(rates)
             if rate < median * (1 - SLOWER_THAN_MEDIAN) and rate < median - spread]
 

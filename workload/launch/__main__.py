@@ -138,7 +138,8 @@ def notes(res: Resolution) -> list[str]:
     pitfall = res.notes.get("local_rank_pitfall")
     if pitfall and pitfall not in res.warnings:
         lines.append(f"warning: {pitfall}")
-    step, job = res.notes.get("step_tasks"), res.notes.get("job_tasks")
+    step = res.notes.get("step_tasks")
+    job = res.notes.get("job_tasks")
     if res.notes.get("in_step") == "True" and step and job and step != job:
         lines.append(f"note: this step runs {step} tasks of the job's {job} "
                      f"(SLURM_STEP_NUM_TASKS versus SLURM_NTASKS); WORLD_SIZE follows the step")
@@ -151,8 +152,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     for warning in res.warnings:
         warn("launch", warning)
     pitfall = res.notes.get("local_rank_pitfall")
-    if pitfall and pitfall not in res.warnings and \
-            Path(args.command or "").name not in OWN_COMMANDS:
+    if (pitfall and pitfall not in res.warnings
+            and Path(args.command or "").name not in OWN_COMMANDS):
         warn("launch", pitfall)
     sys.stdout.write(render_env(res) + flight_recorder_lines(args.command)
                      + cache_lines(args.command))

@@ -39,7 +39,8 @@ FR_BUFFER_ENTRIES = "2000"       # torch's own default once enabled (FlightRecor
 # handles SIGTERM, SIGINT, SIGUSR2 and SIGHUP; torchrun forwards SIGQUIT).
 DUMP_SIGNAL = signal.SIGUSR1
 STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
-FINISHED, EXITED = "finished", "exited"  # the last heartbeat's phase: ended, or failed
+FINISHED = "finished"  # the last heartbeat's phase: ended, or failed
+EXITED = "exited"
 # Every variable flight_recorder_env may set (the old buffer name only for an old torch).
 FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
                         "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",

@@ -31,7 +31,9 @@ from workload.launch.variables import (first_whole_number, in_slurm, in_step, sl
 
 DIST_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
         "MASTER_ADDR", "MASTER_PORT")
-SINGLE, PER_TASK, TORCHRUN = "single", "per-task", "torchrun-per-node"
+SINGLE = "single"
+PER_TASK = "per-task"
+TORCHRUN = "torchrun-per-node"
 
 DEFAULT_PORT = 29500  # torch's own default, used outside SLURM
 # Warning text `check` turns into a problem: the rendezvous address was guessed.
@@ -152,7 +154,8 @@ def _layout(env: Mapping[str, str], world_size: int) -> str:
 def _nodes_spanned(values: Mapping[str, str]) -> int:
     """How many hosts the ranks need at least (1 when the numbers are not usable)."""
     try:
-        world, local = int(values["WORLD_SIZE"]), int(values["LOCAL_WORLD_SIZE"])
+        world = int(values["WORLD_SIZE"])
+        local = int(values["LOCAL_WORLD_SIZE"])
     except ValueError:
         return 1  # _validate names the bad value
     return -(-world // max(1, local))

@@ -33,7 +33,8 @@ WHOLE_NUMBER = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
 # MASTER_PORT = PORT_BASE + 10 * (job id mod 1000) + step slot: below Linux's ephemeral
 # range (32768+), distinct for up to 10 concurrent steps of one job and for jobs whose
 # ids differ by less than 1000. The batch script itself (no step) uses slot 9.
-PORT_BASE, PORT_LAST = 20000, 29999
+PORT_BASE = 20000
+PORT_LAST = 29999
 BATCH_STEP_SLOT = 9
 
 

@@ -29,19 +29,22 @@ from workload.errors import UsageError
 from workload.files import strict_json
 from workload.runfolder import WEIGHTS, RunFolder
 
-FORMAT, FORMAT_VERSION = "hpc-train-model", 1
+FORMAT = "hpc-train-model"
+FORMAT_VERSION = 1
 RESIZES = ("stretch", "resize-crop")
 # build_model's keyword arguments that model.json's "arguments" may hold.
 ARGUMENTS = ("width", "blocks_per_stage", "dropout", "stem", "image_size")
 # The normalisation of pixel values / 255 (in [0, 1]): a mean within, a standard deviation
 # at most 0.5 in theory, and not so small that a division makes every logit infinite.
-MEAN_BOUNDS, STD_BOUNDS = (0.0, 1.0), (1e-3, 1.0)
+MEAN_BOUNDS = (0.0, 1.0)
+STD_BOUNDS = (1e-3, 1.0)
 
 
 def describe_model(cfg: TrainConfig, num_classes: int, classes: list[str] | None,
                    mean, std) -> dict:
     """model.json's content for a run of `cfg` on data of these classes and normalisation."""
-    m, size = cfg.model, image_size_of(cfg)
+    m = cfg.model
+    size = image_size_of(cfg)
     return dict(format=FORMAT, format_version=FORMAT_VERSION, weights=WEIGHTS, model=m.name,
                 arguments=dict(width=m.width, blocks_per_stage=m.blocks_per_stage,
                                dropout=m.dropout, stem=resolve_stem(cfg), image_size=size),
@@ -67,11 +70,14 @@ def locate(given: str) -> ModelFiles:
         raise UsageError(f"{given} does not exist; pass a finished train run's --output-dir "
                          "(it holds model.json and model.safetensors) or its model.json")
     if path.is_dir():
-        folder, description = path, RunFolder(path).model
+        folder = path
+        description = RunFolder(path).model
     elif path.suffix == ".safetensors":
-        folder, description = path.parent, RunFolder(path.parent).model
+        folder = path.parent
+        description = RunFolder(path.parent).model
     else:
-        folder, description = path.parent, path
+        folder = path.parent
+        description = path
     if not description.is_file():
         raise UsageError(f"{given}: no {description} (a train run writes model.json and "
                          "model.safetensors into its --output-dir when it ends); pass a "
@@ -130,14 +136,16 @@ def _checked(data) -> ModelDescription:
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"format_version {data.get('format_version')!r}, expected "
                          f"{FORMAT_VERSION}")
-    given, num_classes = _object(data["input"], "input"), _int(data, "num_classes")
+    given = _object(data["input"], "input")
+    num_classes = _int(data, "num_classes")
     classes = data["classes"]
     if classes is not None and (not isinstance(classes, list) or len(classes) != num_classes
                                 or not all(isinstance(c, str) for c in classes)):
         raise ValueError(f"classes must be null or {num_classes} names")
     if given["resize"] not in RESIZES:
         raise ValueError("input.resize must be one of " + ", ".join(RESIZES))
-    weights, dataset = _text(data, "weights"), _text(data, "dataset")
+    weights = _text(data, "weights")
+    dataset = _text(data, "dataset")
     if Path(weights).name != weights:
         raise ValueError("weights must be a file name beside model.json")
     if dataset not in DATASETS:

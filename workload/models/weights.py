@@ -86,7 +86,9 @@ def first_nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
 def load_initial_weights(model: nn.Module, path: str, reinit_head: bool = False) -> str:
     """Copy the file's tensors into `model`; every tensor must match by name and shape,
     except (with `reinit_head`) a head of another size. What was done, in words."""
-    theirs, own, head = _read(path), model.state_dict(), head_names(model)
+    theirs = _read(path)
+    own = model.state_dict()
+    head = head_names(model)
     skip = {n for n in head if reinit_head and n in theirs and theirs[n].shape != own[n].shape}
     problem = first_mismatch(own, theirs, skip, head)
     nonfinite = first_nonfinite({k: v for k, v in theirs.items() if k not in skip})
@@ -132,7 +134,8 @@ def model_input(path: str):
     std = torch.tensor(description.std).view(1, 3, 1, 1)
 
     def prepare(images: torch.Tensor) -> torch.Tensor:
-        shift, scale = mean.to(images.device), std.to(images.device)
+        shift = mean.to(images.device)
+        scale = std.to(images.device)
         return (images.float() / 255 - shift) / scale
 
     return prepare

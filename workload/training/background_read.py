@@ -67,12 +67,15 @@ class BackgroundReader:
                 serving = self._asked  # every request up to here was made before the read
             try:
                 begun = time.perf_counter()
-                value, error = self._read(), None
+                value = self._read()
+                error = None
             except Exception as failure:  # noqa: BLE001 - handed to the caller
-                value, error = None, failure
+                value = None
+                error = failure
             with self._changed:
                 self._reading = (value, (begun + time.perf_counter()) / 2)
-                self._error, self._done = error, serving
+                self._error = error
+                self._done = serving
                 self._changed.notify_all()
             if error is not None:
                 return

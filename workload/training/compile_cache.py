@@ -106,7 +106,8 @@ def trust_problem(info: os.stat_result) -> str | None:
 def checked_members(tar: tarfile.TarFile, folders: dict[str, Path]) -> list[tarfile.TarInfo]:
     """The members to unpack, once every one of them is safe; ValueError names the first
     that is not."""
-    members, total = [], 0
+    members = []
+    total = 0
     for member in tar.getmembers():
         parts = PurePosixPath(member.name).parts
         if member.name == VERSIONS:
@@ -208,8 +209,8 @@ class CompileCache:
     def write(self, files: dict[str, Path]) -> None:
         """The archive, through a private temporary beside it (workload.files.replacing),
         readable by the group as the umask allows and writable by no one else."""
-        with replacing(self.path, umask_mode() & ~0o022) as sink, \
-                tarfile.open(fileobj=sink, mode="w") as tar:
+        with (replacing(self.path, umask_mode() & ~0o022) as sink,
+              tarfile.open(fileobj=sink, mode="w") as tar):
             data = json.dumps(self.versions, indent=2).encode()
             info = tarfile.TarInfo(VERSIONS)
             info.size = len(data)

@@ -49,8 +49,12 @@ class Meter:
     behind the total was taken (time.perf_counter)."""
 
     def __init__(self, name: str, read=None, reason: str | None = None):
-        self.name, self.read, self.reason = name, read, reason
-        self.total_j, self.last, self.went_back = 0.0, None, False
+        self.name = name
+        self.read = read
+        self.reason = reason
+        self.total_j = 0.0
+        self.last = None
+        self.went_back = False
         self.at = time.perf_counter()
         if read is not None:
             try:
@@ -95,7 +99,8 @@ class Meter:
                 logger.warning(f"energy: {self.name} went backwards ({self.last:.0f} J, "
                                f"then {now:.0f} J: the driver reloaded?); counting on from "
                                "its new value, the energy between the two readings is lost")
-        self.last, self.total_j = now, self.total_j + delta
+        self.last = now
+        self.total_j = self.total_j + delta
         return self.total_j
 
     def total(self) -> float:
@@ -181,8 +186,8 @@ def package_zones(root: Path = POWERCAP) -> list[Path]:
     found = []
     for zone in sorted(root.glob("intel-rapl:*")):
         name = zone / "name"
-        if zone.name.count(":") == 1 and name.is_file() and \
-                name.read_text().strip().startswith("package"):
+        if (zone.name.count(":") == 1 and name.is_file()
+                and name.read_text().strip().startswith("package")):
             found.append(zone)
     return found
 
@@ -221,7 +226,10 @@ class EnergyAccount:
     collectives: every rank calls `state_dict`."""
 
     def __init__(self, gpu: Meter, cpu: Meter, device, world_size: int):
-        self.gpu, self.cpu, self.device, self.world_size = gpu, cpu, device, world_size
+        self.gpu = gpu
+        self.cpu = cpu
+        self.device = device
+        self.world_size = world_size
         self.earlier = dict(gpu_j=0.0, gpu_source=GPU_SOURCE, cpu_package_j=0.0,
                             cpu_package_source=CPU_SOURCE, images=0, jobs=0)
         self.probe = None  # the loop's (workload.training.probe): the images trained
@@ -275,7 +283,8 @@ class EnergyAccount:
         rows = distributed.all_gather_floats(
             [self.gpu.total(), self.cpu.total(),
              float(self.probe.images if self.probe else 0)], self.device)
-        gpu, cpu = ranks_sum([r[0] for r in rows]), ranks_sum([r[1] for r in rows])
+        gpu = ranks_sum([r[0] for r in rows])
+        cpu = ranks_sum([r[1] for r in rows])
         reasons = ([] if gpu is not None and cpu is not None else distributed.gather_objects(
             {"gpu": self.gpu.reason, "cpu": self.cpu.reason}, self.world_size))
         e = self.earlier
@@ -327,7 +336,8 @@ def valid_record(saved) -> bool:
 
 def summary_fields(record: dict, steps: int) -> dict:
     """summary.json's energy: totals, kWh, per image and per step, and their sources."""
-    gpu, cpu = record["gpu_j"], record["cpu_package_j"]
+    gpu = record["gpu_j"]
+    cpu = record["cpu_package_j"]
     return dict(gpu_energy_source=record["gpu_source"], gpu_energy_j=gpu,
                 gpu_energy_kwh=ratio(gpu, JOULES_PER_KWH),
                 gpu_energy_per_image_j=ratio(gpu, record["images"]),

@@ -43,8 +43,11 @@ class IntervalExchange:
 
     def __init__(self, probe: StepProbe, interval: int, device: torch.device, is_main: bool,
                  contributors: list[Contributor]):
-        self.probe, self.interval, self.device = probe, interval or AUTO_STEPS, device
-        self.is_main, self.contributors = is_main, contributors
+        self.probe = probe
+        self.interval = interval or AUTO_STEPS
+        self.device = device
+        self.is_main = is_main
+        self.contributors = contributors
         self.latest: dict = {}
         for contributor in contributors:
             contributor.start()
@@ -56,7 +59,8 @@ class IntervalExchange:
     def __call__(self, done: StepDone) -> None:
         if done.step % self.interval or done.step == self.step0:
             return
-        steps, self.step0 = done.step - self.step0, done.step
+        steps = done.step - self.step0
+        self.step0 = done.step
         phase = self.probe.enter(COLLECTIVE)
         parts = [contributor.numbers(steps) for contributor in self.contributors]
         every = distributed.all_gather_floats([n for part in parts for n in part],
@@ -64,7 +68,8 @@ class IntervalExchange:
         self.probe.enter(phase)
         if not self.is_main:
             return
-        latest, first = {}, 0
+        latest = {}
+        first = 0
         for contributor, part in zip(self.contributors, parts):
             columns = slice(first, first + len(part))
             latest.update(contributor.read([row[columns] for row in every], done.step))

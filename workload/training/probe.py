@@ -71,12 +71,16 @@ class StepProbe(Activity):
         super().__init__(step)
         self.busy_s = self.data_s = 0.0
         self.images = 0  # this job's, on this rank
-        self.on_gpu, self.gpu_spans, self.hooked = False, [], False
+        self.on_gpu = False
+        self.gpu_spans = []
+        self.hooked = False
         self._fetching = time.perf_counter()
         self._forward = self._backward = self._optimizer = None
         # This job's first step (a resumed job's too): its warm-up and compilation are
         # timed apart (first_step_s), never counted into the images per second.
-        self.device, self.first_step, self._warm_up_ends = device, step + 1, False
+        self.device = device
+        self.first_step = step + 1
+        self._warm_up_ends = False
         self.open_window()
 
     def time_on_gpu(self) -> None:
@@ -94,7 +98,8 @@ class StepProbe(Activity):
 
     # --- the loop's points -------------------------------------------------------
     def step_start(self) -> None:
-        self.phase, self._fetching = DATA, time.perf_counter()
+        self.phase = DATA
+        self._fetching = time.perf_counter()
         if self._warm_up_ends:  # the job's first step and its hooks are done
             self._warm_up_ends = False
             self._window_start = self._fetching
@@ -112,11 +117,13 @@ class StepProbe(Activity):
         self._backward = self.mark()
 
     def optimizer_start(self) -> None:
-        self.phase, self._optimizer = OPTIMIZER, self.mark()
+        self.phase = OPTIMIZER
+        self._optimizer = self.mark()
 
     def step_end(self, step: int, images: int) -> None:
         """Own work: the step less backward, where DDP waits for the other ranks."""
-        self.step, self.images = step, self.images + images
+        self.step = step
+        self.images = self.images + images
         self.add_busy(self._forward, self._backward)
         self.add_busy(self._optimizer, self.mark())
         if step == self.first_step:  # the one wait in a step, once a job: warm-up ends
@@ -127,12 +134,14 @@ class StepProbe(Activity):
 
     def enter(self, phase: str) -> str:
         """A phase outside the step; the one it replaces (to go back to)."""
-        before, self.phase = self.phase, phase
+        before = self.phase
+        self.phase = phase
         return before
 
     def open_window(self) -> None:
         self._epoch_start = self._window_start = time.perf_counter()
-        self._window_images, self._first_step_s = 0, None
+        self._window_images = 0
+        self._first_step_s = None
 
     def close_window(self) -> Window:
         """The epoch's window, read after the device is done with its steps (a phase of

@@ -41,8 +41,11 @@ class ProgressLog:
                  path: Path, interactive: bool | None = None, extra=dict):
         interactive = sys.stdout.isatty() if interactive is None else interactive
         self.enabled = every > 0 or not interactive
-        self.every, self.total, self.world_size = every, total_steps, world_size
-        self.device, self.path = device, path
+        self.every = every
+        self.total = total_steps
+        self.world_size = world_size
+        self.device = device
+        self.path = path
         self.extra = extra  # more fields for steps.jsonl (the ranks' spread of step times)
         self.started = time.perf_counter()
         self.epoch = -1
@@ -50,7 +53,9 @@ class ProgressLog:
 
     def _reset(self) -> None:
         self.window_start = time.perf_counter()
-        self.loss_sum, self.steps, self.images = None, 0, 0
+        self.loss_sum = None
+        self.steps = 0
+        self.images = 0
 
     def __call__(self, done: StepDone) -> None:
         if not self.enabled:
@@ -61,7 +66,8 @@ class ProgressLog:
             return
         loss = done.loss.float()
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
-        self.steps, self.images = self.steps + 1, self.images + done.images
+        self.steps = self.steps + 1
+        self.images = self.images + done.images
         due = (done.step % self.every == 0 if self.every else
                time.perf_counter() - self.window_start >= AUTO_SECONDS)
         if due:
@@ -92,7 +98,8 @@ class TerminalBar:
     draws the step of the epoch, and an epoch-end hook that clears its line."""
 
     def __init__(self, steps_per_epoch: int, enabled: bool):
-        self.total, self.enabled = steps_per_epoch, enabled
+        self.total = steps_per_epoch
+        self.enabled = enabled
         self.bar: Progress | None = None
         self.epoch = -1
 

@@ -42,8 +42,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     clock = StartupClock(folder.diagnostics / record_name())
     clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
-    with defaults_for_one_run(os.environ, folder.diagnostics), \
-            start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision):
+    with (defaults_for_one_run(os.environ, folder.diagnostics),
+          start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
         clock.mark("process group")
         return run_in_process(cfg, info, precision, flag, started, clock)
 
@@ -83,8 +83,8 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
     board_wanted = cfg.logging.tensorboard and info.is_main
     # The checkpointer's end commits the save in flight: before the final model, the
     # summary and the lock's release, and before a preempted run's exit.
-    with watching(watchdog), open_board(board_wanted, folder.root, wandb) as board, \
-            wings.checkpointer:
+    with (watching(watchdog), open_board(board_wanted, folder.root, wandb) as board,
+          wings.checkpointer):
         hooks = choose_hooks(cfg, info, folder, len(data.train), wings, board)
         summary = Trainer(cfg, info, state, data, precision, hooks, wings.probe).fit()
     save_model(cfg, data, state.model, folder, info.is_main)
@@ -130,7 +130,8 @@ def choose_hooks(cfg: TrainConfig, info: DistInfo, folder: RunFolder, steps_per_
                  wings: Wings, board) -> Hooks:
     """Which wing runs where beside the loop, in order."""
     packs = [wings.compiled.save] if wings.compiled else []  # after the first step, epochs
-    checkpointer, bar = wings.checkpointer, TerminalBar(steps_per_epoch, info.is_main)
+    checkpointer = wings.checkpointer
+    bar = TerminalBar(steps_per_epoch, info.is_main)
     return Hooks(after_step=[first_step_only(wings.first_step), checkpointer.after_step,
                              shorten_timeout(cfg, info), *map(first_step_only, packs)],
                  after_epoch=[*epoch_records(cfg, info, folder, board),
@@ -144,7 +145,10 @@ class FirstStep:
     step's end): its phases across ranks, logged (rank 0), in `found` for the summary."""
 
     def __init__(self, clock: StartupClock, info: DistInfo, previous: dict | None):
-        self.clock, self.info, self.previous, self.found = clock, info, previous, {}
+        self.clock = clock
+        self.info = info
+        self.previous = previous
+        self.found = {}
 
     def __call__(self) -> None:
         self.clock.mark("first step")
@@ -281,7 +285,8 @@ def shards_written(cfg: TrainConfig, info: DistInfo) -> dict:
 
 
 def log_start(cfg: TrainConfig, info: DistInfo, data, model, precision: str) -> None:
-    m, t = cfg.model, cfg.training
+    m = cfg.model
+    t = cfg.training
     if cfg.recipe:
         logger.info(f"recipe {cfg.recipe}: model {m.name} width {m.width} "
                     f"blocks {m.blocks_per_stage}, batch {t.batch_size}, "

@@ -31,13 +31,16 @@ from workload.files import proc_stat_fields, write_json
 from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX
 from workload.logs import logger
 
-BEFORE, COMPILE, FIRST_STEP = STARTUP_ORDER[0], STARTUP_ORDER[-2], STARTUP_ORDER[-1]
+BEFORE = STARTUP_ORDER[0]
+COMPILE = STARTUP_ORDER[-2]
+FIRST_STEP = STARTUP_ORDER[-1]
 # torch.compile's own timers (torch._dynamo.utils.compilation_time_metrics): a frame's
 # compilation (forward and the joint graph), and the backward's, compiled lazily at the
 # first backward. Measured: their sum was 162 of a 165 s first compiled step on the CPU.
 COMPILE_TIMERS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
 # A phase is named when it took this many times its previous job's and this much longer.
-SLOWER_FACTOR, SLOWER_BY_S = 3.0, 10.0
+SLOWER_FACTOR = 3.0
+SLOWER_BY_S = 10.0
 
 
 def process_start(now: float | None = None) -> float | None:
@@ -169,8 +172,8 @@ def slower_phases(phases: dict[str, float], previous: dict | None) -> list[str]:
     lines = []
     for name, seconds in phases.items():
         usual = before.get(name) if isinstance(before, dict) else None
-        if isinstance(usual, (int, float)) and not isinstance(usual, bool) and \
-                seconds > SLOWER_FACTOR * usual and seconds - usual > SLOWER_BY_S:
+        if (isinstance(usual, (int, float)) and not isinstance(usual, bool)
+                and seconds > SLOWER_FACTOR * usual and seconds - usual > SLOWER_BY_S):
             lines.append(f"start-up: {name} took {seconds:.1f}s, "
                          f"{seconds / max(usual, 0.1):.0f}x the {usual:.1f}s of this run's "
                          "previous job")

@@ -51,10 +51,12 @@ class StragglerJudge:
             probe.time_on_gpu()
 
     def start(self) -> None:
-        self.busy0, self.data0 = self.probe.busy_total_s(), self.probe.data_s
+        self.busy0 = self.probe.busy_total_s()
+        self.data0 = self.probe.data_s
 
     def numbers(self, steps: int) -> list[float]:
-        busy0, data0 = self.busy0, self.data0
+        busy0 = self.busy0
+        data0 = self.data0
         self.start()
         return [(self.busy0 - busy0) / steps, (self.data0 - data0) / steps]
 

@@ -156,7 +156,8 @@ class Trainer:
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        state, probe = self.state, self.probe
+        state = self.state
+        probe = self.probe
         probe.forward_start()
         with autocast(self.precision, self.info.device):
             loss = self.loss_fn(state.model(images), labels)
@@ -172,7 +173,8 @@ class Trainer:
         return loss.detach()
 
     def train_epoch(self, epoch: int, start_batch: int = 0) -> EpochStats:
-        state, probe = self.state, self.probe
+        state = self.state
+        probe = self.probe
         state.model.train()
         loss_sum = torch.zeros((), device=self.info.device)
         steps = 0
@@ -252,7 +254,8 @@ class Trainer:
         ends it; the summary of the training part of the run. An epoch the step limit stops
         partway is evaluated and recorded, but stays unfinished: its checkpoint holds the
         position within it, and its accuracy is not one of the epochs' accuracies."""
-        cfg, state = self.cfg.training, self.state
+        cfg = self.cfg.training
+        state = self.state
         timed_images = 0
         timed_seconds = 0.0
         first_step_s = None
@@ -269,7 +272,8 @@ class Trainer:
                                   state.schedule.get_last_lr()[0])
             if not partway:
                 state.accuracies.append(final)
-                state.epoch, state.batch = state.epoch + 1, 0
+                state.epoch = state.epoch + 1
+                state.batch = 0
             timed_images += stats.timed_images
             timed_seconds += stats.timed_seconds
             first_step_s = first_step_s or stats.first_step_s

@@ -41,8 +41,13 @@ from workload.launch.variables import node_name
 from workload.logs import logger
 
 # The phases the loop reports (diagnose prints them as they are).
-STARTUP, DATA, COMPUTE, OPTIMIZER = "start-up", "data wait", "forward/backward", "optimizer"
-COLLECTIVE, CHECKPOINT, EVALUATION = "collective", "checkpoint", "evaluation"
+STARTUP = "start-up"
+DATA = "data wait"
+COMPUTE = "forward/backward"
+OPTIMIZER = "optimizer"
+COLLECTIVE = "collective"
+CHECKPOINT = "checkpoint"
+EVALUATION = "evaluation"
 STARTUP_POLL_S = 1.0     # until the first step: a rank frozen soon after still shows it
 HEARTBEAT_EVERY = 30.0   # seconds: an unchanged heartbeat is rewritten this often
 STEP_FACTOR = 10         # the stall timeout is at least this many median steps
@@ -57,7 +62,8 @@ class Activity:
     __slots__ = ("step", "phase")
 
     def __init__(self, step: int = 0):
-        self.step, self.phase = step, STARTUP
+        self.step = step
+        self.phase = STARTUP
 
 
 class FileWriter:
@@ -120,12 +126,17 @@ class StallWatchdog:
 
     def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
                  timeout_s: float, attempt: float = 0.0):
-        self.activity, self.folder, self.timeout_s = activity, folder, timeout_s
-        self.rank, self.world_size, self.attempt = rank, world_size, attempt
+        self.activity = activity
+        self.folder = folder
+        self.timeout_s = timeout_s
+        self.rank = rank
+        self.world_size = world_size
+        self.attempt = attempt
         self.host = node_name()
         self.poll_s = min(5.0, timeout_s / 5) if timeout_s else 5.0
         self.step_times: deque[float] = deque(maxlen=100)
-        self.last_step, self.last_change = activity.step, time.monotonic()
+        self.last_step = activity.step
+        self.last_change = time.monotonic()
         self.stepping = False  # start-up and the first step are the collective timeout's
         self.written: tuple = ()
         self.written_at = 0.0
@@ -165,11 +176,14 @@ class StallWatchdog:
         return max(self.timeout_s, STEP_FACTOR * median)
 
     def check(self, now: float) -> None:
-        step, phase = self.activity.step, self.activity.phase
+        step = self.activity.step
+        phase = self.activity.phase
         if step != self.last_step:
             if step > self.last_step and self.stepping:
                 self.step_times.append((now - self.last_change) / (step - self.last_step))
-            self.last_step, self.last_change, self.dumped = step, now, False
+            self.last_step = step
+            self.last_change = now
+            self.dumped = False
             self.stepping = True
         stalled = now - self.last_change
         # Once a step is done the flag's timeout applies, timed steps or not: a hang at
@@ -186,7 +200,8 @@ class StallWatchdog:
         self.name_hung_write(now)
         if (step, phase) != self.written or now - self.written_at >= HEARTBEAT_EVERY:
             self.write_heartbeat(step, phase)
-            self.written, self.written_at = (step, phase), now
+            self.written = (step, phase)
+            self.written_at = now
 
     def what_to_do(self) -> str:
         """The stall line's advice: a collective's timeout ends a rank that waits for
