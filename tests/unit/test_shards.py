@@ -18,13 +18,13 @@ import torch
 
 from workload.data import shardwrite
 from workload.data.loaders import TorchLoader, deal
-from workload.data.shardformat import (MANIFEST, index_name, member_header, read_manifest,
-                                       shard_name)
+from workload.data.shardformat import (MANIFEST, folder_files, index_name, member_header,
+                                       read_manifest, shard_name)
 from workload.data import shards as shards_module
 from workload.data.shards import (StreamSampler, lanes_read, load_shards, rank_sampler,
                                   stream_order, verify_shards)
 from workload.data.shardwrite import write_shards
-from workload.data.staging import shard_folder_files, stage_once
+from workload.data.staging import stage_once
 from workload.errors import UsageError
 from workload.files import sha256_file
 
@@ -311,7 +311,7 @@ def test_a_shard_folder_stages_the_files_its_manifest_names_without_listing_it(
         return real(path)
 
     monkeypatch.setattr("os.scandir", scandir)  # os.walk, iterdir and glob list with it
-    names = shard_folder_files(source)
+    names = folder_files(read_manifest(source))
     target, said = stage_once(source, tmp_path / "local", names=names)
     assert "staged" in said and f"({len(names)} files," in said
     assert "reusing" in stage_once(source, tmp_path / "local", names=names)[1]
@@ -325,7 +325,7 @@ def test_a_shard_folder_stages_the_files_its_manifest_names_without_listing_it(
 
 def test_a_folder_that_is_no_shard_folder_is_refused_before_any_copy(shard_source, tmp_path):
     with pytest.raises(UsageError) as error:
-        shard_folder_files(shard_source)
+        folder_files(read_manifest(shard_source))
     assert f"--data-dir {shard_source} has no readable manifest.json" in one_line(error)
 
 

@@ -114,7 +114,7 @@ class Checkpoints:
 
         self._open("resume")
         check_parts("resume", model, optimizer, scheduler, scaler)
-        self._settle()
+        self._saves.settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
         step, snapshot = newest_on_every_rank(self.root, _read, self.info)
@@ -144,7 +144,7 @@ class Checkpoints:
         step = step_count(step)
         check_parts("save", model, optimizer, scheduler, scaler)
         extra = json_extra(extra)
-        self._settle()
+        self._saves.settle()
         self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
         sharded = is_sharded(model)
@@ -157,7 +157,7 @@ class Checkpoints:
         """Until the save in flight is committed (every rank calls it); its error, if it
         failed, is raised here."""
         self._open("wait")
-        self._settle()
+        self._saves.settle()
 
     def preempted(self, flag) -> bool:
         """Whether any rank's PreemptionFlag (workload.launch) is set: one all-reduce, so
@@ -170,7 +170,7 @@ class Checkpoints:
 
             mine, failed = any_rank([mine, failed], self.info.device)
         if failed:
-            self._settle()
+            self._saves.settle()
         return mine
 
     def close(self) -> None:
@@ -206,7 +206,7 @@ class Checkpoints:
         atexit.unregister(self._at_exit)
         try:
             if agree:
-                self._settle()
+                self._saves.settle()
             else:
                 self._saves.wait_quietly()
         finally:
@@ -225,10 +225,6 @@ class Checkpoints:
             logger.warning(f"{NAMED} {self.folder}: the loop ended without close(); waiting "
                            f"for the save of step {step} to be committed")
         self._release(agree=False)
-
-    def _settle(self) -> None:
-        """Wait for the save in flight; every rank learns whether it failed."""
-        self._saves.settle()
 
     def __enter__(self) -> Checkpoints:
         return self

@@ -81,7 +81,8 @@ def _stage_status(source: Path, stage_dir: Path, flag: PreemptionFlag | None,
     """What this node's stager did, for every rank: done, failed (why) or stopped."""
     status = dict(node=node_name(), failed=False, stopped=None)
     try:
-        names = shard_folder_files(source) if shards else None
+        # a shard folder: the files its manifest names (an incomplete one is refused here)
+        names = shardformat.folder_files(shardformat.read_manifest(source)) if shards else None
         target, status["text"] = stage_once(source, stage_dir, flag, names)
         status["staging"] = target.name
     except StagingStopped as stop:
@@ -128,12 +129,6 @@ def read_manifest(target: Path) -> dict | None:
     if not isinstance(recorded, dict) or recorded.get("staging") != target.name:
         return None
     return recorded if isinstance(recorded.get("files"), dict) else None
-
-
-def shard_folder_files(source: Path) -> list[str]:
-    """The files of the shard folder `source` that a staging copies: those its manifest
-    names (a folder that is not a complete shard folder is refused before any copy)."""
-    return shardformat.folder_files(shardformat.read_manifest(source))
 
 
 def stage_once(source: Path, stage_dir: Path, flag: PreemptionFlag | None = None,
