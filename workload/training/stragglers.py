@@ -5,8 +5,10 @@ Each interval the ranks exchange two numbers: their mean busy time per step (dat
 and optimizer: the parts of a step with no collective in them, so a slow rank's own time,
 not the time it makes the others wait) and their mean data wait. Rank 0 keeps the min,
 median and max of each, with the rank of each, for the next line of steps.jsonl; a rank
-more than SLOWER than the median for PATIENCE exchanges in a row gets one warning naming
-it and its host. Both sums are the loop's probe's (workload.training.probe:
+more than SLOWER than the median of the other ranks for PATIENCE exchanges in a row gets
+one warning naming it and its host. (The others', not everyone's: with two ranks the
+median of both is their mean, and the slow rank would have to be 50 % slower than the
+other to pass 20 % above it.) Both sums are the loop's probe's (workload.training.probe:
 `busy_total_s`, `data_s`); on a GPU the busy spans are CUDA events, so a slow GPU is seen
 where the host runs ahead of it. With one process there is no one to compare: the
 numbers travel, nothing is judged.
@@ -34,6 +36,16 @@ def spread(values: list[float], name: str) -> dict:
     return {f"{name}_min_s": values[order[0]], f"{name}_min_rank": order[0],
             f"{name}_median_s": statistics.median(values), f"{name}_median_rank": middle,
             f"{name}_max_s": values[order[-1]], f"{name}_max_rank": order[-1]}
+
+
+def others_median(values: list[float], rank: int) -> float:
+    return statistics.median(values[:rank] + values[rank + 1:])
+
+
+def slow_ranks(busy: list[float]) -> list[bool]:
+    """Whether each rank's busy time is more than SLOWER above the others' median."""
+    return [value > (1 + SLOWER) * others_median(busy, rank) > 0
+            for rank, value in enumerate(busy)]
 
 
 class StragglerJudge:
@@ -67,17 +79,20 @@ class StragglerJudge:
 
     def judge(self, busy: list[float], data: list[float], step: int) -> dict:
         """Warn of a rank slow for PATIENCE intervals; the fields of steps.jsonl."""
-        median = statistics.median(busy)
-        for rank, value in enumerate(busy):
-            slow = median > 0 and value > (1 + SLOWER) * median
+        for rank, slow in enumerate(slow_ranks(busy)):
             self.slow_for[rank] = self.slow_for[rank] + 1 if slow else 0
             if self.slow_for[rank] >= PATIENCE and rank not in self.warned:
                 self.warned.add(rank)
-                logger.warning(
-                    f"rank {rank} on {self.hosts[rank]} is slow: {value * 1000:.0f} ms of "
-                    f"its own work per step against a median of {median * 1000:.0f} ms "
-                    f"(+{(value / median - 1) * 100:.0f} %) for {PATIENCE} intervals, to "
-                    f"step {step}; data wait {data[rank] * 1000:.0f} ms; everyone waits "
-                    "for it: check that node (doctor), or leave it out")
+                self.warn(rank, busy, data[rank], step)
         return {**spread(busy, "step_busy"), **spread(data, "data_wait"),
                 "step_busy_by_rank_s": busy}
+
+    def warn(self, rank: int, busy: list[float], data_wait: float, step: int) -> None:
+        value = busy[rank]
+        median = others_median(busy, rank)
+        logger.warning(
+            f"rank {rank} on {self.hosts[rank]} is slow: {value * 1000:.0f} ms of its own "
+            f"work per step against the other ranks' median of {median * 1000:.0f} ms "
+            f"(+{(value / median - 1) * 100:.0f} %) for {PATIENCE} intervals, to step "
+            f"{step}; data wait {data_wait * 1000:.0f} ms; everyone waits for it: check "
+            "that node (doctor), or leave it out")
