@@ -102,19 +102,22 @@ def guarded_env(env: dict | None, report: Path) -> dict:
 # Under pytest-xdist (make test): the image tests run on two workers, one for the amd64
 # images and one for the arm64 image and the registry that pushes both (a lock in
 # tests/helpers/images.py builds each image once), so the emulated arm64 build overlaps
-# the amd64 ones; the SLURM tests are spread over SLURM_WORKERS workers by module, each
-# starting its own private cluster (tests/slurm: ports picked free), so their waits overlap.
+# the amd64 ones; the SLURM tests are dealt out one by one, in collection order, over
+# SLURM_WORKERS workers, each starting its own private cluster (tests/slurm: ports picked
+# free), so their waits overlap. One by one, not by module: a module's tests cost alike,
+# so each worker gets half of every module, where whole modules made one worker's share
+# (the site pages and preemption, 1,650 s) nearly four times the other's (440 s).
 SLURM_WORKERS = 2
 ARM64_FIXTURES = ("arm64_image", "registry")
 
 
-def xdist_group(item: pytest.Item, slurm_modules: list[str]) -> str | None:
+def xdist_group(item: pytest.Item, slurm_order: dict[str, int]) -> str | None:
     markers = markers_of(item)
     if "image" in markers:
         needs = getattr(item, "fixturenames", ())
         return "image-arm64" if any(name in needs for name in ARM64_FIXTURES) else "image"
     if "slurm" in markers:
-        return f"slurm-{slurm_modules.index(item.module.__name__) % SLURM_WORKERS}"
+        return f"slurm-{slurm_order[item.nodeid] % SLURM_WORKERS}"
     if takes_a_module_fixture(item):
         return f"module-{item.module.__name__}"
     return None
@@ -129,8 +132,8 @@ def takes_a_module_fixture(item: pytest.Item) -> bool:
 
 
 def group_for_workers(items: list[pytest.Item]) -> None:
-    slurm_modules = sorted({item.module.__name__ for item in items
-                            if item.get_closest_marker("slurm")})
+    slurm_tests = [item.nodeid for item in items if item.get_closest_marker("slurm")]
+    slurm_order = {nodeid: position for position, nodeid in enumerate(slurm_tests)}
     for item in items:
-        if group := xdist_group(item, slurm_modules):
+        if group := xdist_group(item, slurm_order):
             item.add_marker(pytest.mark.xdist_group(group))

@@ -77,16 +77,19 @@ def registry():
 
 @pytest.mark.{marker}
 @pytest.mark.parametrize("i", range(4))
-def test_{name}(i, {fixture}):
+def test_{name}(i, {fixture}, request):
+    group = request.node.get_closest_marker("xdist_group").args[0]
     with open("workers.txt", "a") as f:
-        f.write("{name} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+        f.write(f"{name} {{os.environ['PYTEST_XDIST_WORKER']}} {{group}}\\n")
 '''
 
 
 @pytest.mark.slow  # three pytest processes, a few seconds
 def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
     """The grouping make test relies on, through xdist as it is installed: a pytest or
-    xdist release that stops honouring xdist_group (pytest-xdist#1386) fails here."""
+    xdist release that stops honouring xdist_group (pytest-xdist#1386) fails here. The
+    SLURM tests are dealt out one by one over tiers.SLURM_WORKERS groups, each group on
+    one worker: every SLURM module has tests in each group."""
     (tmp_path / "conftest.py").write_text(
         "import pytest\nfrom tests.helpers import tiers\n\n"
         "@pytest.hookimpl(tryfirst=True)\n"
@@ -94,7 +97,7 @@ def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    image\n    slurm\n")
     for module, marker, fixture in (("one", "image", "tmp_path"), ("two", "image", "tmp_path"),
                                     ("three", "slurm", "tmp_path"), ("four", "image", "registry"),
-                                    ("five", "image", "registry")):
+                                    ("five", "image", "registry"), ("six", "slurm", "tmp_path")):
         (tmp_path / f"test_{module}.py").write_text(
             GROUPED_TESTS.format(marker=marker, name=module, fixture=fixture))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist",
@@ -104,9 +107,14 @@ def test_tests_that_share_an_image_or_a_cluster_run_on_one_worker(tmp_path):
                               filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})
     assert done.returncode == 0, done.stdout + done.stderr
     ran = [line.split() for line in (tmp_path / "workers.txt").read_text().splitlines()]
-    assert len(ran) == 20
-    for names in (("one", "two"), ("three",), ("four", "five")):  # amd64, SLURM, arm64
-        assert len({worker for name, worker in ran if name in names}) == 1, ran
+    assert len(ran) == 24
+    for names in (("one", "two"), ("four", "five")):  # amd64, arm64
+        assert len({worker for name, worker, _ in ran if name in names}) == 1, ran
+    slurm_groups = {f"slurm-{n}" for n in range(tiers.SLURM_WORKERS)}
+    for module in ("three", "six"):
+        assert {group for name, _, group in ran if name == module} == slurm_groups, ran
+    for group in slurm_groups:
+        assert len({worker for _, worker, named in ran if named == group}) == 1, ran
 
 
 SESSION_FIXTURE_TESTS = '''
