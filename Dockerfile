@@ -37,21 +37,6 @@ ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.02-py3
 
 FROM ${BASE_IMAGE}
 
-# Re-declared after FROM so the labels below can name the base.
-ARG BASE_IMAGE
-# Digest of BASE_IMAGE (sha256:...), recorded in a label; filled by bake/CI.
-ARG BASE_DIGEST=unrecorded
-# Version of this project, for the OCI version label; bake passes the release tag.
-ARG VERSION=0.1.0
-# Commit the image was built from (git rev-parse HEAD); bake/CI passes it.
-ARG REVISION=unknown
-# Build time in RFC 3339 (date -u +%Y-%m-%dT%H:%M:%SZ); bake/CI passes it.
-ARG CREATED=unknown
-# Where the source lives, for the OCI source label.
-ARG SOURCE=https://github.com/hpc-train/hpc-train
-# GPU architectures for any CUDA extension built at run time (TORCH_CUDA_ARCH_LIST):
-# 9.0 for GH200 (Hopper, arm64), 8.0;9.0 for A100 and H100 (amd64); bake sets it per target.
-ARG CUDA_ARCH="8.0;9.0"
 # DALI when the base lacks it: auto installs the wheel for the base's CUDA major (none for
 # a CPU-only torch), no skips it (container/install-workload.sh).
 ARG INSTALL_DALI=auto
@@ -82,6 +67,10 @@ COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 COPY jobs /opt/hpc-train/jobs
 COPY examples /opt/hpc-train/examples
 
+# GPU architectures for any CUDA extension built at run time (TORCH_CUDA_ARCH_LIST):
+# 9.0 for GH200 (Hopper, arm64), 8.0;9.0 for A100 and H100 (amd64); bake sets it per target.
+ARG CUDA_ARCH="8.0;9.0"
+
 # No cache variable (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TORCH_HOME, ...) is set
 # here: one fixed folder under the host's /tmp, which Apptainer and Charliecloud bind, would
 # belong to the first user whose job ran on the node. Each command, setup() and
@@ -91,6 +80,22 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TORCH_CUDA_ARCH_LIST=${CUDA_ARCH}
 
 WORKDIR /workspace
+
+# The labels' values, declared here and not at the top: every RUN sees the ARGs declared
+# before it, so a new REVISION or CREATED (each build has one) would build the layers
+# above again instead of reusing them.
+# Re-declared after FROM so the labels can name the base.
+ARG BASE_IMAGE
+# Digest of BASE_IMAGE (sha256:...), recorded in a label; filled by bake/CI.
+ARG BASE_DIGEST=unrecorded
+# Version of this project, for the OCI version label; bake passes the release tag.
+ARG VERSION=0.1.0
+# Commit the image was built from (git rev-parse HEAD); bake/CI passes it.
+ARG REVISION=unknown
+# Build time in RFC 3339 (date -u +%Y-%m-%dT%H:%M:%SZ); bake/CI passes it.
+ARG CREATED=unknown
+# Where the source lives, for the OCI source label.
+ARG SOURCE=https://github.com/hpc-train/hpc-train
 
 LABEL org.opencontainers.image.title="hpc-train" \
       org.opencontainers.image.description="PyTorch training on HPC GPU clusters (GH200, A100), on NVIDIA NGC PyTorch" \

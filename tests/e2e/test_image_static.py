@@ -105,6 +105,21 @@ def test_every_dockerfile_arg_has_a_comment_above_it():
     assert bare == []
 
 
+# The ARGs the RUN steps read. Every RUN sees every ARG declared before it, so an ARG
+# whose value changes with each build (REVISION, CREATED) declared above a RUN builds that
+# step again each time: the dependencies' pip run (emulated, minutes, for arm64) included.
+RUN_ARGS = {"INSTALL_DALI"}
+
+
+def test_no_arg_that_changes_with_each_build_is_declared_above_a_run_step():
+    lines = DOCKERFILE.read_text().splitlines()
+    last_run = max(i for i, line in enumerate(lines) if line.startswith("RUN "))
+    first_from = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    above = {line.split()[1].split("=")[0] for line in lines[first_from:last_run]
+             if line.startswith("ARG ")}
+    assert above <= RUN_ARGS, f"declare {sorted(above - RUN_ARGS)} after the last RUN step"
+
+
 def test_dockerfile_extends_the_pinned_cuda13_ngc_pytorch_tag():
     """The default base is the CUDA 13 flavour's, and the file says how to check its torch."""
     base = dockerfile_recipe().fromHeader
