@@ -27,6 +27,8 @@ def main() -> None:
     begin = min(line["start"] for line in lines)
     end = max(line["stop"] for line in lines)
     print(f"wall {end - begin:.0f} s")
+    cpu = sum(line.get("cpu_s", 0) for line in lines)
+    print(f"CPU counted {cpu:.0f} s (the workers and what they waited for)")
     workers = collections.defaultdict(float)
     groups = collections.defaultdict(float)
     last = collections.defaultdict(float)
@@ -41,7 +43,8 @@ def main() -> None:
         print(f"group {group}: {took:.0f} s")
     lines.sort(key=lambda line: line["start"] - line["stop"])
     for line in lines[:args.top]:
-        print(f"{line['stop'] - line['start']:7.1f} s  {line['start'] - begin:6.0f}  "
+        print(f"{line['stop'] - line['start']:7.1f} s  cpu {line.get('cpu_s', 0):6.1f}  "
+              f"{line['start'] - begin:6.0f}  "
               f"{line['worker']:4} {line['phase']:8} {line['test']}")
 
 
