@@ -117,6 +117,12 @@ CATALOGUE = [
             ((CSCS_EDF, CSCS_EDF.replace("$SCRATCH", "/capstor/scratch/cscs/$USER")),),
             r"the EDF's image \S+/capstor/scratch/cscs/\w+/ce-images/hpc-train\+0\.1\.0\.sqsh "
             r"\(\S+\) does not exist"),
+    Mistake("cscs: an EDF with entrypoint = true", "cscs-alps",
+            ((CSCS_EDF, CSCS_EDF.replace('sed "s', 'sed -e "s|^entrypoint = false|entrypoint = '
+                                         'true|" -e "s')),),
+            re.escape("started the container with the image's entrypoint (the EDF's "
+                      "entrypoint = true), run once a node, and every task there took its "
+                      "RANK=0 LOCAL_RANK=0")),
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),

@@ -145,6 +145,10 @@ class Result:
         return self.login + "".join(log for _, log in self.jobs.values())
 
 
+def shown_values(values: dict) -> str:
+    return " ".join(f"{name}={value}" for name, value in values.items())
+
+
 def centre_faults(site: str, result: Result) -> list[str]:
     """What the page's steps and jobs ask against the centre's own figures (the twin's,
     each cited): every training rank gets the CPUs the centre gives a GPU (its node's
@@ -159,6 +163,11 @@ def centre_faults(site: str, result: Result) -> list[str]:
             faults.append(f"host variable: {entry['image_wins']}={entry['host']} is set on the "
                           f"host, but `{entry['step']}` sees the image's {entry['image']}: "
                           "pyxis keeps the image's value (name it in --container-env)")
+        if "entrypoint_sets" in entry:
+            faults.append(f"entrypoint: `{entry['step']}` started the container with the "
+                          "image's entrypoint (the EDF's entrypoint = true), run once a node, "
+                          f"and every task there took its {shown_values(entry['entrypoint_sets'])}"
+                          f"; this task is {shown_values(entry['task'])} (set entrypoint = false)")
         if entry.get("cpus_per_rank", per_gpu) != per_gpu:
             faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
                           f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
