@@ -2,9 +2,9 @@
 
 Only what this cluster cannot have is replaced: the GPU request (no GPUs here) and the
 sizes (2 CPUs a node), given on the sbatch line; the site's container runtime by the
-local one (RUNTIME=none: the host's Python), and the site's `module` command by a shell
-function exported the way Lmod exports its own, loading a stand-in NCCL folder only after
-NRIS/GPU, as Olivia's does (tests/helpers/sites.py). The
+local one (RUNTIME=none: the host's Python); `module` is Lmod itself over the module
+files of the site's twin, Olivia's NCCL modules (stand-in library folders) found only
+after NRIS/GPU, as on Olivia (tests/helpers/sites.py). The
 rest -- the site file sourced, the NCCL binds and match check, the data staging, the
 preset, jobs/lib/launch.sh and its two-node step -- runs as on the site. The step runs
 in LAUNCH_CHECK mode (`python -m workload.launch check` in every task, the layout the
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, sbatch, wait_until_ended
-from tests.helpers.sites import MODULE, olivia_settings
+from tests.helpers.sites import olivia_settings, site_modules
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -32,7 +32,8 @@ def alliance_settings(tmp_path: Path) -> dict[str, str]:
     data = tmp_path / "project" / "data"
     data.mkdir(parents=True)
     (data / "README").write_text("the dataset folder, staged to each node")
-    return {"DATASET_ARCHIVE": str(data), "SLURM_TMPDIR": str(tmp_path / "localscratch")}
+    return {"DATASET_ARCHIVE": str(data), "SLURM_TMPDIR": str(tmp_path / "localscratch"),
+            **site_modules("alliance", tmp_path)}
 
 
 # Shifter on this machine: the host itself, with each -V SOURCE:TARGET applied to the
@@ -81,8 +82,7 @@ def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str])
                            if not row.startswith(SITE_ONLY)))
     out = tmp_path / "job.out"
     env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
-                               "GPUS_PER_NODE": "2", "LAUNCH_CHECK": "1",
-                               "BASH_FUNC_module%%": MODULE, **settings}
+                               "GPUS_PER_NODE": "2", "LAUNCH_CHECK": "1", **settings}
     job_id = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--mem=1G",
                                     "--partition=debug", "--account=test", "--time=10",
                                     *SIZES.get(script, []), "--output", str(out), str(job)],
@@ -107,16 +107,17 @@ def test_the_site_job_script_runs_its_step_on_two_nodes(slurm_cluster, tmp_path,
         assert log.count("rendezvous nid001i:") == 4, log
         assert "preset jsc-juwels-booster: NCCL_SOCKET_IFNAME=ib0" in log
     if script == "sigma2-olivia.sbatch":
-        assert re.search(r"nccl: bound libnccl 99\.0\.0 \(.*\) >= 2\.\d+\.\d+ torch was", log), log
+        assert re.search(r"nccl: bound libnccl 99\.30\.4 \(.*\) >= 2\.\d+\.\d+ torch was", log), log
         assert "preset sigma2-olivia: NCCL_PROTO=^LL128" in log
 
 
 def test_olivia_stops_before_training_when_the_module_nccl_is_older(slurm_cluster, tmp_path):
-    settings = olivia_settings(tmp_path, version="2.0.1")
+    settings = olivia_settings(tmp_path, nccl_library="2.0.1")
     state, log, run_dir = submit(slurm_cluster, tmp_path, "sigma2-olivia.sbatch", settings)
     assert state == "FAILED", log[-3000:]
     [line] = [row for row in log.splitlines() if row.startswith("nccl:")]
     assert "the bound libnccl 2.0.1" in line and "older than" in line
-    assert line.endswith("load NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0 instead "
-                         "(NCCL_MODULE=NCCL/99.1.0-GCCcore-14.3.0-CUDA-13.0.0)")
+    # Olivia's modules (the twin's list) are named for NCCL 2.30.4 and 2.29.2: the line
+    # names the module new enough for this torch, or says that none is.
+    assert "NCCL_MODULE=NCCL/2.30.4-" in line or "load an NCCL module >=" in line, line
     assert not run_dir.exists()  # nothing started

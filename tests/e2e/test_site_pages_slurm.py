@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.sites import LMOD_BEHIND
 from tests.helpers.twins import FIRST_STEP, Twin, centre_faults, twin_data
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
@@ -85,8 +86,7 @@ CATALOGUE = [
             (("module load NRIS/GPU\nmodule load NCCL/2.30.4",
               "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
               "module load NCCL/2.30.4"),),
-            # Lmod 8.6's own words: its spider finds the module behind NRIS/GPU.
-            re.escape('cannot be loaded as requested: "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"')),
+            re.escape(LMOD_BEHIND.format("NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"))),
     Mistake("olivia: a GPU job without --partition=accel", "sigma2-olivia",
             ((OLIVIA_BUILD, OLIVIA_BUILD.replace("--partition=accel ", "")),),
             "Unable to allocate resources: Requested node configuration is not available"),
@@ -117,6 +117,12 @@ CATALOGUE = [
             ((CSCS_EDF, CSCS_EDF.replace("$SCRATCH", "/capstor/scratch/cscs/$USER")),),
             r"the EDF's image \S+/capstor/scratch/cscs/\w+/ce-images/hpc-train\+0\.1\.0\.sqsh "
             r"\(\S+\) does not exist"),
+    Mistake("cscs: an EDF with entrypoint = true", "cscs-alps",
+            ((CSCS_EDF, CSCS_EDF.replace('sed "s', 'sed -e "s|^entrypoint = false|entrypoint = '
+                                         'true|" -e "s')),),
+            re.escape("started the container with the image's entrypoint (the EDF's "
+                      "entrypoint = true), run once a node, and every task there took its "
+                      "RANK=0 LOCAL_RANK=0")),
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),

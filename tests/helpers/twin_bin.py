@@ -617,9 +617,50 @@ def ce_task(args: list[str]) -> None:
     env = dict(os.environ) | {k: str(v) for k, v in edf.get("env", {}).items()}
     if "workdir" in edf:
         os.chdir(site_path(edf["workdir"]))
-    # `entrypoint = true` runs the image's ENTRYPOINT before the command (the EDF
-    # reference: default false); the twin's image has the project's entrypoint.sh.
-    run_in_image(["entrypoint.sh"] * bool(edf.get("entrypoint")) + args[2:], "", env)
+    if edf.get("entrypoint"):
+        env |= ce_entrypoint(edf, env, " ".join(args[2:5]))
+    run_in_image(args[2:], "", env)
+
+
+# What pyxis keeps from the job for the container's start (enroot_deny_env): the
+# per-task variables are not there yet, once a node.
+START_DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "SLURM_PROCID", "SLURM_LOCALID",
+                "SLURM_TASK_PID", "PMIX_RANK", "PMI_FD")
+
+
+def ce_entrypoint(edf: dict, env: dict[str, str], step: str) -> dict[str, str]:
+    """The EDF's `entrypoint = true`: "run the entrypoint from the container image" (the
+    EDF reference, default false). The CE is a customised pyxis (the run page, "Differences
+    from upstream Pyxis", both read 2026-11-29), and pyxis runs the entrypoint once a node
+    when it starts the container, as `ENTRYPOINT sh -c 'kill -STOP $$'`, with the job's
+    variables but START_DENIED; every task then takes the environment that process was
+    left with, over its own (pyxis_slurmstepd.c: enroot_start_once,
+    spank_import_container_env). The entrypoint's output is hidden unless the EDF's
+    annotation com.pyxis.entrypoint_log is "true" (the run page); a failing one stops the
+    step with pyxis's messages. A per-task variable it set (RANK, LOCAL_RANK: the same on
+    every task of the node) that is not this task's is recorded for the site test."""
+    import subprocess
+    start = {k: v for k, v in env.items() if k not in START_DENIED}
+    done = subprocess.run(["entrypoint.sh", "sh", "-c", "env -0"], capture_output=True,
+                          text=True, env=start | {"PATH": CONFIG["image_path"]})
+    if done.returncode:
+        fail(f"{done.stderr}slurmstepd: error: pyxis: container start failed with error code: "
+             f"{done.returncode}\nslurmstepd: error: pyxis: if the image has an unusual "
+             "entrypoint, try using --no-container-entrypoint")
+    # The annotation as TOML reads it: dotted keys are nested tables, a quoted key is one.
+    annotations = edf.get("annotations", {})
+    if annotations.get("com.pyxis.entrypoint_log", annotations.get("com", {}).get(
+            "pyxis", {}).get("entrypoint_log")) == "true":
+        sys.stderr.write(done.stderr)  # (its stdout here is the environment it left)
+    left = dict(item.split("=", 1) for item in done.stdout.split("\0") if "=" in item)
+    left.pop("PATH", None)
+    wrong = {name: left[name] for name, own in (("RANK", "SLURM_PROCID"),
+                                                ("LOCAL_RANK", "SLURM_LOCALID"))
+             if name in left and left[name] != env.get(own, left[name])}
+    if wrong:
+        record({"step": step, "entrypoint_sets": wrong,
+                "task": {own: env.get(own) for own in ("SLURM_PROCID", "SLURM_LOCALID")}})
+    return left
 
 
 # ------------------------------------------------------------------ pyxis (srun --container-*)

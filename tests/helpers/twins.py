@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers import REPO, TESTS, wait_until_ended
-from tests.helpers.sites import stand_in_nccl
 from tests.helpers.steps import page_steps
 from tests.slurm.cluster import NODES, ensure_hosts_entries
 
@@ -100,6 +99,41 @@ def module_tree(folder: Path, modules: dict, libraries: dict[str, Path]) -> Path
     return core
 
 
+def stand_in_nccl(folder: Path, version: str) -> Path:
+    """An NCCL module's lib folder: libnccl.so.2 -> libnccl.so.X.Y.Z (a stand-in file: the
+    check reads versions, and a CPU training step loads no NCCL)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "libnccl.so.2").is_symlink():
+        (folder / f"libnccl.so.{version}").write_bytes(b"stand-in")
+        (folder / "libnccl.so.2").symlink_to(f"libnccl.so.{version}")
+    return folder
+
+
+def module_settings(site: str, folder: Path, nccl_library: str | None = None) -> dict[str, str]:
+    """Lmod over the twin's module files in `folder`: MODULEPATH and the modules the
+    centre's login loads (what `module reset` returns to). An NCCL module's library
+    reports `nccl_library`, else its cited version with major 99: the twin's image is the
+    test environment, whose torch's NCCL is not the real image's, so the cited version
+    would be compared with the wrong one; the binds and the check still run as on the site."""
+    modules = twin_data(site)["modules"]
+    libraries = {name: stand_in_nccl(folder / "software" / name.replace("/", "-") / "lib",
+                                     nccl_library or "99." + spec["nccl"].split(".", 1)[1])
+                 for name, spec in modules["available"].items() if "nccl" in spec}
+    return {"MODULEPATH": str(module_tree(folder / "modules", modules["available"], libraries)),
+            "LMOD_SYSTEM_DEFAULT_MODULES": ":".join(modules["loaded"])}
+
+
+def lmod_functions() -> dict[str, str]:
+    """What Lmod's bash start-up file leaves a shell: its variables and its `module` and
+    `ml`, exported as functions (BASH_FUNC_module%%): for a job script that no login shell
+    started (the job tests submit it, or run it with bash, themselves)."""
+    shown = subprocess.run(["bash", "-c", f"source {LMOD_INIT} && env -0"], env={},
+                           capture_output=True, text=True, check=True).stdout
+    return {name: value for name, _, value in (item.partition("=") for item in
+                                               shown.split("\0"))
+            if name.startswith(("BASH_FUNC_module", "BASH_FUNC_ml", "LMOD_", "MODULESHOME"))}
+
+
 @dataclass
 class Result:
     status: int
@@ -109,6 +143,10 @@ class Result:
 
     def text(self) -> str:
         return self.login + "".join(log for _, log in self.jobs.values())
+
+
+def shown_values(values: dict) -> str:
+    return " ".join(f"{name}={value}" for name, value in values.items())
 
 
 def centre_faults(site: str, result: Result) -> list[str]:
@@ -125,6 +163,11 @@ def centre_faults(site: str, result: Result) -> list[str]:
             faults.append(f"host variable: {entry['image_wins']}={entry['host']} is set on the "
                           f"host, but `{entry['step']}` sees the image's {entry['image']}: "
                           "pyxis keeps the image's value (name it in --container-env)")
+        if "entrypoint_sets" in entry:
+            faults.append(f"entrypoint: `{entry['step']}` started the container with the "
+                          "image's entrypoint (the EDF's entrypoint = true), run once a node, "
+                          f"and every task there took its {shown_values(entry['entrypoint_sets'])}"
+                          f"; this task is {shown_values(entry['task'])} (set entrypoint = false)")
         if entry.get("cpus_per_rank", per_gpu) != per_gpu:
             faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
                           f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
@@ -193,13 +236,6 @@ class Twin:
         entrypoint = self.state / "image-bin" / "entrypoint.sh"
         if not entrypoint.exists():
             entrypoint.symlink_to(REPO / "entrypoint.sh")
-        modules = self.data["modules"]
-        # A module's library reports major 99: the twin's image is the test environment,
-        # whose torch's NCCL is not the real image's, so the cited version would be
-        # compared with the wrong one; the binds and the check still run as on the site.
-        folders = {name: stand_in_nccl(self.root / "software" / name.replace("/", "-") / "lib",
-                                       "99." + spec["nccl"].split(".", 1)[1])
-                   for name, spec in modules["available"].items() if "nccl" in spec}
         variables = {}
         for name, value in self.data["files"].get("variables", {}).items():
             variables[name] = self.substitute(value.format(user=self.user))
@@ -217,9 +253,7 @@ class Twin:
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
-            "MODULEPATH": str(module_tree(self.state / "modules", modules["available"],
-                                          folders)),
-            "LMOD_SYSTEM_DEFAULT_MODULES": ":".join(modules["loaded"]),
+            **module_settings(self.site, self.root),
             **self.login_functions()}
 
     def login_functions(self) -> dict[str, str]:

@@ -76,6 +76,11 @@ def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
             assert any(s.startswith("read 2026-") for s in sources), (site, name)
     for name, spec in data["modules"]["available"].items():
         assert spec.get("requires", "") in ("", *data["modules"]["available"]), name
+        # Each module the twin offers, next to the centre's page that names it.
+        sources = spec.get("source", [])
+        assert sources and sources[0].startswith("NOT CONFIRMED") or (
+            any(s.startswith("https://") for s in sources)
+            and any(s.startswith("read 2026-") for s in sources)), (site, name)
 
 
 SITES = sorted(path.stem for path in TWINS.glob("*.toml"))
