@@ -1,6 +1,7 @@
 """The page is the test: each site page's marked steps, typed in order into that centre's
 twin on the suite's SLURM cluster (tests/helpers/twins.py, tests/twins/*.toml), reach
-`train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU; and a
+`train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU, and the
+page's continue step carries the run of its first job on from that job's checkpoint; and a
 page edited into a real mistake (the catalogue below) fails in its twin, naming it.
 """
 
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.twins import FIRST_STEP, Twin, centre_faults, twin_data
+from tests.helpers.twins import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
+                                 twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -26,8 +28,10 @@ def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
 
 
-def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False):
-    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check)
+def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False,
+             continue_run: bool = True):
+    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check,
+                                                   continue_run=continue_run)
 
 
 @pytest.mark.parametrize("site", SITES)
@@ -49,6 +53,13 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     # GPU the centre's memory: held against the steps the twin saw (never none).
     assert any("cpus_per_rank" in entry for entry in result.requests), result.requests
     assert centre_faults(site, result) == [], result.requests
+    # The page's continue step, after its jobs ended: the run of its first job (stopped
+    # at the tiny training's step limit, as a time limit stops it, with a checkpoint of
+    # its last step) goes on from that checkpoint to a later step in the job it submits.
+    resumed = re.compile(rf"resumed from \S*runs/{min(result.jobs)}/checkpoints/"
+                         r"step-0+2: step 2")
+    assert any(resumed.search(log) and CONTINUED_STEP.search(log)
+               for _, log in result.jobs.values()), text[-4000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
@@ -73,7 +84,8 @@ OLIVIA_BUILD = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-ta
 OLIVIA_DATA = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-task=72 --mem=110G "
                "--time=00:30:00 \\\n  bash -c")
 OLIVIA_JOB = "IMAGE=$PWD/hpc-train.sif DATA_DIR=$WORK/data sbatch --account=nnXXXXk jobs/"
-ALLIANCE_JOB = "sbatch --account=def-me jobs/sites/alliance.sbatch --epochs 30"
+ALLIANCE_JOB = ("DATASET_ARCHIVE=$PWD/data sbatch --account=def-me jobs/sites/alliance.sbatch "
+                "--epochs 30")
 CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
 CSCS_EDF = 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml'
@@ -97,7 +109,8 @@ CATALOGUE = [
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),
     Mistake("cscs: the batch line without its CPUs", "cscs-alps",
-            ((" sbatch --cpus-per-task=288 jobs/multinode", " sbatch jobs/multinode"),),
+            (("DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode",
+              "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
     Mistake("olivia: an accel job longer than its 7 days", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--time=8-00:00:00 --account")),),
@@ -192,6 +205,6 @@ def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, 
                                  "--kill-on-bad-exit=1 \\\n     apptainer",
                                  "srun --ntasks-per-node=4 --cpus-per-task=12 "
                                  "--kill-on-bad-exit=1 \\\n     apptainer"),))
-    result = run_page(slurm_cluster, tmp_path, "alliance", page)
+    result = run_page(slurm_cluster, tmp_path, "alliance", page, continue_run=False)
     logs = [log for _, log in result.jobs.values()]
     assert any("world size 1 (per-task)" in log for log in logs), logs
