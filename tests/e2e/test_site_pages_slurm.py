@@ -23,6 +23,11 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, "pyxis": 4,
          "nersc-perlmutter": 4, "jsc-juwels-booster": 4}
 
+# The twins that run their page's continue step: Clariden's page is Alps's, the same job
+# line continued in the same way, so its continue step runs in Alps's twin only (a second
+# training of 4 ranks saved from the suite's time).
+CONTINUES = set(SITES) - {"cscs-clariden"}
+
 
 def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
@@ -36,7 +41,8 @@ def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool =
 
 @pytest.mark.parametrize("site", SITES)
 def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
-    result = run_page(slurm_cluster, tmp_path, site, page_of(site))
+    result = run_page(slurm_cluster, tmp_path, site, page_of(site),
+                      continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()
@@ -58,8 +64,8 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     # its last step) goes on from that checkpoint to a later step in the job it submits.
     resumed = re.compile(rf"resumed from \S*runs/{min(result.jobs)}/checkpoints/"
                          r"step-0+2: step 2")
-    assert any(resumed.search(log) and CONTINUED_STEP.search(log)
-               for _, log in result.jobs.values()), text[-4000:]
+    assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
+                                        for _, log in result.jobs.values()), text[-4000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
