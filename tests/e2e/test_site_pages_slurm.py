@@ -158,6 +158,10 @@ CATALOGUE = [
             (("--ntasks-per-node=4 --cpus-per-task=12 --kill-on-bad-exit=1 \\\n     apptainer",
               "--ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 \\\n     apptainer"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 12"),
+    Mistake("alliance: --requeue, which its pages do not say a job may ask", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--requeue --account")),),
+            re.escape("--requeue: this centre documents no requeue of a job (the twin is "
+                      "strict)")),
     Mistake("alliance: apptainer before `module load apptainer`", "alliance",
             (("   module load apptainer\n   git clone", "   git clone"),),
             "bash: apptainer: command not found"),
