@@ -141,13 +141,15 @@ continue_run() {
   if (( used >= cap )); then
     requeue_log "stopped by ${kind} after ${used} continuations for it, the cap" \
       "(MAX_TIME_LIMIT_RESTARTS=${MAX_TIME_LIMIT_RESTARTS}, MAX_PREEMPTIONS=${MAX_PREEMPTIONS}):" \
-      "not requeued; resubmit the same script to continue from the checkpoint"
+      "not requeued; resubmit the same script with TRAIN_RUN_ID=${TRAIN_RUN_ID} to continue" \
+      "from the checkpoint"
     exit "${REQUEUE_EXIT_STATUS}"
   fi
   printf '%s\n' "${kind}" >>"${CONTINUATIONS_FILE}"
   if [[ ${CONTINUE} == chain ]]; then
     next=$(submit_successor) || {
-      requeue_log "sbatch of the next job failed: resubmit the same script to continue"
+      requeue_log "sbatch of the next job failed: resubmit the same script with" \
+      "TRAIN_RUN_ID=${TRAIN_RUN_ID} to continue"
       exit "${REQUEUE_EXIT_STATUS}"
     }
     requeue_log "${kind}: continuing run ${TRAIN_RUN_ID} in job ${next}" \

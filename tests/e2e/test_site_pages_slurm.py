@@ -1,6 +1,7 @@
 """The page is the test: each site page's marked steps, typed in order into that centre's
 twin on the suite's SLURM cluster (tests/helpers/twins.py, tests/twins/*.toml), reach
-`train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU; and a
+`train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU, and the
+page's continue step carries the run of its first job on from that job's checkpoint; and a
 page edited into a real mistake (the catalogue below) fails in its twin, naming it.
 """
 
@@ -13,7 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 from tests.helpers.sites import LMOD_BEHIND
-from tests.helpers.twins import FIRST_STEP, Twin, centre_faults, twin_data
+from tests.helpers.twins import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
+                                 twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -22,18 +24,26 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, "pyxis": 4,
          "nersc-perlmutter": 4, "jsc-juwels-booster": 4}
 
+# The twins that run their page's continue step: Clariden's page is Alps's, the same job
+# line continued in the same way, so its continue step runs in Alps's twin only (a second
+# training of 4 ranks saved from the suite's time).
+CONTINUES = set(SITES) - {"cscs-clariden"}
+
 
 def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
 
 
-def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False):
-    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check)
+def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False,
+             continue_run: bool = True):
+    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check,
+                                                   continue_run=continue_run)
 
 
 @pytest.mark.parametrize("site", SITES)
 def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
-    result = run_page(slurm_cluster, tmp_path, site, page_of(site))
+    result = run_page(slurm_cluster, tmp_path, site, page_of(site),
+                      continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()
@@ -50,6 +60,13 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     # GPU the centre's memory: held against the steps the twin saw (never none).
     assert any("cpus_per_rank" in entry for entry in result.requests), result.requests
     assert centre_faults(site, result) == [], result.requests
+    # The page's continue step, after its jobs ended: the run of its first job (stopped
+    # at the tiny training's step limit, as a time limit stops it, with a checkpoint of
+    # its last step) goes on from that checkpoint to a later step in the job it submits.
+    resumed = re.compile(rf"resumed from \S*runs/{min(result.jobs)}/checkpoints/"
+                         r"step-0+2: step 2")
+    assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
+                                        for _, log in result.jobs.values()), text[-4000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
@@ -74,7 +91,8 @@ OLIVIA_BUILD = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-ta
 OLIVIA_DATA = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-task=72 --mem=110G "
                "--time=00:30:00 \\\n  bash -c")
 OLIVIA_JOB = "IMAGE=$PWD/hpc-train.sif DATA_DIR=$WORK/data sbatch --account=nnXXXXk jobs/"
-ALLIANCE_JOB = "sbatch --account=def-me jobs/sites/alliance.sbatch --epochs 30"
+ALLIANCE_JOB = ("DATASET_ARCHIVE=$PWD/data sbatch --account=def-me jobs/sites/alliance.sbatch "
+                "--epochs 30")
 CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
 CSCS_EDF = 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml'
@@ -97,7 +115,8 @@ CATALOGUE = [
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),
     Mistake("cscs: the batch line without its CPUs", "cscs-alps",
-            ((" sbatch --cpus-per-task=288 jobs/multinode", " sbatch jobs/multinode"),),
+            (("DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode",
+              "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
     Mistake("olivia: an accel job longer than its 7 days", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--time=8-00:00:00 --account")),),
@@ -145,6 +164,10 @@ CATALOGUE = [
             (("--ntasks-per-node=4 --cpus-per-task=12 --kill-on-bad-exit=1 \\\n     apptainer",
               "--ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 \\\n     apptainer"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 12"),
+    Mistake("alliance: --requeue, which its pages do not say a job may ask", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--requeue --account")),),
+            re.escape("--requeue: this centre documents no requeue of a job (the twin is "
+                      "strict)")),
     Mistake("alliance: apptainer before `module load apptainer`", "alliance",
             (("   module load apptainer\n   git clone", "   git clone"),),
             "bash: apptainer: command not found"),
@@ -198,6 +221,6 @@ def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, 
                                  "--kill-on-bad-exit=1 \\\n     apptainer",
                                  "srun --ntasks-per-node=4 --cpus-per-task=12 "
                                  "--kill-on-bad-exit=1 \\\n     apptainer"),))
-    result = run_page(slurm_cluster, tmp_path, "alliance", page)
+    result = run_page(slurm_cluster, tmp_path, "alliance", page, continue_run=False)
     logs = [log for _, log in result.jobs.values()]
     assert any("world size 1 (per-task)" in log for log in logs), logs

@@ -6,6 +6,10 @@ are tests"):
     <!-- step: login -->                       typed at the login node's shell
     <!-- step: batch jobs/sites/X.sbatch -->   the body of a batch script whose #SBATCH
                                                header is that file's
+    <!-- step: continue -->                    typed at the login node's shell once the
+                                               jobs before it have ended: the page's
+                                               resubmission that continues a run, <jobid>
+                                               the run's first job
 
 The block may be indented (a fence inside a numbered list); its lines lose the fence's
 indentation. A marker not followed by a fence is an error, so a step cannot silently drop
@@ -22,7 +26,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-MARKER = re.compile(r"^\s*<!-- step: (?P<kind>login|batch)(?: (?P<header>\S+))? -->\s*$")
+MARKER = re.compile(r"^\s*<!-- step: (?P<kind>login|batch|continue)(?: (?P<header>\S+))? -->\s*$")
 FENCE = re.compile(r"^(?P<indent>\s*)```")
 SHELL_FENCE = re.compile(r"^\s*```(bash|sh|shell|console)\s*$")
 NOT_A_STEP = re.compile(r"^\s*<!-- not a step: \S.*\S -->\s*$")
@@ -30,7 +34,7 @@ NOT_A_STEP = re.compile(r"^\s*<!-- not a step: \S.*\S -->\s*$")
 
 @dataclass(frozen=True)
 class Step:
-    kind: str           # login | batch
+    kind: str           # login | batch | continue
     header: str | None  # batch: the job script whose #SBATCH lines head the block
     text: str
     line: int           # the fence's line in the page (1-based), for messages
@@ -49,7 +53,8 @@ def page_steps(page: str) -> list[Step]:
                              f"fence on the next line, found {lines[number + 1:number + 2]!r}")
         if (marker["kind"] == "batch") != bool(marker["header"]):
             raise ValueError(f"line {number + 1}: `batch` names its header file "
-                             "(<!-- step: batch jobs/sites/X.sbatch -->), `login` names none")
+                             "(<!-- step: batch jobs/sites/X.sbatch -->), `login` and "
+                             "`continue` name none")
         body = []
         for row in lines[number + 2:]:
             if row.strip().startswith("```"):

@@ -205,6 +205,15 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
         fail(refused + NOT_AVAILABLE)
 
 
+def check_requeue(options: dict[str, str | None]) -> None:
+    """--requeue only where the centre's pages say a job may be requeued (the twin's
+    [continue] table); where they are silent the twin is strict and refuses it."""
+    if "requeue" in options and not CONFIG["continuation"].get("requeue"):
+        fail("sbatch: error: Batch job submission failed: --requeue: this centre documents "
+             "no requeue of a job (the twin is strict); continue a run by resubmitting it "
+             "with TRAIN_RUN_ID=<its first job id>")
+
+
 def for_the_cluster(options: dict[str, str | None]) -> list[str]:
     """The request, scaled to the cluster's nodes (CLUSTER_CPUS each, no GPUs)."""
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or CONFIG["cluster_cpus"])
@@ -340,6 +349,7 @@ def sbatch(args: list[str]) -> None:
     options = dict(listed)  # the command line wins, as in sbatch
     check_numbers("sbatch", options)
     check_request("sbatch", options)
+    check_requeue(options)
     # The script without the header lines the cluster cannot have (the command line
     # gives the scaled request).
     jobs = Path(CONFIG["state"]) / "jobs"

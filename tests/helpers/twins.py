@@ -14,9 +14,10 @@ a site file system (/cluster/..., /capstor/..., /scratch/...) lives under the tw
 folder, and a home folder link to one (Alliance's ~/scratch) points there; the
 dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
 of TINY_TRAIN, whose data step makes the data folder the real download would leave
-(the tiny dataset needs no files); the user's own `my_train.py` is OWN_SCRIPT; a GPU is
-one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node, the job's tasks). The
-commands the suite's machine lacks are the stand-ins of
+(the tiny dataset needs no files); a continue step's <jobid> is the page's first job,
+whose training goes on to step 4 (CONTINUED_TRAIN); the user's own `my_train.py` is
+OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
+the job's tasks). The commands the suite's machine lacks are the stand-ins of
 tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
 still checked); `module` is Lmod itself over module files made from the twin's table.
 """
@@ -40,18 +41,29 @@ from tests.slurm.cluster import NODES, ensure_hosts_entries
 
 TWINS = TESTS / "twins"
 PROJECT_URL = "https://github.com/hpc-train/hpc-train"
-# The tiny training that stands in for the page's dataset: digits at 16 px, 2 steps, a
-# step line in the log ("train: step 2/2 (epoch 1): loss ...": the first step logged).
-TINY_TRAIN = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
-              "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
-              "--epochs", "1", "--max-steps", "2", "--log-every", "1", "--dist-timeout", "120"]
-FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 # The page's `my_train.py` (the user's own script): the project's example, 2 steps.
 OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
 # The suite's cluster: 2 CPUs a node (tests/slurm/cluster.py), each standing for a GPU.
 CLUSTER_CPUS = 2
 STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "shifter",
              "shifterimg")
+
+
+def tiny_train(steps: int) -> list[str]:
+    """The tiny training that stands in for the page's dataset: digits at 16 px, stopped
+    at `steps`, a step line in the log for each ("train: step 2/2 (epoch 1): loss ...")."""
+    return ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
+            "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
+            "--epochs", "1", "--max-steps", str(steps), "--log-every", "1",
+            "--dist-timeout", "120"]
+
+
+TINY_TRAIN = tiny_train(2)
+FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
+# The page's continue step: the run its first job left at step 2 (the step limit stands
+# for the time limit: both end the job with a checkpoint of its last step) goes on to 4.
+CONTINUED_TRAIN = tiny_train(4)
+CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
 
 
 def twin_data(site: str) -> dict:
@@ -194,7 +206,7 @@ class Twin:
         if suffix:
             ensure_hosts_entries(tuple(node + suffix for node in NODES))
 
-    def substitute(self, text: str) -> str:
+    def substitute(self, text: str, train: list[str] = TINY_TRAIN) -> str:
         """The documented substitutions (module docstring)."""
         slurm = self.data["slurm"]
         if slurm.get("account_placeholder"):
@@ -208,7 +220,7 @@ class Twin:
         # The user's own script, and a process per GPU: one per CPU of the cluster's nodes.
         text = text.replace("my_train.py", OWN_SCRIPT)
         text = re.sub(r"--nproc-per-node=\d+", f"--nproc-per-node={CLUSTER_CPUS}", text)
-        return text.replace("--dataset cifar100", shlex.join(TINY_TRAIN))
+        return text.replace("--dataset cifar100", shlex.join(train))
 
     def config(self) -> Path:
         files = self.data["files"]
@@ -217,7 +229,7 @@ class Twin:
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
-                  "runtime": self.data["runtime"],
+                  "runtime": self.data["runtime"], "continuation": self.data["continue"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
                   "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
@@ -270,15 +282,21 @@ class Twin:
             f"export {exports}; mkdir -p \"$SCRATCH\" \"$PROJECT\"; else "
             "printf 'jutil: %s: not a project of yours\\n' \"$4\" >&2; return 1; fi; }")}
 
-    def login_script(self, page: str) -> str:
+    def login_script(self, page: str, continue_run: bool = True) -> str:
         # The login shell's `module` and `ml` are Lmod's (its bash start-up file exports
         # them to the jobs, as at the centres).
         lines = [f"source {LMOD_INIT}", "set -e"]
         if self.data["modules"]["loaded"]:  # what the centre's login loads (Lmod's restore)
             lines.append("module --initial_load --no_redirect restore")
         for number, step in enumerate(page_steps(page), 1):
+            if step.kind == "continue" and not continue_run:
+                continue
             lines.append(f"echo '== step {number} (page line {step.line}, {step.kind})' >&2")
-            if step.kind == "batch":
+            if step.kind == "continue":
+                lines += self.continuation()
+                lines.append(self.substitute(step.text, CONTINUED_TRAIN).replace(
+                    "<jobid>", f"$(head -n 1 {self.state / 'jobs.txt'})"))
+            elif step.kind == "batch":
                 script = self.state / f"batch-step-{number}.sbatch"
                 header = [row for row in (REPO / step.header).read_text().splitlines()
                           if row.startswith("#SBATCH ")]
@@ -289,11 +307,23 @@ class Twin:
                 lines.append(self.substitute(step.text))
         return "\n".join(lines) + "\n"
 
-    def run(self, page: str, timeout: float = 400, launch_check: bool = False) -> Result:
+    def continuation(self) -> list[str]:
+        """Before a continue step: the user waits until the jobs before it have ended (each
+        left its checkpoint), and the continued training goes on past their step limit."""
+        jobs = self.state / "jobs.txt"
+        return [f"export TWIN_TRAIN_ARGS={shlex.quote(json.dumps(CONTINUED_TRAIN))}",
+                f"for job in $(cat {jobs}); do while squeue -h -j $job -t PD,CF,R,CG,S "
+                "2>/dev/null | grep -q .; do sleep 1; done; done"]
+
+    def run(self, page: str, timeout: float = 400, launch_check: bool = False,
+            continue_run: bool = True) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
-        (LAUNCH_CHECK=1, jobs/lib/launch.sh), the same steps asked of SLURM, faster."""
+        (LAUNCH_CHECK=1, jobs/lib/launch.sh), the same steps asked of SLURM, faster; a
+        check leaves no checkpoint, so the continue steps are left out then, as they are
+        when not continue_run."""
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {})
-        done = subprocess.run(["bash", "-c", self.login_script(page)], env=env,
+        script = self.login_script(page, continue_run and not launch_check)
+        done = subprocess.run(["bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
         jobs = {}

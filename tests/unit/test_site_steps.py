@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import re
+
 from tests.helpers import REPO
 from tests.helpers.steps import page_steps, unmarked_blocks
 from tests.helpers.twins import TWINS, twin_data
@@ -57,6 +59,7 @@ def test_the_marked_blocks_are_the_steps_in_order_and_dedented():
     ("<!-- step: login -->\ntext\n", "must be followed by a ``` fence"),
     ("<!-- step: login -->\n```bash\necho\n", "never closed"),
     ("<!-- step: batch -->\n```bash\necho\n```\n", "`batch` names its header file"),
+    ("<!-- step: continue x.sbatch -->\n```bash\necho\n```\n", "`continue` name none"),
 ])
 def test_a_marker_that_cannot_be_a_step_is_an_error(page, message):
     with pytest.raises(ValueError, match=message):
@@ -121,3 +124,23 @@ def test_each_page_states_its_centres_quotas_and_purges_as_its_twin_cites_them(s
     table, said = cited_section(site, "Quotas and purges", "storage")
     for fact in table["facts"]:
         assert fact in said, (site, fact)
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_each_page_continues_a_run_as_its_twin_cites_the_centre(site):
+    """A page's "Continue a run" section states how the centre ends and continues a job
+    (its longest job, requeue, preemption), each fact as the twin's [continue] table
+    holds it with the pages read and the date, and ends with one continue step: the
+    page's job line again with TRAIN_RUN_ID=<jobid>, its job script asking --requeue
+    only where the centre's pages say a job may be requeued."""
+    table, said = cited_section(site, "Continue a run", "continue")
+    for fact in table["facts"]:
+        assert fact in said, (site, fact)
+    page = (REPO / twin_data(site)["page"]).read_text()
+    steps = page_steps(page)
+    assert [step.kind for step in steps].count("continue") == 1, site
+    assert steps[-1].kind == "continue", site  # after every job it continues
+    assert "TRAIN_RUN_ID=<jobid> sbatch" in steps[-1].text, steps[-1].text
+    script = re.search(r"jobs/\S+\.sbatch", steps[-1].text).group()
+    requeues = "\n#SBATCH --requeue\n" in (REPO / script).read_text()
+    assert requeues == table["requeue"], (site, script)
