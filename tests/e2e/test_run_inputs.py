@@ -89,6 +89,8 @@ def turn_read_only(fs: Path) -> None:
 
 
 def assert_read_only_line_and_kept(status: int, fs: Path, log: Path, kept: int) -> None:
+    """The run's end: one line, exit status 2, the newest committed checkpoint `kept` (on
+    the file system, still mounted)."""
     text = log.read_text()
     assert status == 2 and "Traceback" not in text, text[-3000:]
     assert f"the file system turned read-only under {fs / 'run'}" in text, text[-3000:]
@@ -106,8 +108,7 @@ def test_a_run_folder_turned_read_only_is_one_line_and_keeps_its_checkpoint(tmp_
         wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
         kept = latest_step(root)
         turn_read_only(fs)
-        status = job.wait(timeout=120)
-    assert_read_only_line_and_kept(status, fs, log, kept)
+        assert_read_only_line_and_kept(job.wait(timeout=120), fs, log, kept)
 
 
 def stopped_holding_a_save(writer: int, root: Path) -> bool:
@@ -133,8 +134,7 @@ def test_a_run_folder_turned_read_only_while_the_writer_saves_is_one_line(tmp_pa
         kept = latest_step(root)
         turn_read_only(fs)
         os.kill(writer, signal.SIGCONT)
-        status = job.wait(timeout=120)
-    assert_read_only_line_and_kept(status, fs, log, kept)
+        assert_read_only_line_and_kept(job.wait(timeout=120), fs, log, kept)
 
 
 def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -110,12 +111,12 @@ def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path) -> di
         length = file.read(8)
         head = length + file.read(int.from_bytes(length, "little"))
         size = os.fstat(file.fileno()).st_size
-        syncing = threading.Thread(target=os.fsync, args=(file.fileno(),))
-        syncing.start()
-        try:
+        # A pool of one, not a bare thread: a failed fsync (a file system turned read-only
+        # under it) fails the save here, rather than being printed by the thread and lost.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            syncing = pool.submit(os.fsync, file.fileno())
             digest = _digest(buffer, layout, head, size)
-        finally:
-            syncing.join()
+        syncing.result()
     return dict(bytes=size, sha256=digest)
 
 
