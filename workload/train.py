@@ -27,7 +27,6 @@ Smoke run:
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 from typing import NoReturn
 
@@ -111,28 +110,18 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
         point_to_diagnose(error, cfg)
         raise
     except OSError as error:
-        if error.errno not in WRITE_PROBLEMS:
+        from workload.checkpoint.diskfull import write_problem
+
+        line = write_problem(error.errno, error.filename or cfg.logging.output_dir)
+        if line is None:
             raise
-        problem, fix = WRITE_PROBLEMS[error.errno]
-        where = error.filename or cfg.logging.output_dir
-        raise UsageError(f"{problem} {where} ({error.strerror}); {fix} and start the run "
-                         "again: it resumes from its last complete checkpoint") from None
+        raise UsageError(line) from None
     finally:
         if not keep_signal_handlers:
             # In this order: unregistering the dump puts back what SIGUSR1 had when it was
             # registered (ignored since start-up), and uninstall then what it had before.
             forget_dump_signal()
             flag.uninstall()
-
-
-# A write the run cannot go on without, failed for a reason the user must fix: what went
-# wrong (the file follows) and the fix.
-NO_SPACE = ("no space left on the device holding", "free space there")
-WRITE_PROBLEMS = {errno.ENOSPC: NO_SPACE, errno.EDQUOT: NO_SPACE,
-                  errno.EROFS: ("the file system turned read-only under",
-                                "make it writable again (a file system error or a remount "
-                                "made it read-only: ask your site's support) or copy the run "
-                                "folder to another and pass that as --output-dir")}
 
 
 def forget_dump_signal() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import CHECKPOINT_ARGS as ARGS
-from tests.helpers import clean_env, read_jsonl, write_image_folder
+from tests.helpers import TINY, clean_env, read_jsonl, write_image_folder
 
 pytestmark = pytest.mark.slow  # every test here trains
 
@@ -132,6 +132,22 @@ def test_a_step_limit_then_a_larger_one_ends_like_one_run(tmp_path):
     assert resumed["steps_run"] == 60
     assert resumed["model_sha256"] == straight["model_sha256"]
     assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 9))
+
+
+def test_an_image_folder_read_by_workers_stopped_mid_epoch_continues_like_one_run(tmp_path):
+    # Each sample's augmentation is seeded by its place in the epoch, not drawn from the
+    # DataLoader worker's generator, which a resumed run starts afresh.
+    images = write_image_folder(tmp_path / "images", per_class=12, size=16)  # 6 steps an epoch
+    folder = [*TINY, "--dataset", "imagefolder", "--data-dir", str(images), "--image-size", "16",
+              "--batch-size", "4", "--epochs", "2", "--seed", "5", "--workers", "1",
+              "--checkpoint-every", "0"]
+    straight, _ = trained(folder, tmp_path / "straight")
+    out = tmp_path / "stopped"
+    trained([*folder, "--max-steps", "8"], out)
+    resumed, log = trained(folder, out)
+    assert "step 8, epoch 2, batch 2 of the epoch" in log
+    assert resumed["steps_run"] == 12
+    assert resumed["model_sha256"] == straight["model_sha256"]
 
 
 def test_a_step_limit_on_a_checkpoint_step_saves_it_once(tmp_path):

@@ -1,6 +1,7 @@
 """`train` on damaged run folders and path flags, run as users run it: a damaged
 diagnostics folder is one warning and the training goes on; a run folder that turns
-read-only mid-run is one line, its checkpoint kept."""
+read-only mid-run, under the loop or under the background writer's save, is one line, its
+checkpoints kept."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, clean_env, ext4, tmpfs, wait_for, write_image_folder
+from tests.helpers import (TINY, clean_env, ext4, tmpfs, wait_for, write_image_folder,
+                           writer_of)
 from workload.checkpoint.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
@@ -60,35 +62,79 @@ def test_a_damaged_diagnostics_folder_is_a_warning_and_the_run_trains(kind, tmp_
     assert json.loads((out / "summary.json").read_text())["epochs_run"] == 1
 
 
-@pytest.mark.root  # mounts an ext4 file system
-def test_a_run_folder_turned_read_only_is_one_line_and_keeps_its_checkpoint(tmp_path):
-    """ext4 mounted errors=remount-ro turns itself read-only on an error (the kernel's
-    trigger_fs_error makes one), files open for writing or not: the loop's next write
-    (steps.jsonl, --log-every 1) fails with EROFS."""
+@contextlib.contextmanager
+def long_run_on_ext4(tmp_path: Path, *args: str):
+    """`train` running into a run folder on an ext4 file system mounted errors=remount-ro,
+    which turns itself read-only on an error (the kernel's trigger_fs_error makes one),
+    files open for writing or not: the job, the file system and the job's log."""
     log = tmp_path / "log.txt"
     with ext4(tmp_path / "fs", tmp_path / "fs.img", "errors=remount-ro") as fs:
-        root = fs / "run" / "checkpoints"
         with open(log, "w") as stream:
             job = subprocess.Popen([sys.executable, "-m", "workload.train", *QUICK,
-                                    "--synthetic-size", "4096", "--epochs", "50",
-                                    "--log-every", "1", "--checkpoint-every", "0",
+                                    "--synthetic-size", "4096", "--epochs", "50", *args,
                                     "--output-dir", str(fs / "run")],
                                    stdout=stream, stderr=subprocess.STDOUT, env=clean_env())
         try:
-            wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
-            kept = latest_step(root)
-            device = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(fs)], check=True,
-                                         capture_output=True, text=True).stdout.strip())
-            Path(f"/sys/fs/ext4/{device.name}/trigger_fs_error").write_text("1")
-            status = job.wait(timeout=120)
+            yield job, fs, log
         finally:
             if job.poll() is None:
                 job.kill()
                 job.wait()
-        text = log.read_text()
-        assert status == 2 and "Traceback" not in text, text[-3000:]
-        assert f"the file system turned read-only under {fs / 'run'}" in text, text[-3000:]
-        assert latest_step(root) == kept and complete_steps(root)[-1][0] == kept
+
+
+def turn_read_only(fs: Path) -> None:
+    device = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(fs)], check=True,
+                                 capture_output=True, text=True).stdout.strip())
+    Path(f"/sys/fs/ext4/{device.name}/trigger_fs_error").write_text("1")
+
+
+def assert_read_only_line_and_kept(status: int, fs: Path, log: Path, kept: int) -> None:
+    """The run's end: one line, exit status 2, the newest committed checkpoint `kept` (on
+    the file system, still mounted)."""
+    text = log.read_text()
+    assert status == 2 and "Traceback" not in text, text[-3000:]
+    assert f"the file system turned read-only under {fs / 'run'}" in text, text[-3000:]
+    assert "make it writable again" in text, text[-3000:]
+    root = fs / "run" / "checkpoints"
+    assert latest_step(root) == kept and complete_steps(root)[-1][0] == kept
+
+
+@pytest.mark.root  # mounts an ext4 file system
+def test_a_run_folder_turned_read_only_is_one_line_and_keeps_its_checkpoint(tmp_path):
+    """The loop's next write (steps.jsonl, --log-every 1) fails with EROFS."""
+    with long_run_on_ext4(tmp_path, "--log-every", "1", "--checkpoint-every", "0") as (
+            job, fs, log):
+        root = fs / "run" / "checkpoints"
+        wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
+        kept = latest_step(root)
+        turn_read_only(fs)
+        assert_read_only_line_and_kept(job.wait(timeout=120), fs, log, kept)
+
+
+def stopped_holding_a_save(writer: int, root: Path) -> bool:
+    """Stop the writer; whether it holds a save not yet committed then (its temporary
+    folder is there), else it goes on."""
+    os.kill(writer, signal.SIGSTOP)
+    if list(root.glob(".tmp-step-*")):
+        return True
+    os.kill(writer, signal.SIGCONT)
+    return False
+
+
+@pytest.mark.root  # mounts an ext4 file system
+def test_a_run_folder_turned_read_only_while_the_writer_saves_is_one_line(tmp_path):
+    """The background writer (the default asynchronous save) meets the read-only folder:
+    stopped while it holds a save, the folder turned read-only, then let go on."""
+    with long_run_on_ext4(tmp_path, "--checkpoint-every", "2") as (job, fs, log):
+        root = fs / "run" / "checkpoints"
+        wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
+        writer = writer_of(job.pid)
+        wait_for(lambda: stopped_holding_a_save(writer, root), "a save in flight", log, 60,
+                 poll=0.01)
+        kept = latest_step(root)
+        turn_read_only(fs)
+        os.kill(writer, signal.SIGCONT)
+        assert_read_only_line_and_kept(job.wait(timeout=120), fs, log, kept)
 
 
 def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):

@@ -29,7 +29,7 @@ def test_unreadable_and_empty_images_are_skipped_with_a_warning(tmp_path, caplog
     os.mkfifo(cats / "01.jpg")  # an open for reading would wait for a writer forever
     os.symlink("/dev/zero", cats / "02.jpg")  # a device that never ends
     train, _ = load_imagefolder(str(tmp_path), 32)
-    images = [train[i] for i in range(len(train))]
+    images = [train[(i, 0)] for i in range(len(train))]
     assert all(image.shape == (3, 32, 32) and image.dtype == torch.uint8
                for image, _ in images)
     for name in ("0.jpg", "1.jpg", "00.jpg"):

@@ -112,6 +112,20 @@ def test_the_window_leaves_out_the_jobs_first_step_and_its_hooks():
     assert window.seconds == pytest.approx(window.epoch_s)
 
 
+def test_the_progress_lines_interval_is_a_lap_of_the_window():
+    probe = StepProbe(step=5)
+    probe.open_window()
+    steps(probe, 6, 6, hooks_s=0.1)  # the job's first step: left out, as from the window
+    steps(probe, 7, 8, hooks_s=0.02)
+    lap = probe.lap()
+    assert (lap.steps, lap.images) == (2, 8) and 0.04 <= lap.seconds < 0.1
+    steps(probe, 9, 9)
+    assert (probe.lap().steps, probe.lap().steps) == (1, 0)  # each lap begins the next
+    steps(probe, 10, 10)
+    probe.open_window()  # a new epoch: the evaluation before it is in no interval
+    assert probe.lap().steps == 0
+
+
 class Numbers:
     """A contributor to the interval exchange that records what it was asked."""
 
@@ -143,6 +157,16 @@ def test_the_interval_exchange_gives_each_contributor_its_own_columns():
     assert a.calls == b.calls == ["start", 2, 3]  # steps 6 (two since 4) and 9 (three)
     assert exchange.latest_record() == {"a": [[3.0, 3.0]], "a_step": 9,
                                         "b": [[3.0, 3.0, 3.0]], "b_step": 9}
+
+
+def test_the_progress_line_keeps_no_clock_of_its_own():
+    """Its interval's seconds are the probe's laps: one clock for a step."""
+    import inspect
+
+    from workload.training import progress
+    source = inspect.getsource(progress)
+    for word in ("import time", "perf_counter", "monotonic", "time()", "synchronize"):
+        assert word not in source, word
 
 
 def test_the_loop_keeps_no_clock_and_writes_no_output():

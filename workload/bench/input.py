@@ -92,7 +92,7 @@ class EncodedReader:
         else:
             paths = [path for path, _ in load_imagefolder(cfg.data.data_dir, 32)[0].samples]
             self.sampler = ShardSampler(len(paths), seed, 0, 1, True)
-            self.read = lambda i: Path(paths[i]).read_bytes()
+            self.read = lambda item: Path(paths[item[0]]).read_bytes()
 
     def __len__(self) -> int:
         return self.sampler.count() // self.batch_size

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint import writer
-from workload.checkpoint.diskfull import DiskFull, mib
+from workload.checkpoint.diskfull import DiskFull, mib, write_problem
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
 from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
@@ -254,8 +254,8 @@ class WriterHandle:
             if "disk_full" in reply:
                 raise DiskFull(reply["disk_full"])
             if "error" in reply:
-                raise WriterFailed(f"the checkpoint writer could not save step {step}: "
-                                   f"{reply['error']}")
+                why = write_problem(reply.get("errno"), reply.get("where")) or reply["error"]
+                raise WriterFailed(f"the checkpoint writer could not save step {step}: {why}")
         if self.proc.poll() is not None:
             self._died("after its last save, which was committed")
 

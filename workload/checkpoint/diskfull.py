@@ -1,5 +1,8 @@
 """A save that runs out of disk space: one line that names the folder and the space, and
-the partial files removed; torch-free, for the background writer process too.
+the partial files removed; torch-free, for the background writer process too. And the one
+line for any write the run cannot go on without that failed for a reason the user must
+fix (`write_problem`: a full disk, a file system turned read-only), whichever process
+wrote.
 
 A writer need not report a full disk as OSError(ENOSPC) (torch.save's zip writer raised a
 RuntimeError, "unexpected pos ..."), so any failure of a save is followed by a look at the
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -20,6 +24,14 @@ from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+# A write the run cannot go on without, failed for a reason the user must fix: what went
+# wrong (the file or folder follows) and the fix.
+_NO_SPACE = ("no space left on the device holding", "free space there")
+WRITE_PROBLEMS = {errno.ENOSPC: _NO_SPACE, errno.EDQUOT: _NO_SPACE,
+                  errno.EROFS: ("the file system turned read-only under",
+                                "make it writable again (a file system error or a remount "
+                                "made it read-only: ask your site's support) or copy the run "
+                                "folder to another and pass that as --output-dir")}
 
 
 class DiskFull(UsageError):
@@ -45,12 +57,29 @@ def mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
+def errno_of(error: Exception) -> int | None:
+    """The errno of a failed write: an OSError's, or the one a writer's own error names
+    (safetensors': "Read-only file system (os error 30)")."""
+    if isinstance(error, OSError):
+        return error.errno
+    found = re.search(r"\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
+
+
+def write_problem(number: int | None, where) -> str | None:
+    """The one line for a write at `where` that failed with errno `number`, when the user
+    must fix it (WRITE_PROBLEMS); None for another failure."""
+    if number not in WRITE_PROBLEMS:
+        return None
+    problem, fix = WRITE_PROBLEMS[number]
+    return (f"{problem} {where} ({os.strerror(number)}); {fix} and start the run again: it "
+            "resumes from its last complete checkpoint")
+
+
 def full_disk(error: Exception, free: int, need: int) -> bool:
     """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
-    OSError or inside a writer's own error (safetensors' "(os error 28)"), or less free
-    space than the write needs."""
-    own = any(f"(os error {number})" in str(error) for number in _FULL)
-    return (isinstance(error, OSError) and error.errno in _FULL) or own or free < need
+    OSError or inside a writer's own error, or less free space than the write needs."""
+    return errno_of(error) in _FULL or free < need
 
 
 @contextmanager

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -42,7 +43,7 @@ try:  # safetensors 0.8 and later: `serialize_file` takes each tensor's address 
 except ImportError:  # earlier releases (a base image's own): each tensor's bytes
     TensorSpec = None
 
-from workload.checkpoint.diskfull import DiskFull, guarded_save
+from workload.checkpoint.diskfull import DiskFull, errno_of, guarded_save
 from workload.checkpoint.durable import SAFETENSORS_METADATA
 from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.store import finish_checkpoint
@@ -110,12 +111,12 @@ def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path) -> di
         length = file.read(8)
         head = length + file.read(int.from_bytes(length, "little"))
         size = os.fstat(file.fileno()).st_size
-        syncing = threading.Thread(target=os.fsync, args=(file.fileno(),))
-        syncing.start()
-        try:
+        # A pool of one, not a bare thread: a failed fsync (a file system turned read-only
+        # under it) fails the save here, rather than being printed by the thread and lost.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            syncing = pool.submit(os.fsync, file.fileno())
             digest = _digest(buffer, layout, head, size)
-        finally:
-            syncing.join()
+        syncing.result()
     return dict(bytes=size, sha256=digest)
 
 
@@ -208,8 +209,17 @@ def serve() -> None:
         except DiskFull as error:
             _answer(replies, {"disk_full": str(error)})
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)
-            _answer(replies, {"error": f"{type(error).__name__}: {error}"})
+            _answer(replies, _failure(error, request))
     buffer.close()
+
+
+def _failure(error: Exception, request: dict) -> dict:
+    """The answer to a failed save: the error, and its errno and where it struck, so that
+    the loop names a run folder turned read-only as a save in the loop would
+    (diskfull.write_problem)."""
+    where = getattr(error, "filename", None) or request["root"]
+    return {"error": f"{type(error).__name__}: {error}", "errno": errno_of(error),
+            "where": str(where)}
 
 
 def _answer(replies, reply: dict) -> None:

@@ -7,8 +7,10 @@ independent crop offset uniform in [0, 2*padding] per axis and a flip with proba
 
 `ArrayImages` is what `--data-backend torch` reads for CIFAR, digits and synthetic data:
 one uint8 C x H x W tensor at a time through torchvision's RandomHorizontalFlip and
-RandomCrop(size, padding=4) in DataLoader workers; normalisation then runs batched on the
-training device with the same `Normalizer` every backend uses.
+RandomCrop(size, padding=4) in DataLoader workers, each sample's draws `seeded` by the
+seed its sampler hands with it (as an image folder's and a shard folder's are);
+normalisation then runs batched on the training device with the same `Normalizer` every
+backend uses.
 """
 
 from __future__ import annotations
@@ -93,6 +95,21 @@ def augment(images: torch.Tensor, generator: torch.Generator,
     return flip_and_crop(images, padding, flip, dy, dx)
 
 
+def seeded(transform, image, seed: int):
+    """`transform(image)` drawing from the CPU generator seeded by `seed` (loaders.sample_seed:
+    a function of the sample's place in the epoch, not of the worker that reads it), the
+    generator then put back as it was (without workers it is the training loop's, which
+    dropout draws from). The generator alone: torch.manual_seed also seeds every other
+    device kind, half a millisecond a sample, a tenth of decoding and augmenting."""
+    generator = torch.default_generator
+    state = generator.get_state()
+    try:
+        generator.manual_seed(seed)
+        return transform(image)
+    finally:
+        generator.set_state(state)
+
+
 def train_transform(image_size: int):
     """torchvision's flip and crop (imported here: its import takes seconds, which the
     batched backends do without)."""
@@ -102,7 +119,8 @@ def train_transform(image_size: int):
 
 
 class ArrayImages(torch.utils.data.Dataset):
-    """(uint8 image, label) pairs from an ArrayDataset, augmented one sample at a time."""
+    """(uint8 image, label) pairs from an ArrayDataset, augmented one sample at a time;
+    items are (index, augmentation seed), as loaders.ShardSampler yields them."""
 
     def __init__(self, data: ArrayDataset, train: bool):
         self.images = data.images
@@ -112,8 +130,9 @@ class ArrayImages(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, seed = item
         image = self.images[index]
         if self.transform is not None:
-            image = self.transform(image)
+            image = seeded(self.transform, image, seed)
         return image, int(self.labels[index])

@@ -13,6 +13,7 @@ import torchvision.transforms.v2 as T
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import has_file_allowed_extension
 
+from workload.data.augment import seeded
 from workload.data.datasets import MAX_SKIPPED, UNREADABLE, bad_file_note, open_rgb, walk_once
 from workload.errors import UsageError
 
@@ -37,7 +38,9 @@ class CheckedImageFolder(ImageFolder):
             raise FileNotFoundError(f"no image files in the class folders {empty}")
         return samples
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, item: tuple[int, int]):
+        """Items are (index, augmentation seed), as loaders.ShardSampler yields them."""
+        index, seed = item
         for offset in range(MAX_SKIPPED + 1):
             path, target = self.samples[(index + offset) % len(self.samples)]
             try:
@@ -45,7 +48,7 @@ class CheckedImageFolder(ImageFolder):
             except UNREADABLE as error:
                 bad_file_note(path, error)
                 continue
-            return (self.transform(sample) if self.transform else sample), target
+            return seeded(self.transform, sample, seed), target
         raise UsageError(f"{MAX_SKIPPED + 1} image files in a row cannot be read, from "
                          f"{self.samples[index][0]} on; check the files under {self.root}")
 

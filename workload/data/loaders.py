@@ -25,24 +25,25 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 _EPOCH_STRIDE = 1_000_003
 _RANK_STRIDE = 10_007
 _BATCH_STRIDE = 101
+_POSITION_STRIDE = 1_000_000_007  # more samples than any epoch holds
 # torch generators take seeds below 2**64: the mixed values wrap around there (a seed up to
 # --seed's limit of 2**32 - 1 would overflow otherwise; smaller ones are unchanged).
 _SEED_SPACE = 2**64
+_SAMPLE_SEED_SPACE = 2**63  # sample_seed's (the shard reader's since it was written)
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, rank: int, world_size: int,
-                shuffle: bool = True) -> torch.Tensor:
-    """This rank's sample indices for one epoch.
+def global_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The epoch's order of all samples: shuffled with a generator seeded by (seed, epoch),
+    the same on every rank."""
+    generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
+    return torch.randperm(num_samples, generator=generator)
 
-    Shuffled with a generator seeded by (seed, epoch), the same on every rank, then dealt
-    round-robin (`deal`).
-    """
-    if shuffle:
-        generator = torch.Generator().manual_seed((seed * _EPOCH_STRIDE + epoch) % _SEED_SPACE)
-        order = torch.randperm(num_samples, generator=generator)
-    else:
-        order = torch.arange(num_samples)
-    return deal(order, rank, world_size)
+
+def epoch_order(num_samples: int, seed: int, epoch: int, rank: int,
+                world_size: int) -> torch.Tensor:
+    """This rank's sample indices for one epoch: the global order dealt round-robin
+    (`deal`)."""
+    return deal(global_order(num_samples, seed, epoch), rank, world_size)
 
 
 def deal(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -51,6 +52,15 @@ def deal(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     all ranks run the same number of steps, and step b's global batch is the same entries
     at any number of ranks."""
     return order[rank::world_size][:len(order) // world_size]
+
+
+def rank_positions(total: int, rank: int, world_size: int, train: bool) -> range:
+    """This rank's places in an epoch's global sequence of `total` samples: the rule of
+    `deal` (training) and `eval_shard` (evaluation), as a range, since its length is asked
+    at every step."""
+    if not train:
+        return range(rank, total, world_size)
+    return range(rank, total // world_size * world_size, world_size)
 
 
 def eval_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
@@ -68,6 +78,14 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     and still draw exactly what the uninterrupted run drew."""
     mixed = ((seed * _EPOCH_STRIDE + epoch) * _RANK_STRIDE + rank) * _BATCH_STRIDE + batch
     return mixed % _SEED_SPACE
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The augmentation seed of the sample at `position` of an epoch's global sequence, for
+    the loaders that augment one sample at a time (in DataLoader workers: see
+    augment.seeded): a resumed run draws what the uninterrupted run drew, whichever worker
+    a sample lands in, and at any number of ranks."""
+    return ((seed * _EPOCH_STRIDE + epoch) * _POSITION_STRIDE + position) % _SAMPLE_SEED_SPACE
 
 
 def num_batches(num_samples: int, batch_size: int, train: bool) -> int:
@@ -120,7 +138,9 @@ class DeviceLoader(ShardedBatches):
 
 
 class ShardSampler(torch.utils.data.Sampler):
-    """The shared sharding rule as a DataLoader sampler; set `epoch` and `start` before use."""
+    """The shared sharding rule as a DataLoader sampler of (sample index, augmentation seed)
+    pairs (`sample_seed`; 0 for evaluation); set `epoch` and `start` (in samples) before
+    use."""
 
     def __init__(self, num_samples: int, seed: int, rank: int, world_size: int, train: bool):
         self.num_samples = num_samples
@@ -131,18 +151,19 @@ class ShardSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.start = 0
 
-    def _indices(self) -> torch.Tensor:
-        if self.train:
-            return epoch_order(self.num_samples, self.seed, self.epoch, self.rank,
-                               self.world_size)
-        return eval_shard(self.num_samples, self.rank, self.world_size)
+    def _positions(self) -> range:
+        return rank_positions(self.num_samples, self.rank, self.world_size, self.train)
 
     def __iter__(self):
-        return iter(self._indices()[self.start:].tolist())
+        positions = self._positions()[self.start:]
+        if not self.train:
+            return ((p, 0) for p in positions)
+        order = global_order(self.num_samples, self.seed, self.epoch).tolist()
+        return ((order[p], sample_seed(self.seed, self.epoch, p)) for p in positions)
 
     def count(self) -> int:
         """This rank's samples in an epoch."""
-        return len(self._indices())
+        return len(self._positions())
 
     def __len__(self) -> int:
         return self.count() - self.start
@@ -155,7 +176,6 @@ class TorchLoader:
                  *, train: bool, seed: int, rank: int, world_size: int, workers: int,
                  sampler=None):
         # `sampler`: another order with ShardSampler's interface (shards.StreamSampler)
-        own_sampler = sampler is not None
         if sampler is None:
             sampler = ShardSampler(len(dataset), seed, rank, world_size, train)
         self.sampler = sampler
@@ -167,11 +187,11 @@ class TorchLoader:
             dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
             drop_last=train, pin_memory=device.type == "cuda",
             persistent_workers=workers > 0,
-            # A given sampler's items carry their own augmentation seeds: its iterators
-            # then draw their workers' seeds from a generator of their own, not from the
-            # global one that dropout draws from, which a resumed run must find as the
-            # uninterrupted run left it.
-            generator=torch.Generator() if own_sampler else None,
+            # The sampler's items carry their own augmentation seeds: the iterators draw
+            # their workers' seeds from a generator of their own, not from the global one
+            # that dropout draws from, which a resumed run must find as the uninterrupted
+            # run left it.
+            generator=torch.Generator(),
             # SLURM's preemption, time limit and scancel signal every process of the step:
             # the workers leave them to the training loop, which checkpoints and then ends
             # them (a worker that died of SIGTERM would fail the run in the middle of a step).

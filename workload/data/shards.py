@@ -48,7 +48,9 @@ from pathlib import Path
 import torch
 
 from workload.data import shardformat
+from workload.data.augment import seeded
 from workload.data.datasets import UNREADABLE, open_rgb
+from workload.data.loaders import rank_positions, sample_seed
 from workload.data.shardformat import (BLOCK, MANIFEST, MAX_CLASS_TEXT, SPLITS, check_member,
                                        damaged, padded, read_index, read_manifest)
 from workload.files import open_regular, sha256_file
@@ -60,7 +62,6 @@ OPEN_SHARDS = 8  # shards a process keeps open at least (a lane's buffer spans a
 SHARDS_PER_LANE = 3  # shards a process keeps open per lane it reads
 _SEED_SPACE = 2**63
 _EPOCH_STRIDE = 1_000_003
-_POSITION_STRIDE = 1_000_000_007  # more samples than any epoch holds
 
 
 def lane_count(num_shards: int) -> int:
@@ -133,11 +134,6 @@ def lanes_read(counts: list[int], world_size: int) -> int:
     return lanes // math.gcd(lanes, world_size)
 
 
-def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """The augmentation seed of the sample at `position` of an epoch's global sequence."""
-    return ((seed * _EPOCH_STRIDE + epoch) * _POSITION_STRIDE + position) % _SEED_SPACE
-
-
 class StreamSampler(torch.utils.data.Sampler):
     """This rank's (sample, augmentation seed) pairs; TorchLoader sets `epoch` and `start`
     (in samples) before each pass. The epoch's order is made once per epoch, when it is
@@ -154,13 +150,7 @@ class StreamSampler(torch.utils.data.Sampler):
         self._cached: tuple[int, list[int]] | None = None
 
     def _positions(self) -> range:
-        """This rank's places in the epoch's global sequence: the rule of loaders.deal
-        (training) and loaders.eval_shard (evaluation), as a range, since its length is
-        asked at every step."""
-        total = sum(self.counts)
-        if not self.train:
-            return range(self.rank, total, self.world_size)
-        return range(self.rank, total // self.world_size * self.world_size, self.world_size)
+        return rank_positions(sum(self.counts), self.rank, self.world_size, self.train)
 
     def count(self) -> int:
         return len(self._positions())
@@ -230,17 +220,7 @@ class ShardSamples(torch.utils.data.Dataset):
         sample, seed = item
         j, k = self._locate(sample)
         image, label = self.read(j, k)
-        # The transforms draw from the CPU generator: seeded for this sample, then put
-        # back as it was (without workers this is the training loop's, which dropout
-        # draws from). The generator alone: torch.manual_seed also seeds every other
-        # device kind, half a millisecond a sample, a tenth of decoding and augmenting.
-        generator = torch.default_generator
-        state = generator.get_state()
-        try:
-            generator.manual_seed(seed)
-            return self.transform(image), label
-        finally:
-            generator.set_state(state)
+        return seeded(self.transform, image, seed), label
 
     def encoded(self, sample: int) -> tuple[bytes, int]:
         """A sample's image file bytes, its headers checked, and its class."""

@@ -12,13 +12,16 @@ each step, and what measures the loop reads it instead of the loop writing to ea
     enter(phase)      a phase outside the step: checkpoint, collective, evaluation
     open_window       an epoch's steps begin
     close_window      they end: the epoch's `Window` (images, seconds, first step)
+    lap               the progress line's interval ends, the next begins: its `Lap`
 
 The probe is also the one clock of a step's throughput: the window of an epoch counts the
 images of its steps and their seconds, with this job's first step left out (its warm-up
 and compilation, `first_step_s`, timed apart from the images per second). The window
 starts where the first step's hooks are done (at the next `step_start`), and the device
 is synchronised once at the first step's end (what the start-up clock reads too,
-workload.training.startup) and once where a window closes.
+workload.training.startup) and once where a window closes. The progress line's interval
+(a `Lap`, workload.training.progress) is timed the same way within the epoch's window:
+from the window's start or the last line's `lap`, synchronised where it ends.
 
 Readers: the stall watchdog (the step and the phase, the `Activity` it watches), the
 straggler check (each rank's own work and data wait per step), the energy account
@@ -57,6 +60,15 @@ class Window:
     first_step_s: float | None  # this job's first step and its hooks, if in this epoch
 
 
+@dataclass(frozen=True)
+class Lap:
+    """The steps since the last progress line (or the epoch window's start), as the probe
+    timed them: the job's first step left out, as from the window."""
+    steps: int
+    images: int                 # this rank's
+    seconds: float
+
+
 class StepProbe(Activity):
     """Where this rank's loop is (the watchdog's `Activity`), and what it measured.
     `step`: where this job starts (its first step is the next); `device`: the one the
@@ -65,7 +77,7 @@ class StepProbe(Activity):
     __slots__ = ("busy_s", "data_s", "images", "on_gpu", "gpu_spans", "hooked",
                  "_fetching", "_forward", "_backward", "_optimizer", "device", "first_step",
                  "_epoch_start", "_window_start", "_window_images", "_first_step_s",
-                 "_warm_up_ends")
+                 "_warm_up_ends", "_started", "_lap_start", "_lap_steps", "_lap_images")
 
     def __init__(self, step: int = 0, device: torch.device | None = None):
         super().__init__(step)
@@ -74,7 +86,7 @@ class StepProbe(Activity):
         self.on_gpu = False
         self.gpu_spans = []
         self.hooked = False
-        self._fetching = time.perf_counter()
+        self._fetching = self._started = time.perf_counter()
         self._forward = self._backward = self._optimizer = None
         # This job's first step (a resumed job's too): its warm-up and compilation are
         # timed apart (first_step_s), never counted into the images per second.
@@ -102,7 +114,7 @@ class StepProbe(Activity):
         self._fetching = time.perf_counter()
         if self._warm_up_ends:  # the job's first step and its hooks are done
             self._warm_up_ends = False
-            self._window_start = self._fetching
+            self._window_start = self._lap_start = self._fetching
             self._first_step_s = self._fetching - self._epoch_start
 
     def data_ready(self) -> None:
@@ -131,6 +143,8 @@ class StepProbe(Activity):
             self._warm_up_ends = True
         else:
             self._window_images += images
+            self._lap_images += images
+            self._lap_steps += 1
 
     def enter(self, phase: str) -> str:
         """A phase outside the step; the one it replaces (to go back to)."""
@@ -139,8 +153,8 @@ class StepProbe(Activity):
         return before
 
     def open_window(self) -> None:
-        self._epoch_start = self._window_start = time.perf_counter()
-        self._window_images = 0
+        self._epoch_start = self._window_start = self._lap_start = time.perf_counter()
+        self._window_images = self._lap_images = self._lap_steps = 0
         self._first_step_s = None
 
     def close_window(self) -> Window:
@@ -151,6 +165,24 @@ class StepProbe(Activity):
         end = time.perf_counter()
         return Window(self._window_images, end - self._window_start, end - self._epoch_start,
                       self._first_step_s)
+
+    def lap(self) -> Lap:
+        """The progress line's interval, read after the device is done with its steps;
+        the next one begins."""
+        sync(self.device)
+        end = time.perf_counter()
+        lap = Lap(self._lap_steps, self._lap_images, end - self._lap_start)
+        self._lap_start = end
+        self._lap_steps = self._lap_images = 0
+        return lap
+
+    def lap_s(self) -> float:
+        """Seconds of the progress line's interval so far (no wait for the device)."""
+        return time.perf_counter() - self._lap_start
+
+    def elapsed_s(self) -> float:
+        """Seconds since the probe began (with the job's training)."""
+        return time.perf_counter() - self._started
 
     # --- timing --------------------------------------------------------------------
     def mark(self):

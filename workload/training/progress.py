@@ -5,19 +5,21 @@ the fields of the log interval's exchange (workload.training.interval); and the 
 progress bar, a hook too (`TerminalBar`).
 
 The step's loss stays on the device and is summed there; it is read once per line, so the
-steps between two lines never wait for the device.
+steps between two lines never wait for the device. The interval's steps, images and
+seconds are the probe's (`StepProbe.lap`: the loop's one clock, which also times the
+epoch): this module keeps no clock of its own.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from workload.files import append_jsonl
 from workload.logs import Progress, logger
+from workload.training.probe import Lap, StepProbe
 from workload.training.trainer import StepDone
 
 AUTO_SECONDS = 30.0  # the interval of --log-every 0 in batch logs
@@ -35,56 +37,49 @@ def clock(seconds: float) -> str:
 
 
 class ProgressLog:
-    """The hook: counts the window since the last line; prints and records when due."""
+    """The hook: sums the loss since the last line; prints and records when due."""
 
-    def __init__(self, every: int, total_steps: int, world_size: int, device: torch.device,
+    def __init__(self, every: int, total_steps: int, world_size: int, probe: StepProbe,
                  path: Path, interactive: bool | None = None, extra=dict):
         interactive = sys.stdout.isatty() if interactive is None else interactive
         self.enabled = every > 0 or not interactive
         self.every = every
         self.total = total_steps
         self.world_size = world_size
-        self.device = device
+        self.probe = probe
         self.path = path
         self.extra = extra  # more fields for steps.jsonl (the ranks' spread of step times)
-        self.started = time.perf_counter()
         self.epoch = -1
-        self._reset()
-
-    def _reset(self) -> None:
-        self.window_start = time.perf_counter()
         self.loss_sum = None
-        self.steps = 0
-        self.images = 0
+        self.losses = 0
 
     def __call__(self, done: StepDone) -> None:
         if not self.enabled:
             return
-        if done.epoch != self.epoch:  # a new window: the evaluation is no training time
+        if done.epoch != self.epoch:  # the probe's interval begins with the epoch's steps
             self.epoch = done.epoch
-            self._reset()
-            return
+            self.loss_sum = None
+            self.losses = 0
         loss = done.loss.float()
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
-        self.steps = self.steps + 1
-        self.images = self.images + done.images
+        self.losses = self.losses + 1
         due = (done.step % self.every == 0 if self.every else
-               time.perf_counter() - self.window_start >= AUTO_SECONDS)
-        if due:
-            self.log(done)
-            self._reset()
+               self.probe.lap_s() >= AUTO_SECONDS)
+        if due and done.step != self.probe.first_step:  # the job's first: no timed step yet
+            self.log(done, self.probe.lap())
+            self.loss_sum = None
+            self.losses = 0
 
-    def record(self, done: StepDone) -> dict:
-        loss = self.loss_sum.item() / self.steps  # the one wait for the device
-        seconds = time.perf_counter() - self.window_start
+    def record(self, done: StepDone, lap: Lap) -> dict:
+        loss = self.loss_sum.item() / self.losses  # the device is done: the lap waited
         return dict(epoch=done.epoch + 1, step=done.step, total_steps=self.total, loss=loss,
-                    images_per_second=self.images * self.world_size / seconds,
-                    eta_s=max(0, self.total - done.step) * seconds / self.steps,
-                    peak_memory_gib=peak_memory_gib(self.device),
-                    elapsed_s=time.perf_counter() - self.started, **self.extra())
+                    images_per_second=lap.images * self.world_size / lap.seconds,
+                    eta_s=max(0, self.total - done.step) * lap.seconds / lap.steps,
+                    peak_memory_gib=peak_memory_gib(self.probe.device),
+                    elapsed_s=self.probe.elapsed_s(), **self.extra())
 
-    def log(self, done: StepDone) -> None:
-        r = self.record(done)
+    def log(self, done: StepDone, lap: Lap) -> None:
+        r = self.record(done, lap)
         memory = ("" if r["peak_memory_gib"] is None
                   else f", peak GPU memory {r['peak_memory_gib']:.1f} GiB")
         logger.info(f"step {r['step']}/{r['total_steps']} (epoch {r['epoch']}): loss "

@@ -261,7 +261,7 @@ def progress_hooks(cfg: TrainConfig, info: DistInfo, folder: RunFolder, steps_pe
     if not info.is_main:
         return [exchange]
     return [exchange, ProgressLog(cfg.logging.log_every, planned_steps(cfg, steps_per_epoch),
-                                  info.world_size, info.device, folder.steps,
+                                  info.world_size, wings.probe, folder.steps,
                                   extra=exchange.latest_record)]
 
 
