@@ -67,7 +67,11 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 # Fast turnaround for tests: requeue and cancel without long waits.
 KillWait=5
-MinJobAge=60
+# How long slurmctld keeps an ended job (its state, its StdOut) for `scontrol show job`:
+# a test that reads a job's end after a later job of its own (a site page's continue step)
+# may come to it minutes after it ended under the suite's load; at 60 s the job was gone
+# and the wait for its end ran into its timeout. Squeue lists only live jobs either way.
+MinJobAge=3600
 InactiveLimit=0
 # Preemption as sites configure it (the partitions' PriorityTier decides; a preempted job is
 # requeued), used by the `low` and `high` partitions only: `debug` jobs are never preempted.
