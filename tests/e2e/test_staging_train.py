@@ -70,8 +70,10 @@ def test_a_link_loop_in_the_source_is_refused_before_any_copy(tmp_path, loops):
 def test_a_changed_source_is_staged_anew_beside_the_copy_a_running_job_reads(tmp_path):
     data = write_image_folder(tmp_path / "pets", per_class=2)
     local = tmp_path / "local"
+    # Training on until it is stopped: no early stop at the target accuracy either, which
+    # 4 images reach in a few epochs (and then the job, and its hold on the staging, end).
     running = subprocess.Popen(train_args(data, local, tmp_path / "a", "--epochs", "100000",
-                                          "--batch-size", "2"),
+                                          "--patience", "100000", "--batch-size", "2"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=ENV)
     log = []
