@@ -32,6 +32,7 @@ from typing import NoReturn
 
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
+from workload.checkpoint.diskfull import write_problem
 from workload.commands import command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
@@ -110,8 +111,6 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
         point_to_diagnose(error, cfg)
         raise
     except OSError as error:
-        from workload.checkpoint.diskfull import write_problem
-
         line = write_problem(error.errno, error.filename or cfg.logging.output_dir)
         if line is None:
             raise
