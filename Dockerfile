@@ -55,9 +55,12 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     PIP_CACHE_DIR=/root/.cache/pip /opt/hpc-train/install-workload.sh deps .
 
 # The code, installed without dependencies so it cannot touch anything resolved above.
+# /workspace, the WORKDIR below, is made here: a layered buildah build (podman build's
+# default) creates a WORKDIR only when a RUN comes after it, and none does; pyxis and
+# Charliecloud start in it.
 COPY README.md LICENSE NOTICE ./
 COPY workload ./workload
-RUN /opt/hpc-train/install-workload.sh package .
+RUN /opt/hpc-train/install-workload.sh package . && mkdir -p /workspace
 
 # The entrypoint resolves SLURM/torchrun variables, then execs NGC's own entrypoint
 # (CUDA environment, banner), which ends in exec "$@": NGC's setup is chained, not replaced.

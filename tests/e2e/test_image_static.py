@@ -120,6 +120,17 @@ def test_no_arg_that_changes_with_each_build_is_declared_above_a_run_step():
     assert above <= RUN_ARGS, f"declare {sorted(above - RUN_ARGS)} after the last RUN step"
 
 
+def test_the_final_workdir_is_made_by_a_run_step():
+    """podman build's default (--layers) commits a WORKDIR as configuration only and
+    creates its folder when a later RUN needs it; none comes after the last WORKDIR, so
+    the image would lack the folder pyxis and ch-run start in unless a RUN makes it."""
+    # The instructions as written (spython's recipe turns a WORKDIR into a mkdir itself).
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    workdir = re.findall(r"^WORKDIR (\S+)$", text, re.M)[-1]
+    runs = re.findall(r"^RUN (.*)$", text, re.M)
+    assert any(f"mkdir -p {workdir}" in step for step in runs), (workdir, runs)
+
+
 def test_dockerfile_extends_the_pinned_cuda13_ngc_pytorch_tag():
     """The default base is the CUDA 13 flavour's, and the file says how to check its torch."""
     base = dockerfile_recipe().fromHeader
