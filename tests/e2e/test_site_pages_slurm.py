@@ -24,10 +24,12 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, "pyxis": 4,
          "nersc-perlmutter": 4, "jsc-juwels-booster": 4}
 
-# The twins that run their page's continue step: Clariden's page is Alps's, the same job
-# line continued in the same way, so its continue step runs in Alps's twin only (a second
-# training of 4 ranks saved from the suite's time).
-CONTINUES = set(SITES) - {"cscs-clariden"}
+# Clariden's page is Alps's: the same job line, continued in the same way. Alps's twin
+# trains that job and continues it; in Clariden's twin the job runs the layout's check
+# (LAUNCH_CHECK: the same srun asked of Clariden's SLURM) and the continue step is left
+# out, while the page's by-hand srun trains there (two trainings of 4 ranks saved).
+SAME_PAGE_AS = {"cscs-clariden": "cscs-alps"}
+CONTINUES = set(SITES) - set(SAME_PAGE_AS)
 
 
 def page_of(site: str) -> str:
@@ -43,7 +45,7 @@ def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool =
 @pytest.mark.parametrize("site", SITES)
 def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
     result = run_page(slurm_cluster, tmp_path, site, page_of(site),
-                      continue_run=site in CONTINUES)
+                      launch_check=site in SAME_PAGE_AS, continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()
@@ -221,6 +223,7 @@ def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, 
                                  "--kill-on-bad-exit=1 \\\n     apptainer",
                                  "srun --ntasks-per-node=4 --cpus-per-task=12 "
                                  "--kill-on-bad-exit=1 \\\n     apptainer"),))
-    result = run_page(slurm_cluster, tmp_path, "alliance", page, continue_run=False)
+    # The page's job runs the layout's check: only the by-hand step's training is asked.
+    result = run_page(slurm_cluster, tmp_path, "alliance", page, launch_check=True)
     logs = [log for _, log in result.jobs.values()]
     assert any("world size 1 (per-task)" in log for log in logs), logs
