@@ -178,7 +178,7 @@ CATALOGUE = [
             re.escape('srun: error: Invalid numeric value "0" for --cpus-per-task.')),
     Mistake("pyxis: a host variable the image also sets", "pyxis",
             (("CPUS_PER_GPU=16\nsrun", "CPUS_PER_GPU=16\nexport TORCH_CUDA_ARCH_LIST=9.0\nsrun"),),
-            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but `[^`]*train[^`]*` "
+            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but `[^`]+` "
             r"sees the image's"),
     Mistake("jsc: a job without its budget", "jsc-juwels-booster",
             (("   export SBATCH_ACCOUNT=<project>\n", ""),),

@@ -19,7 +19,8 @@ step); the login node everywhere else.
   scales them to the cluster's. Each step that trains, and each job, is written to
   requests.jsonl (the CPUs each rank gets, the memory a GPU gets, at the centre's scale)
   for the site test to hold against the centre's figures. `srun --environment=EDF` is
-  CSCS's Container Engine; `srun --container-image=FILE` is pyxis.
+  CSCS's Container Engine; `srun --container-image=FILE` is pyxis. Under LAUNCH_CHECK=1
+  (a page mistake's run) a training step's program is the layout's check.
 - A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
   not found" until that module is loaded.
 - An image is a small JSON file naming its architecture: built (apptainer build, podman
@@ -263,6 +264,22 @@ def record_ranks(options: dict[str, str | None], command: list[str]) -> None:
     record({"step": " ".join(command[:3]), "cpus_per_rank": cpus // max(ranks, 1)})
 
 
+TRAINING_PROGRAMS = ("train", "torchrun", "entrypoint.sh")
+
+
+def layout_check(command: list[str]) -> list[str]:
+    """A training step's command as the job scripts run it under LAUNCH_CHECK=1
+    (workload.launch.jobstep.check_command): what starts the container kept, the training
+    program (train, entrypoint.sh torchrun ..., a script) replaced by the layout's check."""
+    start = next(index for index, arg in enumerate(command)
+                 if Path(arg).name in TRAINING_PROGRAMS or arg.endswith(".py"))
+    if start and Path(command[start - 1]).name.startswith("python"):  # python my_train.py
+        start -= 1
+    programs = {Path(arg).name for arg in command[start:]}
+    torchrun = ["--command", "torchrun"] if "torchrun" in programs else []
+    return command[:start] + ["python", "-m", "workload.launch", "check", *torchrun]
+
+
 def srun(args: list[str]) -> None:
     listed, command = parse_options(args)
     options = dict(listed)
@@ -273,6 +290,11 @@ def srun(args: list[str]) -> None:
         fail("srun: error: Unable to create step for job "
              f"{os.environ['SLURM_JOB_ID']}: More processors requested than permitted")
     record_ranks(options, command)
+    # A mistake's run (LAUNCH_CHECK=1): a page's own training steps run the layout's check,
+    # as its job scripts do; every check above and each runtime's below still applies.
+    if (os.environ.get("LAUNCH_CHECK") == "1" and trains(command)
+            and "workload.launch" not in command):
+        command = layout_check(command)
     # The cluster's own values of what the job saw at the centre's scale.
     for name, value in json.loads(os.environ.pop("TWIN_CLUSTER_VIEW", "{}")).items():
         if not value:

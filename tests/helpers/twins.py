@@ -318,9 +318,10 @@ class Twin:
     def run(self, page: str, timeout: float = 400, launch_check: bool = False,
             continue_run: bool = True) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
-        (LAUNCH_CHECK=1, jobs/lib/launch.sh), the same steps asked of SLURM, faster; a
-        check leaves no checkpoint, so the continue steps are left out then, as they are
-        when not continue_run."""
+        (LAUNCH_CHECK=1, jobs/lib/launch.sh), and so do the page's own training steps
+        (twin_bin.layout_check): the same steps asked of SLURM, without torch; a check
+        leaves no checkpoint, so the continue steps are left out then, as they are when
+        not continue_run."""
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {})
         script = self.login_script(page, continue_run and not launch_check)
         done = subprocess.run(["bash", "-c", script], env=env,
