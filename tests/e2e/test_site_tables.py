@@ -243,9 +243,11 @@ def test_olivia_loads_nris_gpu_before_its_nccl_module():
     assert job.index("module load NRIS/GPU") < job.index('module load "${NCCL_MODULE')
     assert job.index("module reset") < job.index("module load NRIS/GPU")
     page = (REPO / OLIVIA_PAGE).read_text()
-    for block in re.findall(r"```bash\n(.*?)```", page, re.S):
-        if "module load NCCL" in block:
-            assert block.index("module load NRIS/GPU") < block.index("module load NCCL"), block
+    loading = [block for block in re.findall(r"```bash\n(.*?)```", page, re.S)
+               if "module load NCCL" in block]
+    assert loading, "no command block of the page loads an NCCL module: update the test"
+    for block in loading:
+        assert block.index("module load NRIS/GPU") < block.index("module load NCCL"), block
     for stale in ("R565", "-cuda12", "does not see", "cannot see"):
         assert stale not in page, stale
     assert "our choice" in page and "this project's choice" in job

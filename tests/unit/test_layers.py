@@ -67,15 +67,31 @@ def layer_of(module: str) -> int:
     return next(layer for layer, units in LAYERS.items() if unit in units)
 
 
+def lazy_homes(package: str) -> dict[str, str]:
+    """A package's names that its __init__ imports only when asked (a `_HOMES` table of
+    name: module, read by its module __getattr__), as {name: the module that holds it}."""
+    init = ROOT.parent.joinpath(*package.split("."), "__init__.py")
+    if not init.is_file():
+        return {}
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "_HOMES"
+                                                for target in node.targets):
+            return {name: f"{package}.{home}"
+                    for name, home in ast.literal_eval(node.value).items()}
+    return {}
+
+
 def imports_of(path: Path) -> set[str]:
-    """Every workload module this file imports, at the top or inside a function."""
+    """Every workload module this file imports, at the top or inside a function; a name
+    taken from a package that imports it lazily counts as its own module's import."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("workload")}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workload"):
+            homes = lazy_homes(node.module)
             found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
-                      else node.module for a in node.names}
+                      else homes.get(a.name, node.module) for a in node.names}
     return found
 
 

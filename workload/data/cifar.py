@@ -184,7 +184,8 @@ def array_of(plan, max_items: int) -> np.ndarray:
             and all(type(n) is int and n >= 0 for n in shape)
             and isinstance(raw, (bytes, bytearray))):
         raise HostileFile(f"an array of shape {shape!r} from {type(raw).__name__}")
-    dtype, count = dtype.dtype(), math.prod(shape)
+    dtype = dtype.dtype()
+    count = math.prod(shape)
     if count > max_items or count * dtype.itemsize != len(raw):
         raise HostileFile(f"an array of shape {shape} from {len(raw)} bytes (at most "
                           f"{max_items} values fit a CIFAR-100 file)")

@@ -35,8 +35,8 @@ def worst(findings) -> str:
 
 def cpu_ranges(cpus) -> str:
     """{0, 1, 2, 5} -> "0-2,5": the CPU binding as taskset and numactl print it."""
-    cpus, parts = sorted(cpus), []
-    for cpu in cpus:
+    parts = []
+    for cpu in sorted(cpus):
         if parts and cpu == parts[-1][1] + 1:
             parts[-1][1] = cpu
         else:
