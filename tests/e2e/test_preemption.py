@@ -1,5 +1,6 @@
-"""Preemption in one process: the signal gives one checkpoint, the requeue status, and a
-resumed run that ends bit-identical to an uninterrupted one."""
+"""Preemption in one process: the signal gives one checkpoint, the requeue status (75),
+no traceback (Ctrl-C included), and a resumed run that ends bit-identical to an
+uninterrupted one."""
 
 from __future__ import annotations
 
@@ -60,8 +61,12 @@ def test_signal_gives_one_checkpoint_the_requeue_status_and_an_exact_resume(
     out = tmp_path / "run"
     # Sent as training starts (a later moment could miss a fast machine's whole run): the
     # flag is read at the first step boundary. Random moments: tests/e2e/test_resume_kill.py.
-    log = signal_when_training(train(out, *extra), getattr(signal, signame))
+    proc = train(out, *extra)
+    log = signal_when_training(proc, getattr(signal, signame))
+    assert proc.returncode == REQUEUE_EXIT_STATUS == 75, log  # the documented constant
     assert f"status {REQUEUE_EXIT_STATUS}" in log, log
+    # Ctrl-C (SIGINT) too ends without a traceback.
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
     stopped = [line for line in log.splitlines() if f"preempted by {signame}" in line]
     assert stopped, log
     step = int(stopped[0].split("at step ")[1].split(":")[0])
@@ -87,17 +92,6 @@ def test_a_signal_after_the_last_step_leaves_a_finished_run_finished(tmp_path):
     lines.extend(proc.stdout)
     assert proc.wait(timeout=60) == 0, "".join(lines)
     assert (tmp_path / "run" / "summary.json").exists()
-
-
-def test_requeue_status_is_the_documented_constant(tmp_path):
-    proc = train(tmp_path / "run")
-    signal_when_training(proc, signal.SIGUSR2)
-    assert proc.returncode == REQUEUE_EXIT_STATUS == 75
-
-
-def test_ctrl_c_ends_without_a_traceback(tmp_path):
-    log = signal_when_training(train(tmp_path / "run"), signal.SIGINT)
-    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
 
 
 def test_hup_to_every_process_of_the_step_spares_the_writer_of_a_save_in_flight(tmp_path):
