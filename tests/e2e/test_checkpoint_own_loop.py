@@ -7,13 +7,21 @@ the resumed run ends with the same weights again. The example saves asynchronous
 default): SIGTERM to both ranks and the writer with a save in flight commits it, and a
 killed writer stops the run, which resumes from a committed checkpoint; both end with
 the same weights. An FSDP2 loop (tests/helpers/own_loop_fsdp.py) writes every rank's
-shard and resumes to the same weights too."""
+shard and resumes to the same weights too.
+
+Fewer torch processes (about 7 CPU-seconds each): a stop's resumed run is itself the next
+stop's run (a killed writer, then SIGKILL; USR2 to one rank, then SIGTERM with a save in
+flight), so each chain ends in one uninterrupted-length run compared with the reference;
+the damaged checkpoint is the reference run's newest, in a copy; the one-process loop's
+6-step folder is one run that its tests copy.
+"""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,51 +98,60 @@ def wait_for(logs: Path, line: str, procs: list) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> str:
-    """The weights of a run of STEPS steps that nothing stopped."""
+def uninterrupted_run(tmp_path_factory) -> tuple[str, Path]:
+    """A run of STEPS steps that nothing stopped: its weights and its folder (which the
+    damaged-checkpoint test copies rather than train 12 steps of its own)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    return weights(run_ranks(folder / "run", folder / "logs"))
+    return weights(run_ranks(folder / "run", folder / "logs")), folder / "run"
 
 
-def test_killed_mid_run_it_resumes_to_the_same_weights(uninterrupted, tmp_path):
-    out = tmp_path / "run"
-    procs = start_ranks(out, tmp_path / "killed", "--step-time", str(STEP_S))
-    wait_for(tmp_path / "killed", f"saved checkpoint at step {2 * EVERY}", procs)
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run) -> str:
+    """The weights of a run of STEPS steps that nothing stopped."""
+    return uninterrupted_run[0]
+
+
+def killed_mid_run(out: Path, logs: Path, after: int) -> int:
+    """Start the run on `out` (resuming, if it holds checkpoints) and SIGKILL both ranks
+    anywhere up to a save past `after`'s second save; the step `latest` names then."""
+    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    wait_for(logs, f"saved checkpoint at step {after + 2 * EVERY}", procs)
     time.sleep(random.uniform(0, EVERY * STEP_S))  # anywhere up to the next save's end
     for proc in procs:
         proc.kill()
         proc.wait()
     # What `latest` names is committed: the kill may take the writer (it dies with the
     # loop) after a step folder is complete and before `latest` names it. The hand-over of
-    # step 2 * EVERY waited for the save of EVERY to commit.
+    # the second save waited for the first to commit.
     saved = latest_step(out / "checkpoints")
-    assert saved is not None and saved >= EVERY
-    text = run_ranks(out, tmp_path / "resumed")
-    assert re.search(rf"^resumed from step {saved} \({saved * 64 * 2} samples seen\)$", text,
-                     re.M), text[-3000:]
-    assert weights(text) == uninterrupted
-    assert pickles_and_zips(out) == []
+    assert saved is not None and saved >= after + EVERY
+    return saved
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(uninterrupted, tmp_path):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(uninterrupted_run,
+                                                                   tmp_path):
+    weights_before, run = uninterrupted_run
     out = tmp_path / "run"
-    run_ranks(out, tmp_path / "first", steps=3 * EVERY)
-    newest = out / "checkpoints" / f"step-{3 * EVERY:09d}" / "model.safetensors"
+    shutil.copytree(run, out)  # checkpoints of steps 16, 20 and 24 (the newest 3 kept)
+    newest = out / "checkpoints" / f"step-{STEPS:09d}" / "model.safetensors"
     data = bytearray(newest.read_bytes())
     data[-1] ^= 0xFF  # a weight's last byte: the file still parses, its sha256 differs
     newest.write_bytes(bytes(data))
     text = run_ranks(out, tmp_path / "second")
     why = [line for line in text.splitlines() if "skipping a bad checkpoint" in line]
-    assert len(why) == 1 and f"step-{3 * EVERY:09d}/model.safetensors does not match its " \
+    assert len(why) == 1 and f"step-{STEPS:09d}/model.safetensors does not match its " \
         "sha256" in why[0] and "resuming from the one before" in why[0], text[-3000:]
-    assert f"resumed from step {2 * EVERY} " in text
-    assert weights(text) == uninterrupted
+    assert f"resumed from step {STEPS - EVERY} " in text
+    assert weights(text) == weights_before
     aside = [p.name for p in (out / "checkpoints").iterdir() if ".corrupt-" in p.name]
-    assert len(aside) == 1 and aside[0].startswith(f"step-{3 * EVERY:09d}.corrupt-")
+    assert len(aside) == 1 and aside[0].startswith(f"step-{STEPS:09d}.corrupt-")
 
 
-def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupted,
-                                                                      tmp_path):
+def test_a_second_writer_is_refused_then_usr2_and_sigterm_mid_save_resume_exactly(
+        uninterrupted, tmp_path):
+    """Two stops of one run, each resumed by the next run (which the test needs anyway):
+    USR2 to one rank, then SIGTERM to every process with a save in flight; the last run
+    ends with the uninterrupted run's weights."""
     out, logs = tmp_path / "run", tmp_path / "first"
     procs = start_ranks(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, "rank 1: training from step 0", procs)
@@ -161,11 +178,16 @@ def test_a_second_writer_is_refused_and_a_preemption_resumes_exactly(uninterrupt
     [step] = re.findall(r"^rank 1: preempted at step (\d+), exiting 75$", text, re.M)
     assert f"rank 0: preempted at step {step}, exiting 75" in text
     assert re.findall(r"^saved checkpoint at step (\d+)$", text, re.M)[-1] == step
-    text = run_ranks(out, tmp_path / "requeued")
-    assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+    text = sigterm_with_a_save_in_flight(out, tmp_path / "requeued", after=int(step))
+    assert f"resumed from step {step} " in text
+    text = run_ranks(out, tmp_path / "requeued-again")
+    assert weights(text) == uninterrupted
 
 
 def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
+    """The run cut at step 6 is the whole run's folder as it stood then: its step-9
+    checkpoint removed and `latest` naming step 6 (a 6-step run of its own would save the
+    same files: the loop is deterministic)."""
     def run(out: Path, steps: int, logs: str) -> str:
         procs = start_command(tmp_path / logs, [str(FSDP_LOOP), str(out), str(steps)])
         text = finish(procs, tmp_path / logs)
@@ -177,11 +199,13 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
 
     started, whole = run(tmp_path / "whole", 9, "whole")
     assert started == "0"
-    run(tmp_path / "cut", 6, "cut")
-    shards = tmp_path / "cut" / "checkpoints" / "step-000000006" / "shards"
+    shards = tmp_path / "whole" / "checkpoints" / "step-000000006" / "shards"
     assert sorted(p.name for p in shards.iterdir()) == [
         "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
         "rank-00001.safetensors"]
+    cut = shutil.copytree(tmp_path / "whole", tmp_path / "cut") / "checkpoints"
+    shutil.rmtree(cut / "step-000000009")
+    (cut / "latest").write_text("step-000000006\n")
     assert run(tmp_path / "cut", 9, "resumed") == ("6", whole)
     assert extras[-1] == ["rank 0 resumed with extra {'rank': 0, 'batches': 6}",
                           "rank 1 resumed with extra {'rank': 1, 'batches': 6}"]  # its own
@@ -195,26 +219,29 @@ def wait_for_writer(procs: list) -> int:
     return pid
 
 
-def test_sigterm_with_a_save_in_flight_commits_it_exits_75_and_resumes_exactly(
-        uninterrupted, tmp_path):
-    out, logs = tmp_path / "run", tmp_path / "first"
+def sigterm_with_a_save_in_flight(out: Path, logs: Path, after: int) -> str:
+    """Start the run on `out` and SIGTERM both ranks and the writer (as SLURM signals a job
+    step) once the first save past step `after` is handed to the writer: it commits, both
+    ranks exit 75. The output of the run."""
     procs = start_ranks(out, logs, "--step-time", str(STEP_S))
-    wait_for(logs, f"saved checkpoint at step {EVERY}", procs)  # handed to the writer
+    first = (after // EVERY + 1) * EVERY
+    wait_for(logs, f"saved checkpoint at step {first}", procs)  # handed to the writer
     writer = wait_for_writer(procs)
-    for pid in (writer, procs[0].pid, procs[1].pid):  # as SLURM signals a job step
+    for pid in (writer, procs[0].pid, procs[1].pid):
         os.kill(pid, signal.SIGTERM)
     text = finish(procs, logs)
     assert [p.returncode for p in procs] == [75, 75], text[-3000:]
     [step] = re.findall(r"^rank 0: preempted at step (\d+), exiting 75$", text, re.M)
     steps = [s for s, _ in complete_steps(out / "checkpoints")]
-    assert int(step) in steps and EVERY in steps, (steps, text[-3000:])
+    assert int(step) in steps and first in steps, (steps, text[-3000:])
     assert not list((out / "checkpoints").glob(".tmp-*")) and writer_of(procs[0].pid) is None
-    text = run_ranks(out, tmp_path / "requeued")
-    assert f"resumed from step {step} " in text and weights(text) == uninterrupted
+    return text
 
 
-def test_a_killed_writer_stops_the_run_and_the_resume_takes_a_committed_checkpoint(
+def test_a_killed_writer_then_sigkill_mid_run_each_resume_from_a_committed_checkpoint(
         uninterrupted, tmp_path):
+    """Two stops of one run, each resumed by the next run: the writer killed, then both
+    ranks killed (SIGKILL) mid-run; the last run ends with the uninterrupted weights."""
     out, logs = tmp_path / "run", tmp_path / "first"
     procs = start_ranks(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, f"saved checkpoint at step {2 * EVERY}", procs)
@@ -228,8 +255,13 @@ def test_a_killed_writer_stops_the_run_and_the_resume_takes_a_committed_checkpoi
     # The hand-over of step 2 * EVERY waited for the save of EVERY to commit.
     committed = latest_step(out / "checkpoints")
     assert committed is not None and committed >= EVERY, text[-3000:]
-    text = run_ranks(out, tmp_path / "resumed")
-    assert f"resumed from step {committed} " in text and weights(text) == uninterrupted
+    saved = killed_mid_run(out, tmp_path / "resumed", after=committed)
+    assert f"resumed from step {committed} " in output(tmp_path / "resumed")
+    text = run_ranks(out, tmp_path / "resumed-again")
+    assert re.search(rf"^resumed from step {saved} \({saved * 64 * 2} samples seen\)$", text,
+                     re.M), text[-3000:]
+    assert weights(text) == uninterrupted
+    assert pickles_and_zips(out) == []
 
 
 # --- a one-process loop as users edit theirs (tests/helpers/own_loop_small.py) -----------
@@ -257,9 +289,23 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_another_optimizer_or_a_frozen_layer_is_another_loop_and_nothing_moves(tmp_path):
-    run = tmp_path / "run"
-    assert small_loop(run, 6).returncode == 0
+@pytest.fixture(scope="module")
+def six_steps(tmp_path_factory) -> Path:
+    """The loop's folder after 6 steps (checkpoints of steps 3 and 6): one run, which each
+    test that starts from it copies (it was three identical runs)."""
+    run = tmp_path_factory.mktemp("six-steps") / "run"
+    done = small_loop(run, 6)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+def copy_of(six_steps: Path, tmp_path: Path) -> Path:
+    return shutil.copytree(six_steps, tmp_path / "run")
+
+
+def test_another_optimizer_or_a_frozen_layer_is_another_loop_and_nothing_moves(six_steps,
+                                                                                 tmp_path):
+    run = copy_of(six_steps, tmp_path)
     before = listing(run / "checkpoints")
     assert before == ["latest", "step-000000003", "step-000000006"]
     for change, what in ((["--optimizer", "adam"], "its optimizer is 'SGD', this resume "
@@ -276,9 +322,8 @@ def test_another_optimizer_or_a_frozen_layer_is_another_loop_and_nothing_moves(t
     assert again.returncode == 0 and "resumed at step 6" in again.stdout, again.stderr[-3000:]
 
 
-def test_a_first_save_over_checkpoints_it_did_not_resume_is_refused(tmp_path):
-    run = tmp_path / "run"
-    assert small_loop(run, 6).returncode == 0
+def test_a_first_save_over_checkpoints_it_did_not_resume_is_refused(six_steps, tmp_path):
+    run = copy_of(six_steps, tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
     done = small_loop(run, 3, "--no-resume")
     assert done.returncode == 1 and "saved step" not in done.stdout, done.stderr[-3000:]
@@ -371,11 +416,10 @@ def test_a_writer_that_cannot_start_under_a_pids_limit_saves_synchronously(tmp_p
     assert again.returncode == 0 and "resumed at step 9" in again.stdout, again.stderr[-3000:]
 
 
-def test_a_save_keeps_a_step_left_off_the_timeline_it_would_replace(tmp_path):
+def test_a_save_keeps_a_step_left_off_the_timeline_it_would_replace(six_steps, tmp_path):
     """A crash between a save's rename and `latest`: the resume leaves that step's folder
     where it is ("it is kept"), and the save of the same step later keeps it too."""
-    run = tmp_path / "run"
-    assert small_loop(run, 6).returncode == 0
+    run = copy_of(six_steps, tmp_path)
     left = run / "checkpoints" / "step-000000006"
     manifest = (left / "MANIFEST.json").read_bytes()
     (run / "checkpoints" / "latest").write_text("step-000000003\n")

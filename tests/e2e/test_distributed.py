@@ -5,6 +5,10 @@ the single-process run on the same global batch (2 x 32 versus 1 x 64). The runs
 not bit-identical by design: each rank draws its own augmentation and BatchNorm sees 32
 images instead of 64. Measured on the 2-core development machine: differences of
 0.001-0.003 in loss over two epochs of digits (loss falls from 2.2 to 1.7).
+
+The two-rank runs also show --lr-scaling linear: half the single run's base lr (the digits
+recipe's 0.05), times 2 ranks, is the single run's learning rate, so the comparison holds
+and no third two-rank run (3 torch processes under torchrun) is needed for the scaling.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ def single(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, single, tmp_path):
     out = tmp_path / strategy
-    digests = run_probe(out, "--batch-size", "32", "--strategy", strategy, nproc=2)
+    digests = run_probe(out, "--batch-size", "32", "--strategy", strategy,
+                        "--lr-scaling", "linear", "--base-lr", "0.025", nproc=2)
     assert set(digests) == {0, 1}
     assert digests[0] == digests[1], "ranks ended with different parameters"
     from workload.models import load_trained  # the full weights, FSDP shards gathered
@@ -68,17 +73,10 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, single, 
     assert (summary["world_size"], summary["layout"], summary["strategy"]) == \
         (2, "torchrun-per-node", strategy)
     assert summary["global_batch_size"] == 64
+    assert summary["lr_scaling"] == "linear"
+    assert summary["effective_base_lr"] == pytest.approx(0.05)  # 0.025 x 2 ranks
     # Only rank 0 writes: one line per epoch, not one per rank.
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
-
-
-def test_linear_lr_scaling_multiplies_by_world_size(tmp_path):
-    out = tmp_path / "linear"
-    run_probe(out, "--batch-size", "32", "--lr-scaling", "linear", "--base-lr", "0.05",
-              "--max-steps", "2", "--epochs", "1", nproc=2)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["effective_base_lr"] == pytest.approx(0.1)
-    assert summary["lr_scaling"] == "linear"
 
 
 def test_bad_launch_value_exits_2_before_training(tmp_path):

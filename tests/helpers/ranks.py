@@ -1,0 +1,29 @@
+"""Ranks started by hand on this host, as a user would start them (the torch.distributed
+variables, no torchrun agent: one torch process fewer per run than under torchrun)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.helpers import free_ports, local_rank_env
+
+
+def start_ranks(command: list[str], world: int = 2) -> list[subprocess.Popen]:
+    """`world` ranks of `command`, each printing to a pipe of its own."""
+    port = free_ports(1)[0]
+    return [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env=local_rank_env(rank, world, port))
+            for rank in range(world)]
+
+
+def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
+    """Every rank's output; a rank still running after `timeout` seconds is killed, and
+    the failure shows what each rank printed."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = [p.communicate()[0] for p in procs]
+        raise AssertionError("a rank did not end:\n" + "\n".join(
+            f"--- rank {rank}\n{log[-3000:]}" for rank, log in enumerate(logs))) from None
