@@ -208,7 +208,7 @@ def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, pr
     out, settings = program_run
     if outcome == "refused":  # another run's checkpoints: exit 2 after the process started
         settings = in_program(out, "--width", "16")
-    assert settings.pop("exit") == ("exit 2" if outcome == "refused" else None), settings
+    assert settings["exit"] == ("exit 2" if outcome == "refused" else None), settings
     assert settings["after"] == settings["before"], settings
     assert "Current thread" not in (out / "diagnostics" / "rank-0.txt").read_text()
 
