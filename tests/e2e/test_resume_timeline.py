@@ -73,11 +73,17 @@ def test_data_of_another_class_count_is_refused_and_nothing_moves(tmp_path):
 
 # --- 5: --overwrite ----------------------------------------------------------------------
 
-def test_overwrite_removes_only_what_train_wrote(tmp_path):
+def test_resume_never_and_overwrite_keep_the_files_train_did_not_write(tmp_path):
+    """--resume never starts a run beside files in checkpoints/ that are not checkpoints;
+    on that run's checkpoints it is refused, and --overwrite then removes only what train
+    wrote. One first run serves both (a separate one cost a `train`, about 7 CPU-s)."""
     out = tmp_path / "run"
-    trained([*ARGS, "--epochs", "1"], out)
     root = out / "checkpoints"
+    root.mkdir(parents=True)
     (root / "notes.txt").write_text("mine")
+    summary, _ = trained([*ARGS, "--epochs", "1", "--resume", "never"], out)
+    assert summary["steps_run"] == 8
+    assert (root / "notes.txt").read_text() == "mine"
     (root / "other-tool").mkdir()
     (root / "other-tool" / "state.bin").write_bytes(b"x")
     refused = error_line(train([*ARGS, "--epochs", "1", "--resume", "never"], out))
@@ -86,15 +92,6 @@ def test_overwrite_removes_only_what_train_wrote(tmp_path):
     assert (root / "notes.txt").read_text() == "mine"
     assert (root / "other-tool" / "state.bin").read_bytes() == b"x"
     assert len(read_jsonl(out / "metrics.jsonl")) == 1 and summary["steps_run"] == 8
-
-
-def test_resume_never_starts_beside_files_that_are_not_checkpoints(tmp_path):
-    out = tmp_path / "run"
-    (out / "checkpoints").mkdir(parents=True)
-    (out / "checkpoints" / "notes.txt").write_text("mine")
-    summary, _ = trained([*ARGS, "--epochs", "1", "--resume", "never"], out)
-    assert summary["steps_run"] == 8
-    assert (out / "checkpoints" / "notes.txt").read_text() == "mine"
 
 
 # --- 6: a rollback ---------------------------------------------------------------------

@@ -182,16 +182,33 @@ os.kill(os.getpid(), signal.SIGUSR1)  # the default: the process ends
 """
 
 
-@pytest.mark.parametrize("outcome", ["trained", "refused"])
-def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, tmp_path):
-    out = tmp_path / "run"
-    if outcome == "refused":  # another run's checkpoints: exit 2 after the process started
-        assert train("--output-dir", out).returncode == 0
-    args = [*QUICK, "--output-dir", str(out), *(["--width", "16"] if outcome == "refused" else [])]
-    done = subprocess.run([sys.executable, "-c", IN_PROCESS, *args], capture_output=True,
-                          text=True, timeout=300, env={**clean_env(), "OMP_NUM_THREADS": "1"})
+def in_program(out: Path, *args: str) -> dict:
+    """IN_PROCESS with QUICK ARGS into `out`: what it had set before and after, and how
+    main ended."""
+    done = subprocess.run([sys.executable, "-c", IN_PROCESS, *QUICK, "--output-dir", str(out),
+                           *args], capture_output=True, text=True, timeout=300,
+                          env={**clean_env(), "OMP_NUM_THREADS": "1"})
     assert done.returncode == -signal.SIGUSR1, done.stdout[-2000:] + done.stderr[-2000:]
-    settings = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    ended = [line for line in lines if line.startswith("exit ")]
+    return dict(json.loads(lines[-1]), exit=ended[0] if ended else None)
+
+
+@pytest.fixture(scope="module")
+def program_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A program that trained a run in its own process: the run folder and what it read.
+    The refused case starts on this run's checkpoints (another run's, to a wider model),
+    not on a `train` of its own: one torch process (about 7 CPU-s) fewer."""
+    out = tmp_path_factory.mktemp("program") / "run"
+    return out, in_program(out)
+
+
+@pytest.mark.parametrize("outcome", ["trained", "refused"])
+def test_train_in_a_program_leaves_its_process_settings_as_they_were(outcome, program_run):
+    out, settings = program_run
+    if outcome == "refused":  # another run's checkpoints: exit 2 after the process started
+        settings = in_program(out, "--width", "16")
+    assert settings["exit"] == ("exit 2" if outcome == "refused" else None), settings
     assert settings["after"] == settings["before"], settings
     assert "Current thread" not in (out / "diagnostics" / "rank-0.txt").read_text()
 
