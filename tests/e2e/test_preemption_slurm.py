@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENDED_STATES, TINY, job_field, sbatch, wait_for, wait_until_ended
+from tests.helpers import (ENDED_STATES, TINY, job_field, sbatch, step_stopped, wait_for,
+                           wait_until_ended)
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -163,19 +164,6 @@ PLAIN_JOB = """#!/usr/bin/env bash
 echo "job start: restart count ${{SLURM_RESTART_COUNT:-0}}"
 exec srun train {args} --output-dir {out}
 """
-
-
-def step_stopped(cluster, job: int, node: str | None = None) -> bool:
-    """Every process of the job's first step on `node` (the first) is stopped (state T)."""
-    done = cluster.run(["scontrol", "listpids", f"{job}.0", node or cluster.nodes[0]])
-    pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
-    states = []
-    for pid in pids:
-        try:
-            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):
-            return False
-    return bool(states) and set(states) == {"T"}
 
 
 def preempt_while_training(cluster, job: int, log: Path, folder: Path) -> None:
