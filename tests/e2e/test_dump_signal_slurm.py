@@ -2,7 +2,12 @@
 real private SLURM cluster, in both layouts: every rank appends its stacks to
 rank-<N>.txt and the job trains on to the end. SLURM signals every process of the step,
 torchrun included, which dies of SIGUSR1 unless it ignores it (and stops its workers for
-any signal it handles), so the job scripts start the step with SIGUSR1 ignored."""
+any signal it handles), so the job scripts start the step with SIGUSR1 ignored.
+
+The step is held (SIGSTOP) once it trains and USR1 sent then, so the run need only be long
+enough to be caught training: 300 steps a run, to outlast the heartbeat's 5-second look,
+were about 3 CPU-seconds a rank more than 120 (55 against 44 CPU-seconds for the module on
+the 2-core test machine, by process accounting)."""
 
 from __future__ import annotations
 
@@ -13,22 +18,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, job_field, sbatch, wait_for, wait_until_ended
+from tests.helpers import REPO, TINY, job_field, sbatch, step_stopped, wait_for, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 300  # seconds of training on the loaded 2-core machine: the signal lands mid-run
+STEPS = 120  # seconds of training on the 2-core machine: long enough to be caught training
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "8192", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "8", "--epochs", "1", "--seed", "4",
         "--precision", "fp32", "--checkpoint-every", "0", "--dist-timeout", "120",
-        "--max-steps", str(STEPS)]
+        "--log-every", "1", "--max-steps", str(STEPS)]
 
 
-def heartbeat_step(folder: Path, rank: int) -> int:
-    try:
-        return json.loads((folder / f"heartbeat-{rank}.json").read_text()).get("step", 0)
-    except (OSError, ValueError):
-        return 0
+def hold_once_training(cluster, job: int, log: Path) -> None:
+    """SIGSTOP to every process of the step (torchrun too) once rank 0 logs a step (every
+    rank is in the loop then: the step's all-reduce needs them all), so that the USR1 sent
+    while it is held lands mid-run however fast the machine is."""
+    wait_for(lambda: log.exists() and "train: step " in log.read_text(), "the job to train",
+             log, poll=0.05)
+    done = cluster.run(["scancel", "--signal=STOP", str(job)])
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: step_stopped(cluster, job), "the step to stop", log)
 
 
 def dumped(folder: Path, rank: int) -> bool:
@@ -50,11 +59,10 @@ def test_usr1_dumps_every_rank_and_the_job_trains_on(slurm_cluster, tmp_path, la
                                  f"--output={log}", str(script), *ARGS], env=env, cwd=tmp_path)
     out = tmp_path / "runs" / str(job)
     diagnostics = out / "diagnostics"
-    wait_for(lambda: all(heartbeat_step(diagnostics, r) >= 2 for r in range(2)),
-             "both ranks to train", log)
-
-    done = slurm_cluster.run(["scancel", "--signal=USR1", str(job)])
-    assert done.returncode == 0, done.stderr
+    hold_once_training(slurm_cluster, job, log)
+    for name in ("USR1", "CONT"):  # the held processes take USR1 as they resume
+        done = slurm_cluster.run(["scancel", f"--signal={name}", str(job)])
+        assert done.returncode == 0, done.stderr
     wait_for(lambda: all(dumped(diagnostics, r) for r in range(2)), "the dumps", log,
              timeout=60)
     assert wait_until_ended(slurm_cluster, job, log) == "COMPLETED", log.read_text()[-3000:]

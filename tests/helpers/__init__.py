@@ -216,6 +216,19 @@ def job_field(cluster, job: int, name: str) -> str:
     return match.group(1) if match else ""
 
 
+def step_stopped(cluster, job: int, node: str | None = None) -> bool:
+    """Every process of the job's first step on `node` (the first) is stopped (state T)."""
+    done = cluster.run(["scontrol", "listpids", f"{job}.0", node or cluster.nodes[0]])
+    pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
+    states = []
+    for pid in pids:
+        try:
+            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            return False
+    return bool(states) and set(states) == {"T"}
+
+
 def wait_for(predicate, what: str, log: Path, timeout: float = 240, poll: float = 0.5) -> None:
     """Poll `predicate` until it holds; on timeout fail with the end of the job's log."""
     deadline = time.monotonic() + timeout
