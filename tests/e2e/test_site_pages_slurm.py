@@ -36,10 +36,8 @@ def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
 
 
-def run_page(slurm_cluster, tmp_path, site: str, page: str, launch_check: bool = False,
-             continue_run: bool = True):
-    return Twin(site, slurm_cluster, tmp_path).run(page, launch_check=launch_check,
-                                                   continue_run=continue_run)
+def run_page(slurm_cluster, tmp_path, site: str, page: str, **options):
+    return Twin(site, slurm_cluster, tmp_path).run(page, **options)
 
 
 @pytest.mark.parametrize("site", SITES)
@@ -209,7 +207,8 @@ CATALOGUE = [
 @pytest.mark.parametrize("mistake", CATALOGUE, ids=lambda mistake: mistake.name)
 def test_a_page_mistake_fails_in_its_twin_naming_it(slurm_cluster, tmp_path, mistake):
     result = run_page(slurm_cluster, tmp_path, mistake.site,
-                      mutated(mistake.site, mistake.edits), launch_check=True)
+                      mutated(mistake.site, mistake.edits), launch_check=True,
+                      steps_check=True)
     faults = centre_faults(mistake.site, result)
     failed = (result.status != 0 or faults
               or any(state != "COMPLETED" for state, _ in result.jobs.values()))

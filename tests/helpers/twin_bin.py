@@ -19,8 +19,9 @@ step); the login node everywhere else.
   scales them to the cluster's. Each step that trains, and each job, is written to
   requests.jsonl (the CPUs each rank gets, the memory a GPU gets, at the centre's scale)
   for the site test to hold against the centre's figures. `srun --environment=EDF` is
-  CSCS's Container Engine; `srun --container-image=FILE` is pyxis. Under LAUNCH_CHECK=1
-  (a page mistake's run) a training step's program is the layout's check.
+  CSCS's Container Engine; `srun --container-image=FILE` is pyxis. Under
+  TWIN_STEPS_CHECK=1 (a page mistake's run) a training step's program is the layout's
+  check.
 - A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
   not found" until that module is loaded.
 - An image is a small JSON file naming its architecture: built (apptainer build, podman
@@ -290,9 +291,10 @@ def srun(args: list[str]) -> None:
         fail("srun: error: Unable to create step for job "
              f"{os.environ['SLURM_JOB_ID']}: More processors requested than permitted")
     record_ranks(options, command)
-    # A mistake's run (LAUNCH_CHECK=1): a page's own training steps run the layout's check,
-    # as its job scripts do; every check above and each runtime's below still applies.
-    if (os.environ.get("LAUNCH_CHECK") == "1" and trains(command)
+    # A mistake's run (TWIN_STEPS_CHECK=1): a page's own training steps run the layout's
+    # check, as its job scripts do then; every check above and each runtime's below still
+    # applies.
+    if (os.environ.get("TWIN_STEPS_CHECK") == "1" and trains(command)
             and "workload.launch" not in command):
         command = layout_check(command)
     # The cluster's own values of what the job saw at the centre's scale.

@@ -316,13 +316,14 @@ class Twin:
                 "2>/dev/null | grep -q .; do sleep 1; done; done"]
 
     def run(self, page: str, timeout: float = 400, launch_check: bool = False,
-            continue_run: bool = True) -> Result:
+            continue_run: bool = True, steps_check: bool = False) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
-        (LAUNCH_CHECK=1, jobs/lib/launch.sh), and so do the page's own training steps
-        (twin_bin.layout_check): the same steps asked of SLURM, without torch; a check
-        leaves no checkpoint, so the continue steps are left out then, as they are when
-        not continue_run."""
-        env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {})
+        (LAUNCH_CHECK=1, jobs/lib/launch.sh); steps_check: so do the page's own training
+        steps (TWIN_STEPS_CHECK=1, twin_bin.layout_check): the same steps asked of SLURM,
+        without torch. A check leaves no checkpoint, so the continue steps are left out
+        under launch_check, as they are when not continue_run."""
+        env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {}) | (
+            {"TWIN_STEPS_CHECK": "1"} if steps_check else {})
         script = self.login_script(page, continue_run and not launch_check)
         done = subprocess.run(["bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
