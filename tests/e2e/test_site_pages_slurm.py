@@ -27,7 +27,7 @@ SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, 
 # Clariden's page is Alps's: the same job line, continued in the same way. Alps's twin
 # trains that job and continues it; in Clariden's twin the job runs the layout's check
 # (LAUNCH_CHECK: the same srun asked of Clariden's SLURM) and the continue step is left
-# out, while the page's by-hand srun trains there (two trainings of 4 ranks saved).
+# out, while the page's by-hand srun trains there (a training of 4 ranks saved).
 SAME_PAGE_AS = {"cscs-clariden": "cscs-alps"}
 CONTINUES = set(SITES) - set(SAME_PAGE_AS)
 
@@ -176,7 +176,8 @@ CATALOGUE = [
             re.escape('srun: error: Invalid numeric value "0" for --cpus-per-task.')),
     Mistake("pyxis: a host variable the image also sets", "pyxis",
             (("CPUS_PER_GPU=16\nsrun", "CPUS_PER_GPU=16\nexport TORCH_CUDA_ARCH_LIST=9.0\nsrun"),),
-            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but `[^`]+` "
+            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but "
+            r"`[^`]*workload\.launch[^`]*` "
             r"sees the image's"),
     Mistake("jsc: a job without its budget", "jsc-juwels-booster",
             (("   export SBATCH_ACCOUNT=<project>\n", ""),),
