@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from workload.caches import use_private_caches
-from workload.commands import command_parser, main_of
+from workload.commands import command_parser, main_of, start_up_over
 from workload.config import add_flags
 from workload.errors import UsageError
 from workload.files import path_kind
@@ -120,6 +120,7 @@ def predict(args: argparse.Namespace) -> None:
     model = model.to(device).eval()
     normalize = Normalizer(description.mean, description.std, device)
     transform = eval_transform(description.image_size, description.resize)
+    start_up_over()
     for start in range(0, len(paths), args.batch_size):
         chunk = paths[start:start + args.batch_size]
         tensors, errors = read_batch(chunk, transform)

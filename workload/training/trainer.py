@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from workload import distributed
+from workload.commands import start_up_over
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.errors import UsageError
@@ -61,6 +62,7 @@ def evaluate_model(model: nn.Module, test_loader, precision: str,
                    device: torch.device) -> Evaluation:
     """Accuracy and mean loss over the whole test set, summed across ranks (every rank
     calls it: it ends with a collective)."""
+    start_up_over()  # `evaluate`'s loop (a training's evaluations find it over already)
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
     for images, labels in test_loader.batches(0):
@@ -254,6 +256,7 @@ class Trainer:
         ends it; the summary of the training part of the run. An epoch the step limit stops
         partway is evaluated and recorded, but stays unfinished: its checkpoint holds the
         position within it, and its accuracy is not one of the epochs' accuracies."""
+        start_up_over()
         cfg = self.cfg.training
         state = self.state
         timed_images = 0
