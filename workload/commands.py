@@ -245,7 +245,8 @@ def collector_paused_for_start_up() -> Iterator[None]:
 
 def start_up_over() -> None:
     """The start-up's objects frozen and the collector back on, if a command's start-up
-    paused it: called where a command's loop begins (training, evaluation, prediction)."""
+    paused it: called where a command's loop begins (training, evaluation, prediction,
+    bench's timed work)."""
     if _pause["ours"]:
         _pause["ours"] = False
         gc.freeze()  # else the collector's first passes walk all that the pause made

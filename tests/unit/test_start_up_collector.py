@@ -54,25 +54,53 @@ def test_the_loop_runs_with_the_collector_on_and_the_start_up_frozen(collector_r
         assert gc.isenabled()
 
 
+def recording(original, states: list):
+    """`original`, noting whether the collector is on each time it is called."""
+    def wrapper(*args, **kwargs):
+        states.append((original.__name__, gc.isenabled()))
+        return original(*args, **kwargs)
+    return wrapper
+
+
 @pytest.mark.slow
 def test_a_training_loop_and_its_evaluation_run_with_the_collector_on(tmp_path,
                                                                       collector_restored):
     from workload.training import trainer
 
     states = []
-
-    def recording(original):
-        def wrapper(*args, **kwargs):
-            states.append((original.__name__, gc.isenabled()))
-            return original(*args, **kwargs)
-        return wrapper
-
     with (mock.patch.object(trainer.Trainer, "train_epoch",
-                            recording(trainer.Trainer.train_epoch)),
-          mock.patch.object(trainer, "evaluate_model", recording(trainer.evaluate_model))):
+                            recording(trainer.Trainer.train_epoch, states)),
+          mock.patch.object(trainer, "evaluate_model",
+                            recording(trainer.evaluate_model, states))):
         run_train([*DIGITS_RUN, "--max-steps", "1"], tmp_path / "run")
     assert states and all(enabled for _, enabled in states), states
     assert {name for name, _ in states} == {"train_epoch", "evaluate_model"}, states
+
+
+@pytest.mark.slow
+def test_predict_runs_its_batches_with_the_collector_on(digits_run, tmp_path,
+                                                        collector_restored):
+    from PIL import Image
+
+    from workload import predict
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (16, 16), (40, 90, 200)).save(tmp_path / name)
+    states = []
+    with mock.patch.object(predict, "predict_batch", recording(predict.predict_batch, states)):
+        assert predict.main([str(digits_run), str(tmp_path)]) == 0
+    assert states == [("predict_batch", True)]
+
+
+def test_bench_times_its_work_with_the_collector_on(collector_restored):
+    import torch
+
+    from workload.bench.common import timed
+
+    seen = []
+    with collector_paused_for_start_up():
+        timed(torch.device("cpu"), lambda: seen.append(gc.isenabled()))
+    assert seen == [True]
 
 
 def test_the_exit_finds_the_rest_frozen():

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from workload.bench.flags import BENCH_FIXED
+from workload.commands import start_up_over
 from workload.config import TrainConfig, build_config
 from workload.distributed import DistInfo, resolve_device
 from workload.files import write_json
@@ -45,7 +46,9 @@ def bench_process(args: dict, cfg: TrainConfig) -> Iterator[DistInfo]:
 
 
 def timed(device: torch.device, work) -> float:
-    """Seconds `work()` takes, the device synchronised before and after."""
+    """Seconds `work()` takes, the device synchronised before and after; with the cyclic
+    collector on, as train's loop runs."""
+    start_up_over()
     sync(device)
     start = time.perf_counter()
     work()
