@@ -222,7 +222,7 @@ def run_command(prog: str, work: Callable[[], object]) -> int:
 # on and the start-up's objects frozen (gc.freeze: never walked again, still freed when
 # their last reference goes), and the exit with everything frozen: 0.89 of a tiny
 # `train`'s CPU time and 0.75 of an `evaluate`'s (docs/performance.md#start-up).
-_pause = {"ours": False}  # True while a start-up pause that this module made is on
+_paused_here = False  # whether a start-up pause that this module made is on
 
 
 @contextmanager
@@ -231,15 +231,20 @@ def collector_paused_for_start_up() -> Iterator[None]:
     what is left when the interpreter exits. A program that runs commands in its own
     process gets its collector back as it had it (one it had switched off stays off),
     and none of its objects frozen unless a command's loop began."""
-    _pause["ours"] = gc.isenabled()
-    gc.disable()
+    global _paused_here
+    # A collector already off (the caller's, or the pause of a command that runs this one)
+    # is its owner's to switch on.
+    mine = gc.isenabled()
+    if mine:
+        gc.disable()
+        _paused_here = True
     atexit.unregister(gc.freeze)  # once, however many commands a process runs
     atexit.register(gc.freeze)
     try:
         yield
     finally:
-        if _pause["ours"]:
-            _pause["ours"] = False
+        if mine and _paused_here:
+            _paused_here = False
             gc.enable()
 
 
@@ -247,8 +252,9 @@ def start_up_over() -> None:
     """The start-up's objects frozen and the collector back on, if a command's start-up
     paused it: called where a command's loop begins (training, evaluation, prediction,
     bench's timed work)."""
-    if _pause["ours"]:
-        _pause["ours"] = False
+    global _paused_here
+    if _paused_here:
+        _paused_here = False
         gc.freeze()  # else the collector's first passes walk all that the pause made
         gc.enable()
 

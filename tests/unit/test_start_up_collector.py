@@ -42,6 +42,15 @@ def test_a_collector_the_caller_switched_off_stays_off(collector_restored):
     assert not gc.isenabled()
 
 
+def test_a_command_run_by_a_command_leaves_the_pause_to_the_outer_one(collector_restored):
+    gc.enable()
+    with collector_paused_for_start_up():
+        with collector_paused_for_start_up():
+            pass
+        assert not gc.isenabled()  # the outer command's start-up goes on paused
+    assert gc.isenabled()
+
+
 def test_the_loop_runs_with_the_collector_on_and_the_start_up_frozen(collector_restored):
     gc.enable()
     gc.unfreeze()
