@@ -29,26 +29,32 @@ python() { command "${PYTHON}" "$@"; }
 
 # torch's distribution version, from its installed metadata: importing torch takes seconds
 # natively and over half a minute under QEMU (an arm64 image built on an x86_64 host), so
-# each step imports it once (find_python) and checks what pip did without importing it.
+# only the deps step imports it (find_python), and what pip did is checked without it.
 torch_distribution() { python -c 'from importlib.metadata import version; print(version("torch"))'; }
 
 pip_install() {
   python -m pip install --no-warn-script-location --root-user-action=ignore "$@"
 }
 
-# `python` or, on bases without that name, `python3`; and it must have torch.
+# `python` or, on bases without that name, `python3`; and it must have torch. STEP deps
+# imports torch: its version as it imports, and the CUDA version it was built for (empty
+# for a CPU-only build: DALI's wheel follows it). STEP package, which runs after deps, only
+# needs torch's distribution, to see what pip does.
 find_python() {
+  local step="$1" facts
   PYTHON=$(type -P python || type -P python3 || true)
   if [[ -z "${PYTHON}" ]]; then
     err "no python or python3 on PATH; the base image needs Python with torch installed"
     exit 1
   fi
-  # torch's version as it imports, and the CUDA version it was built for (empty for a
-  # CPU-only build: DALI's wheel follows it); its distribution's, to see what pip does.
-  local facts
-  if ! facts=$(python -c 'import torch; print(torch.__version__, torch.version.cuda or "")' \
-    2>/dev/null); then
-    err "${PYTHON} cannot import torch; use a base image with torch (e.g. nvcr.io/nvidia/pytorch)"
+  if [[ "${step}" == deps ]]; then
+    facts=$(python -c 'import torch; print(torch.__version__, torch.version.cuda or "")' \
+      2>/dev/null) || facts=""
+  else
+    facts=$(torch_distribution 2>/dev/null) || facts=""
+  fi
+  if [[ -z "${facts}" ]]; then
+    err "${PYTHON} has no torch that imports (step ${step}); use a base image with torch (e.g. nvcr.io/nvidia/pytorch)"
     exit 1
   fi
   read -r TORCH_VERSION TORCH_CUDA <<<"${facts}"
@@ -167,7 +173,7 @@ main() {
     err "expected 'deps SRC' or 'package SRC', got: $*"
     exit 2
   fi
-  find_python
+  find_python "$1"
   allow_externally_managed
   record_base
   case "$1" in

@@ -64,6 +64,22 @@ def test_shellcheck_finds_nothing_in_any_shell_script():
     lint([tool("shellcheck"), "--external-sources", *scripts])
 
 
+@pytest.mark.parametrize("step", ["deps", "package"])
+def test_install_script_stops_each_step_on_a_python_without_torch(tmp_path, step):
+    """The package step reads torch's distribution instead of importing it (half a minute
+    under QEMU), and still stops before pip on a base without torch, naming the fix."""
+    shim = tmp_path / "python"  # this interpreter without its site-packages: no torch
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    shim.chmod(0o755)
+    proc = subprocess.run(["bash", "container/install-workload.sh", step, str(ROOT)], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**shutil.os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{shim} has no torch that imports (step {step}); use a base image with torch" \
+        in proc.stderr, proc.stderr
+    assert "installed:" not in proc.stdout, proc.stdout
+
+
 def test_actionlint_finds_nothing_in_the_workflows():
     assert WORKFLOWS, "no workflow under .github/workflows"
     env_path = f"{VENV_BIN}:{shutil.os.environ.get('PATH', '')}"  # shellcheck for run: steps

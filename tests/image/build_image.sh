@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the project's Dockerfile, unchanged, on a given base image (podman, vfs).
+# Builds the project's Dockerfile, unchanged, on a given base image (podman).
 #
 #   tests/image/build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]   # extra --build-arg values
 #   BUILD_PLATFORM=linux/arm64 tests/image/build_image.sh ...      # another architecture (QEMU)
@@ -7,9 +7,11 @@
 #                                                    # as the label org.hpc-train.test.inputs
 #
 # The local package mirrors and CA bundle are mounted into RUN steps read-only (see
-# containers.sh), never copied. --layers=false commits the project's steps as one layer
-# on top of the base: with vfs every layer is a full copy of the 6 GB tree, so one layer
-# instead of six saves minutes and tens of GB; the content is the same.
+# containers.sh), never copied. Layers as users build them on overlay storage: a change
+# to the package builds again only the steps from its COPY on, and the dependencies'
+# step is reused (an arm64 rebuild under QEMU: 48 CPU-seconds instead of 152). On vfs
+# every layer is a full copy of the 6 GB tree, so there the project's steps are committed
+# as one layer (--layers=false): minutes and tens of GB less, the same content.
 set -Eeuo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "${HERE}/../.." && pwd)"
@@ -21,7 +23,7 @@ main() {
     err "expected BASE_IMAGE and TAG, got $# arguments; usage: build_image.sh BASE_IMAGE TAG [NAME=VALUE ...]"
     exit 2
   fi
-  local base="$1" tag="$2" digest arg extra=()
+  local base="$1" tag="$2" digest arg extra=() layers=true
   shift 2
   for arg in "$@"; do extra+=(--build-arg "${arg}"); done
   [[ -z "${BUILD_PLATFORM:-}" ]] || extra+=(--platform "${BUILD_PLATFORM}")
@@ -29,8 +31,9 @@ main() {
   write_storage_conf
   write_pip_mount
   pip_build_volumes
+  [[ "${STORAGE_DRIVER}" == overlay ]] || layers=false
   digest=$(podman image inspect --format '{{.Digest}}' "${base}")
-  podman build --format docker --pull=never --layers=false "${PIP_VOLUMES[@]}" \
+  podman build --format docker --pull=never --layers="${layers}" "${PIP_VOLUMES[@]}" \
     --build-arg "BASE_IMAGE=${base}" \
     --build-arg "BASE_DIGEST=${digest}" \
     --build-arg "REVISION=$(git -C "${ROOT}" rev-parse HEAD)" \
