@@ -45,9 +45,21 @@ SLOWER_BY_S = 10.0
 
 def process_start() -> float | None:
     """When this process started (epoch seconds, to the kernel's clock tick), or None
-    where /proc does not say. Its age is read on the clock stat(5)'s start time counts on
-    (CLOCK_BOOTTIME, to the nanosecond) and not from /proc/uptime, whose hundredths made
-    two readings differ by up to 10 ms."""
+    where /proc does not say. Read once a process (a forked child reads its own): the
+    epoch and the boot clock are two clocks read one after the other, so each reading
+    moved by the moments between them (by up to 10 ms with /proc/uptime's hundredths, and
+    more under load), and a phase measured against one reading and a whole second taken
+    from another crossed that second (8.0000026 s where at most 8 can be)."""
+    pid = os.getpid()
+    if pid not in _STARTED:
+        _STARTED[pid] = _read_process_start()
+    return _STARTED[pid]
+
+
+_STARTED: dict[int, float | None] = {}
+
+
+def _read_process_start() -> float | None:
     try:
         fields = proc_stat_fields()
         if fields is None:
@@ -55,6 +67,7 @@ def process_start() -> float | None:
         started_ticks = int(fields[19])  # field 22 of stat(5)
     except (OSError, ValueError, IndexError):
         return None
+    # stat(5)'s start time counts on the boot clock (CLOCK_BOOTTIME, in clock ticks).
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - age
 
