@@ -15,15 +15,23 @@
 #     INSTALL_DALI=no skips it (the data backends then fall back to torch).
 #   - A Python marked "externally managed" (PEP 668, e.g. Debian's): the base's torch lives
 #     in its system site-packages, so the workload is installed there too, and it says so.
-# Each step ends by printing what it installed.
+# Each step ends by printing what it installed; /opt/hpc-train/install.log keeps every line
+# the steps printed (what the build added over the base, and why).
 set -Eeuo pipefail
 
 STATE_DIR=/opt/hpc-train
 BASE_TORCH="${STATE_DIR}/base-torch-version"
 BASE_CONSTRAINT="${STATE_DIR}/base-constraint.txt"
 
+# What the steps say is also kept in the image, in INSTALL_RECORD: a step that a later
+# build takes from the layer cache prints nothing in that build's log.
+INSTALL_RECORD="${STATE_DIR}/install.log"
+
 err() { echo "install-workload: $*" >&2; }
-say() { echo "install-workload: $*"; }
+say() {
+  mkdir -p "${STATE_DIR}"
+  echo "install-workload: $*" | tee -a "${INSTALL_RECORD}"
+}
 
 python() { command "${PYTHON}" "$@"; }
 

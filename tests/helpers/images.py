@@ -55,7 +55,8 @@ class Built:
     config: dict
     base_config: dict
     seconds: dict
-    log: str = ""
+    log: str = ""  # this build's output: a step taken from the layer cache prints nothing
+    record: str = ""  # what install-workload.sh's steps said, kept in the image
 
 
 def remove_leftovers() -> None:
@@ -89,6 +90,8 @@ IMAGE_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "L
                 "NOTICE", "workload", "entrypoint.sh", "container/install-workload.sh",
                 "jobs", "examples", "tests/image/build_image.sh", "tests/image/containers.sh")
 REPOSITORY = "localhost/hpc-train/test-image"
+# Where container/install-workload.sh keeps what its steps said, in the image.
+INSTALL_RECORD = "opt/hpc-train/install.log"
 
 
 def inputs_key(base_digest: str, *settings: str) -> str:
@@ -182,7 +185,8 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
         rootfs = Path(run(["buildah", "mount", container]).stdout.strip())
         yield Built(tag, base, container, rootfs, inspect(tag), base_config,
                     {"base": base_ready - started, "build": built - base_ready,
-                     "container": time.monotonic() - built}, log_file.read_text())
+                     "container": time.monotonic() - built}, log_file.read_text(),
+                    (rootfs / INSTALL_RECORD).read_text())
     finally:
         run(["buildah", "rm", container], check=False)
 
@@ -195,7 +199,7 @@ def canonical(name: str) -> str:
 
 def installed_by(log: str) -> dict[str, str]:
     """{canonical name: version} from the `install-workload: installed: ...` lines of a
-    build log (one line per install step, `name==version` items)."""
+    build's record (one line per install step, `name==version` items)."""
     found = {}
     for line in log.splitlines():
         _, marker, items = line.partition("install-workload: installed: ")
