@@ -28,10 +28,7 @@ BASE_CONSTRAINT="${STATE_DIR}/base-constraint.txt"
 INSTALL_RECORD="${STATE_DIR}/install.log"
 
 err() { echo "install-workload: $*" >&2; }
-say() {
-  mkdir -p "${STATE_DIR}"
-  echo "install-workload: $*" | tee -a "${INSTALL_RECORD}"
-}
+say() { echo "install-workload: $*" | tee -a "${INSTALL_RECORD}"; }
 
 python() { command "${PYTHON}" "$@"; }
 
@@ -66,7 +63,11 @@ find_python() {
     exit 1
   fi
   read -r TORCH_VERSION TORCH_CUDA <<<"${facts}"
-  TORCH_DISTRIBUTION=$(torch_distribution)
+  if [[ "${step}" == deps ]]; then
+    TORCH_DISTRIBUTION=$(torch_distribution)
+  else
+    TORCH_DISTRIBUTION="${TORCH_VERSION}"  # read from the distribution above
+  fi
 }
 
 # PEP 668: pip refuses system-wide installs when the interpreter's stdlib folder holds an
@@ -102,7 +103,6 @@ report_installed() {
 
 # What the base ships, recorded once, before anything is installed.
 record_base() {
-  mkdir -p "${STATE_DIR}"
   [[ -s "${BASE_TORCH}" ]] || echo "${TORCH_VERSION}" >"${BASE_TORCH}"
   [[ -s "${BASE_CONSTRAINT}" ]] || normalised_freeze |
     { grep -E '^(torch|torchvision|nvidia-dali-cuda[0-9]+)==' || true; } >"${BASE_CONSTRAINT}"
@@ -182,6 +182,7 @@ main() {
     exit 2
   fi
   find_python "$1"
+  mkdir -p "${STATE_DIR}"  # where the record and what the base has are kept
   allow_externally_managed
   record_base
   case "$1" in
