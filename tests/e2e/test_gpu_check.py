@@ -86,8 +86,8 @@ def test_the_report_takes_the_first_step_apart_cold_warm_and_under_cudnn_setting
     autotuning among them; the cuDNN variants say they do not apply on the CPU."""
     part = json.loads((report_dir / "gpu-check.json").read_text())["bench"]["first_step"]
     starts = {start["name"]: start for start in part["starts"]}
-    assert list(starts) == ["cold", "warm", "benchmark-limit-1", "benchmark-limit-0",
-                            "benchmark-off"]
+    assert list(starts) == ["cold", "warm", "benchmark", "benchmark-limit-1",
+                            "benchmark-limit-0"]
     for name in ("cold", "warm"):
         start = starts[name]
         assert start["status"] == "measured", start
@@ -95,7 +95,7 @@ def test_the_report_takes_the_first_step_apart_cold_warm_and_under_cudnn_setting
                                            "resume", "cudnn autotune", "first step"]
         assert sum(start["phases_s"].values()) == pytest.approx(start["to_first_step_s"])
         assert start["images_per_second"] > 0
-    for name in ("benchmark-limit-1", "benchmark-limit-0", "benchmark-off"):
+    for name in ("benchmark", "benchmark-limit-1", "benchmark-limit-0"):
         assert starts[name]["status"] == "not run"
         assert "does not apply on the CPU" in starts[name]["reason"]
     markdown = (report_dir / "gpu-check.md").read_text()

@@ -47,8 +47,8 @@ def test_digits_recipe_trains_to_its_accuracy_with_the_gpu_defaults(cuda, digits
     assert summary["device"].startswith("cuda") and summary["precision"] == "bf16"
     assert config["channels_last"] is True and config["data_backend"] in ("auto", "device")
     assert summary["final_accuracy"] >= 0.90, summary  # the recipe's promise (README)
-    # cuDNN's autotuning (benchmark mode, on by default on CUDA) is a phase of its own.
-    assert summary["startup"]["phases_s"]["cudnn autotune"] > 0, summary["startup"]
+    # benchmark mode is off by default (the H200's figures): nothing is autotuned.
+    assert summary["startup"]["phases_s"]["cudnn autotune"] < 0.01, summary["startup"]
 
 
 def test_the_gpu_build_uses_bf16_channels_last_and_the_fused_sgd_step(cuda):
@@ -87,13 +87,16 @@ def deterministic_train(args: list[str], out: Path) -> dict:
 
 
 @pytest.mark.timeout(420)  # compiled: two jobs, each with Inductor's compile
-@pytest.mark.parametrize("compiled", [[], ["--compile", "--compile-scope", "blocks"]],
-                         ids=["eager", "compiled-blocks"])
+@pytest.mark.parametrize("compiled", [[], ["--compile", "--compile-scope", "blocks"],
+                                      ["--compile", "--compile-mode", "reduce-overhead"]],
+                         ids=["eager", "compiled-blocks", "cudagraphs"])
 def test_a_cuda_run_resumes_exactly_from_a_mid_epoch_checkpoint(cuda, tmp_path, compiled):
     # Exact on a GPU needs what tests/helpers/deterministic_train.py sets: cuDNN without
     # benchmark mode and with deterministic algorithms, torch's deterministic algorithms,
     # CUBLAS_WORKSPACE_CONFIG=:4096:8. The checkpoint carries the rest (RNG states).
-    # Compiled per block (Inductor's fused BatchNorm, ReLU and add) it must stay exact.
+    # Compiled per block (Inductor's fused BatchNorm, ReLU and add) it must stay exact,
+    # and under CUDA graphs (the fastest row on the H200, which train takes as its
+    # default only once this passes there: bench's RESUME_TESTED).
     args = [*CHECKPOINT_ARGS, *ON_GPU, "--checkpoint-every", "1", "--keep-checkpoints", "100",
             *compiled]
     whole = deterministic_train(args, tmp_path / "whole")

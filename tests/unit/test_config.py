@@ -37,7 +37,7 @@ def parse(argv: list[str]) -> dict:
     (["--no-channels-last"], "hardware", "channels_last", False),
     (["--compile"], "hardware", "compile", True),
     (["--compile", "--compile-scope", "blocks"], "hardware", "compile_scope", "blocks"),
-    (["--no-cudnn-benchmark"], "hardware", "cudnn_benchmark", False),
+    (["--cudnn-benchmark"], "hardware", "cudnn_benchmark", True),
     (["--strategy", "fsdp"], "distributed", "strategy", "fsdp"),
     (["--dist-timeout", "30"], "distributed", "dist_timeout_s", 30.0),
     (["--dist-start-timeout", "900"], "distributed", "dist_start_timeout_s", 900.0),

@@ -18,7 +18,7 @@ from workload.bench.flags import parse_sizes
 from workload.bench.input import ReferenceLoader, endless
 from workload.data import NATURAL_IMAGE_SIZE, DataRequest, build_data, read_in_memory
 from workload.models import model_for
-from workload.precision import configure_tf32, resolve_precision
+from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model
 from workload.training.trainer import Trainer
 
@@ -122,6 +122,10 @@ class Runner:
     def steps(self, count: int) -> tuple[int, float]:
         """Images and seconds of `count` steps, the device synchronised around them."""
         configure_tf32(self.precision)
+        hw = self.cfg.hardware
+        # the reference loop keeps torch's default (off); the others take train's setting
+        configure_cudnn(self.device, hw.cudnn_benchmark and not self.spec.reference,
+                        hw.cudnn_benchmark_limit)
         images_seen = 0
 
         def work():

@@ -170,8 +170,11 @@ class Hardware:
     compile_scope: str = setting("model", "with --compile: the whole model, or each residual "
                                           "block on its own (blocks: wrn and the ResNets)",
                                  choices=COMPILE_SCOPES, resumable=True)
-    cudnn_benchmark: bool = setting(True, "cuDNN benchmark mode on CUDA: time the "
-                                          "convolution algorithms before the first step",
+    # Off by default on the H200's figures (docs/performance.md#h200-2026-11-29): the timing
+    # cost 2.5 s of a warm start and 13.7 s of a cold one, and the reference workload ran
+    # no faster for it.
+    cudnn_benchmark: bool = setting(False, "cuDNN benchmark mode on CUDA: time the "
+                                           "convolution algorithms before the first step",
                                     resumable=True)
     cudnn_benchmark_limit: int = setting(10, "algorithms cuDNN tries per convolution in "
                                              "benchmark mode; 0 = every one",

@@ -6,10 +6,10 @@ the first line of ours), or where the job started when SLURM says
 batch script's earlier steps) is then the first phase. `run` marks the end of each later
 phase: imports (the interpreter, torch and ours), the process group, the data (download
 check, staging, the datasets), the model (built, wrapped, its optimizer), the resume,
-cuDNN's autotuning (`cudnn autotune`: in benchmark mode on CUDA, one forward and backward
+cuDNN's autotuning (`cudnn autotune`: with --cudnn-benchmark on CUDA, one forward and backward
 at the run's batch shape before the first step, so the time cuDNN spends choosing its
-algorithms is its own phase; a moment where nothing is tuned: the CPU,
---no-cudnn-benchmark, FSDP), and the first step (the loader's workers, the first collectives), with
+algorithms is its own phase; a moment where nothing is tuned: the CPU, benchmark mode
+off, FSDP), and the first step (the loader's workers, the first collectives), with
 the compilers' share of it split out as `compile` (torch.compile's own timers). Each rank
 writes its marks as they happen to `diagnostics/startup-rank-N.json` once the run folder
 exists (a requeued job's from the start), so a job that never reached its first step still
@@ -86,8 +86,8 @@ def compile_seconds() -> float:
 
 def tune_convolutions(model, cfg, device, precision: str) -> None:
     """The cuDNN autotuning phase (precision.autotune_convolutions) on this rank's model
-    at the run's batch shape; nothing where benchmark mode is off (the CPU, or
-    --no-cudnn-benchmark) or under FSDP (whose sharded forward is not run outside a
+    at the run's batch shape; nothing where benchmark mode is off (the default, and
+    always on the CPU) or under FSDP (whose sharded forward is not run outside a
     step), so the phase is then the moment between two marks."""
     from workload import distributed  # here: the clock itself is read before torch is
     from workload.config import image_size_of
