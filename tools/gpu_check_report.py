@@ -157,8 +157,9 @@ def bench_lines(record: dict) -> list[str]:
     missing = [m for m in (record.get("sizes") or {}).get("models", {}) if m not in measured]
     lines += [f"- failed: {e['part']}: {e['error']}" for e in record.get("errors", [])]
     lines += [f"- not measured: {m}" for m in missing]
-    lines += [f"- not reached: {part}" for part in record.get("parts", [])
-              if part not in record.get("parts_done", []) and part not in missing]
+    unfinished = [part for part in record.get("parts", [])
+                  if part not in record.get("parts_done", []) and part not in missing]
+    lines += unfinished_lines(unfinished, stopped=record.get("status") == "stopped")
     if record.get("first_step"):
         lines += ([""] if lines and lines[-1] else []) + first_step_lines(record["first_step"])
     if record.get("profile"):
@@ -166,6 +167,14 @@ def bench_lines(record: dict) -> list[str]:
     elif record.get("status") != "not run":
         lines += ["- profile: not measured", ""]
     return lines
+
+
+def unfinished_lines(parts: list[str], stopped: bool) -> list[str]:
+    """The parts that did not end. The kit runs them in order, so where the part was
+    stopped at its limit the first of them was running then, cut short, not unreached."""
+    running = parts[:1] if stopped else []
+    return ([f"- stopped while running: {part}" for part in running]
+            + [f"- not reached: {part}" for part in parts[len(running):]])
 
 
 def rows_lines(rows: list[dict], choice: dict) -> list[str]:

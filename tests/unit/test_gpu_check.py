@@ -151,8 +151,8 @@ def stopped_bench_markdown(tmp_path: Path) -> str:
 
 
 def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(tmp_path):
-    """A row that did not run says why; the starts of train phase by phase; a part the
-    stop never reached is named."""
+    """A row that did not run says why; the starts of train phase by phase; the part the
+    stop cut short, and each it never reached, is named as such."""
     starts = [dict(name="cold", status="measured", to_first_step_s=13.3,
                    images_per_second=19_000.0,
                    phases_s={"imports": 3.1, "cudnn autotune": 4.5, "first step": 1.8}),
@@ -161,7 +161,7 @@ def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(
                                           reason="left out (--skip)")],
                      first_step=dict(command=["train", "--model", "wrn"], starts=starts),
                      choice={"wrn": dict(config="compile", why="the fastest measured")},
-                     parts=["wrn", "first step", "wrn max-autotune"],
+                     parts=["wrn", "first step", "wrn max-autotune", "resnet18 max-autotune"],
                      parts_done=["wrn", "first step"])
     md = stopped_bench_markdown(tmp_path)
     assert "| wrn | cudagraphs | not run: left out (--skip) |" in md
@@ -169,7 +169,8 @@ def test_the_report_shows_rows_not_run_the_first_step_and_the_parts_not_reached(
     assert "| start | imports | cudnn autotune | first step | to first step |" in md
     assert "| cold | 3.10 | 4.50 | 1.80 | 13.30 | 19,000.0 |" in md
     assert "| benchmark-off | failed: train exited 1 |" in md
-    assert "- not reached: wrn max-autotune" in md and "Command: `train --model wrn`" in md
+    assert "- stopped while running: wrn max-autotune\n- not reached: resnet18 max-autotune" in md
+    assert "- not reached: wrn max-autotune" not in md and "Command: `train --model wrn`" in md
 
 
 def test_a_stopped_benchmark_says_so_and_shows_the_rows_measured_before(tmp_path):
