@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (REPO, TESTS, clean_env, free_ports, local_rank_env,
-                           pickles_and_zips, writer_of)
+from tests.helpers import REPO, TESTS, clean_env, free_ports, pickles_and_zips, writer_of
+from tests.helpers.ranks import start_logged_ranks
 from workload.checkpoint.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
@@ -42,22 +42,11 @@ STEPS, EVERY = 24, 4
 STEP_S = 0.3  # per step where the test must act while the run trains
 
 
-def start_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> list:
+def start_example(out: Path, logs: Path, *args: str, steps: int = STEPS) -> list:
     """Two ranks of the example, each writing its output to logs/rank-N.log."""
-    return start_command(logs, [str(EXAMPLE), "--steps", str(steps), "--save-every",
-                                str(EVERY), *args, "--output-dir", str(out)])
-
-
-def start_command(logs: Path, command: list[str]) -> list:
-    logs.mkdir(parents=True, exist_ok=True)
-    port = free_ports(1)[0]
-    procs = []
-    for rank in (0, 1):
-        env = local_rank_env(rank, 2, port)
-        with open(logs / f"rank-{rank}.log", "w") as log:
-            procs.append(subprocess.Popen([sys.executable, *command], stdout=log,
-                                          stderr=subprocess.STDOUT, env=env, cwd=logs))
-    return procs
+    return start_logged_ranks([sys.executable, str(EXAMPLE), "--steps", str(steps),
+                               "--save-every", str(EVERY), *args, "--output-dir", str(out)],
+                              logs)
 
 
 def output(logs: Path) -> str:
@@ -78,7 +67,7 @@ def finish(procs: list, logs: Path) -> str:
 
 
 def run_ranks(out: Path, logs: Path, *args: str, steps: int = STEPS) -> str:
-    procs = start_ranks(out, logs, *args, steps=steps)
+    procs = start_example(out, logs, *args, steps=steps)
     text = finish(procs, logs)
     assert [p.returncode for p in procs] == [0, 0], text[-4000:]
     return text
@@ -114,7 +103,7 @@ def uninterrupted(uninterrupted_run) -> str:
 def killed_mid_run(out: Path, logs: Path, after: int) -> int:
     """Start the run on `out` (resuming, if it holds checkpoints) and SIGKILL both ranks
     anywhere up to a save past `after`'s second save; the step `latest` names then."""
-    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    procs = start_example(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, f"saved checkpoint at step {after + 2 * EVERY}", procs)
     time.sleep(random.uniform(0, EVERY * STEP_S))  # anywhere up to the next save's end
     for proc in procs:
@@ -153,7 +142,7 @@ def test_a_second_writer_is_refused_then_usr2_and_sigterm_mid_save_resume_exactl
     USR2 to one rank, then SIGTERM to every process with a save in flight; the last run
     ends with the uninterrupted run's weights."""
     out, logs = tmp_path / "run", tmp_path / "first"
-    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    procs = start_example(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, "rank 1: training from step 0", procs)
     # The run is held (SIGSTOP) while the second process (a Python importing torch) is
     # refused, so that it still trains when the signal comes, however loaded the machine:
@@ -189,7 +178,8 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
     checkpoint removed and `latest` naming step 6 (a 6-step run of its own would save the
     same files: the loop is deterministic)."""
     def run(out: Path, steps: int, logs: str) -> str:
-        procs = start_command(tmp_path / logs, [str(FSDP_LOOP), str(out), str(steps)])
+        procs = start_logged_ranks([sys.executable, str(FSDP_LOOP), str(out), str(steps)],
+                                   tmp_path / logs)
         text = finish(procs, tmp_path / logs)
         assert [p.returncode for p in procs] == [0, 0], text[-4000:]
         extras.append(sorted(re.findall(r"^rank \d resumed with extra .*$", text, re.M)))
@@ -223,7 +213,7 @@ def sigterm_with_a_save_in_flight(out: Path, logs: Path, after: int) -> str:
     """Start the run on `out` and SIGTERM both ranks and the writer (as SLURM signals a job
     step) once the first save past step `after` is handed to the writer: it commits, both
     ranks exit 75. The output of the run."""
-    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    procs = start_example(out, logs, "--step-time", str(STEP_S))
     first = (after // EVERY + 1) * EVERY
     wait_for(logs, f"saved checkpoint at step {first}", procs)  # handed to the writer
     writer = wait_for_writer(procs)
@@ -243,7 +233,7 @@ def test_a_killed_writer_then_sigkill_mid_run_each_resume_from_a_committed_check
     """Two stops of one run, each resumed by the next run: the writer killed, then both
     ranks killed (SIGKILL) mid-run; the last run ends with the uninterrupted weights."""
     out, logs = tmp_path / "run", tmp_path / "first"
-    procs = start_ranks(out, logs, "--step-time", str(STEP_S))
+    procs = start_example(out, logs, "--step-time", str(STEP_S))
     wait_for(logs, f"saved checkpoint at step {2 * EVERY}", procs)
     os.kill(wait_for_writer(procs), signal.SIGKILL)
     text = finish(procs, logs)

@@ -28,8 +28,8 @@ SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, 
 # trains that job and continues it; in Clariden's twin the job runs the layout's check
 # (LAUNCH_CHECK: the same srun asked of Clariden's SLURM) and the continue step is left
 # out, while the page's by-hand srun trains there (a training of 4 ranks saved).
-SAME_PAGE_AS = {"cscs-clariden": "cscs-alps"}
-CONTINUES = set(SITES) - set(SAME_PAGE_AS)
+ALPS_PAGE_ELSEWHERE = {"cscs-clariden"}
+CONTINUES = set(SITES) - ALPS_PAGE_ELSEWHERE
 
 
 def page_of(site: str) -> str:
@@ -43,7 +43,7 @@ def run_page(slurm_cluster, tmp_path, site: str, page: str, **options):
 @pytest.mark.parametrize("site", SITES)
 def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
     result = run_page(slurm_cluster, tmp_path, site, page_of(site),
-                      launch_check=site in SAME_PAGE_AS, continue_run=site in CONTINUES)
+                      launch_check=site in ALPS_PAGE_ELSEWHERE, continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()

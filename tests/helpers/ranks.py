@@ -4,16 +4,33 @@ variables, no torchrun agent: one torch process fewer per run than under torchru
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from tests.helpers import free_ports, local_rank_env
 
 
+def rank_envs(world: int) -> list[dict[str, str]]:
+    """Each rank's environment, the rendezvous on one free port."""
+    port = free_ports(1)[0]
+    return [local_rank_env(rank, world, port) for rank in range(world)]
+
+
 def start_ranks(command: list[str], world: int = 2) -> list[subprocess.Popen]:
     """`world` ranks of `command`, each printing to a pipe of its own."""
-    port = free_ports(1)[0]
     return [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, env=local_rank_env(rank, world, port))
-            for rank in range(world)]
+                             text=True, env=env) for env in rank_envs(world)]
+
+
+def start_logged_ranks(command: list[str], logs: Path, world: int = 2) -> list[subprocess.Popen]:
+    """`world` ranks of `command` working in `logs`, each printing to logs/rank-N.log: a
+    test can read a file while the ranks run (a pipe nobody reads fills and blocks them)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank, env in enumerate(rank_envs(world)):
+        with open(logs / f"rank-{rank}.log", "w") as log:
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                          env=env, cwd=logs))
+    return procs
 
 
 def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
