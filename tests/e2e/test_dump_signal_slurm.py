@@ -2,7 +2,9 @@
 real private SLURM cluster, in both layouts: every rank appends its stacks to
 rank-<N>.txt and the job trains on to the end. SLURM signals every process of the step,
 torchrun included, which dies of SIGUSR1 unless it ignores it (and stops its workers for
-any signal it handles), so the job scripts start the step with SIGUSR1 ignored.
+any signal it handles), so the job scripts start the step with SIGUSR1 ignored; and each
+rank's DataLoader worker, which leaves the signal to its rank (a worker that died of it
+left its rank waiting for a batch: a hung job instead of a dump).
 
 The step is held (SIGSTOP) once it trains and USR1 sent then, so the run need only be long
 enough to be caught training: 300 steps a run, to outlast the heartbeat's 5-second look,
@@ -26,7 +28,8 @@ STEPS = 120  # seconds of training on the 2-core machine: long enough to be caug
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "8192", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "8", "--epochs", "1", "--seed", "4",
         "--precision", "fp32", "--checkpoint-every", "0", "--dist-timeout", "120",
-        "--log-every", "1", "--max-steps", str(STEPS)]
+        "--log-every", "1", "--max-steps", str(STEPS), "--data-backend", "torch",
+        "--workers", "1"]
 
 
 def hold_once_training(cluster, job: int, log: Path) -> None:
