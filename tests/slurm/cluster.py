@@ -213,10 +213,29 @@ class SlurmCluster:
                            f"{done.stdout.strip() or done.stderr.strip()}; logs in {self.root}")
 
     def stop(self) -> None:
-        """Stop exactly the daemons this cluster started, by their pid files."""
+        """Cancel the jobs still here, then stop exactly the daemons this cluster started,
+        by their pid files. A job that a failed test left running would outlive the
+        daemons (its slurmstepd and tasks stay, holding their ports) and fail the tests of
+        a later cluster in turn."""
+        self._cancel_jobs()
         for pid_file in reversed(self._pid_files):
             _terminate(pid_file)
         shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _cancel_jobs(self, timeout_s: float = 30.0) -> None:
+        """scancel every job in the queue until it is empty (SLURM sends the steps SIGTERM,
+        then SIGKILL KillWait later) or `timeout_s` passed; nothing where the controller
+        does not answer (a cluster that failed to start)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                queue = self.run(["squeue", "--noheader", "--format=%i"], timeout=10)
+                if queue.returncode != 0 or not queue.stdout.split():
+                    return
+                self.run(["scancel", *queue.stdout.split()], timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            time.sleep(0.5)
 
     def __enter__(self) -> SlurmCluster:
         return self
