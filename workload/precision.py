@@ -40,12 +40,12 @@ def switches_kept():
          torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit) = saved
 
 
-def configure_cudnn(device: torch.device, benchmark: bool = False, limit: int = 10) -> None:
-    """cuDNN benchmark mode on CUDA with --cudnn-benchmark: the input shape is fixed for a
-    whole run, so timing the convolution algorithms once before the first step could pay
-    back on every later one. Off by default: on the H200 the timing cost seconds of every
-    start and the reference workload ran no faster for it (docs/performance.md). `limit`:
-    how many algorithms it tries per convolution (torch's default 10; 0 = every one)."""
+def configure_cudnn(device: torch.device, benchmark: bool, limit: int) -> None:
+    """cuDNN benchmark mode on CUDA with --cudnn-benchmark (off by default, see the
+    setting in config/schema.py): the input shape is fixed for a whole run, so timing the
+    convolution algorithms once before the first step could pay back on every later one.
+    `limit`: how many algorithms it tries per convolution (torch's default 10; 0 = every
+    one)."""
     torch.backends.cudnn.benchmark = benchmark and device.type == "cuda"
     torch.backends.cudnn.benchmark_limit = limit
 

@@ -18,8 +18,8 @@ import workload.training.build as training_build  # noqa: E402
 from workload.train import cli  # noqa: E402
 
 
-def deterministic_cudnn(device: torch.device, benchmark: bool = True, limit: int = 10) -> None:
-    del device, benchmark, limit  # train's choices, overridden: determinism wins
+def deterministic_cudnn(*_) -> None:
+    """configure_cudnn's stand-in: train's choices (its arguments) give way to determinism."""
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
 
