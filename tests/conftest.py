@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import DIGITS_RUN, TINY, run_train, tiers, write_image_folder
 from tests.helpers.images import build
 from tests.helpers.registry import local_registry
-from tests.slurm.fixture import slurm_cluster  # noqa: F401  (session-scoped, see tests/slurm)
+from tests.slurm.fixture import slurm_cluster, slurm_session  # noqa: F401  (see tests/slurm)
 
 
 @pytest.fixture

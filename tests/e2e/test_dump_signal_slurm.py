@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, job_field, sbatch, step_stopped, wait_for, wait_until_ended
+from tests.helpers import REPO, TINY, hold_step, job_field, sbatch, wait_for, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -38,9 +38,7 @@ def hold_once_training(cluster, job: int, log: Path) -> None:
     while it is held lands mid-run however fast the machine is."""
     wait_for(lambda: log.exists() and "train: step " in log.read_text(), "the job to train",
              log, poll=0.05)
-    done = cluster.run(["scancel", "--signal=STOP", str(job)])
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: step_stopped(cluster, job), "the step to stop", log)
+    hold_step(cluster, job, log)
 
 
 def dumped(folder: Path, rank: int) -> bool:

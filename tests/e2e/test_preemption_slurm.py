@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (ENDED_STATES, TINY, job_field, sbatch, step_stopped, wait_for,
-                           wait_until_ended)
-from tests.helpers import REPO
+from tests.helpers import (ENDED_STATES, REPO, TINY, hold_step, job_field, sbatch, send_stop,
+                           wait_for, wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -173,9 +172,7 @@ def preempt_while_training(cluster, job: int, log: Path, folder: Path) -> None:
     SIGTERM (slurm.schedmd.com/preempt.html), which is what resumes it."""
     wait_for(lambda: log_count(log, "data backend") >= 1, "the low job to train", log,
              poll=0.05)
-    done = cluster.run(["scancel", "--signal=STOP", str(job)])
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: step_stopped(cluster, job), "the low job's step to stop", log)
+    hold_step(cluster, job, log)
     sbatch(cluster, ["--partition=high", "--nodes=1", "--exclusive",
                      f"--output={folder / 'high.log'}", "--wrap=true"])
 
@@ -254,15 +251,13 @@ def hold_once_stepping(cluster, runs: list[FileRun]) -> None:
 
     def held_every_one() -> bool:
         for run in [run for run in waiting if log_count(run.log, "train: step ")]:
-            done = cluster.run(["scancel", "--signal=STOP", str(run.job)])
-            assert done.returncode == 0, done.stderr
+            send_stop(cluster, run.job)
             waiting.remove(run)
         return not waiting
 
     wait_for(held_every_one, "the jobs to train a step", runs[-1].log, poll=0.05)
     for run in runs:
-        wait_for(lambda run=run: step_stopped(cluster, run.job, run.node), "the step to stop",
-                 run.log)
+        hold_step(cluster, run.job, run.log, run.node)
 
 
 def saved_step(run: FileRun) -> int:

@@ -217,7 +217,8 @@ def job_field(cluster, job: int, name: str) -> str:
 
 
 def step_stopped(cluster, job: int, node: str | None = None) -> bool:
-    """Every process of the job's first step on `node` (the first) is stopped (state T)."""
+    """Every process of the job's first step on `node` (the first) is stopped (state T), or
+    has exited and waits for its stopped parent to reap it (Z)."""
     done = cluster.run(["scontrol", "listpids", f"{job}.0", node or cluster.nodes[0]])
     pids = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()]
     states = []
@@ -226,7 +227,29 @@ def step_stopped(cluster, job: int, node: str | None = None) -> bool:
             states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
         except (OSError, IndexError):
             return False
-    return bool(states) and set(states) == {"T"}
+    return "T" in states and set(states) <= {"T", "Z"}
+
+
+def send_stop(cluster, job: int) -> None:
+    """SIGSTOP to every process of the job's steps (`scancel --signal=STOP`)."""
+    done = cluster.run(["scancel", "--signal=STOP", str(job)])
+    assert done.returncode == 0, done.stderr
+
+
+def hold_step(cluster, job: int, log: Path, node: str | None = None) -> None:
+    """SIGSTOP to every process of the job's first step on `node` (the first), sent again
+    until every one is stopped: SLURM lists the step's processes, then signals them, and
+    one forked in between (the evaluation's DataLoader worker, at the end of a short
+    epoch) runs on, never stopped, and the step is never held."""
+    send_stop(cluster, job)
+
+    def stopped() -> bool:
+        if step_stopped(cluster, job, node):
+            return True
+        send_stop(cluster, job)
+        return False
+
+    wait_for(stopped, "the step to stop", log)
 
 
 def wait_for(predicate, what: str, log: Path, timeout: float = 240, poll: float = 0.5) -> None:

@@ -25,8 +25,8 @@ from tests.helpers.tier_guard import sitecustomize as in_process
 
 HEAVY_MARKERS = ("slow", "slurm", "image", "root", "gpu")
 FAST_TIER = " and ".join(f"not {marker}" for marker in HEAVY_MARKERS)
-FIXTURE_MARKERS = {"slurm_cluster": "slurm", "image": "image", "arm64_image": "image",
-                   "registry": "image"}
+FIXTURE_MARKERS = {"slurm_cluster": "slurm", "slurm_session": "slurm", "image": "image",
+                   "arm64_image": "image", "registry": "image"}
 PROGRAM_MARKERS = {
     **dict.fromkeys(("torchrun", "strace"), "slow"),
     **dict.fromkeys(("srun", "sbatch", "salloc", "scancel", "scontrol", "squeue", "sacct",

@@ -217,12 +217,12 @@ class SlurmCluster:
         by their pid files. A job that a failed test left running would outlive the
         daemons (its slurmstepd and tasks stay, holding their ports) and fail the tests of
         a later cluster in turn."""
-        self._cancel_jobs()
+        self.cancel_jobs()
         for pid_file in reversed(self._pid_files):
             _terminate(pid_file)
         shutil.rmtree(self.spool, ignore_errors=True)
 
-    def _cancel_jobs(self, timeout_s: float = 30.0) -> None:
+    def cancel_jobs(self, timeout_s: float = 30.0) -> None:
         """scancel every job in the queue until it is empty (SLURM sends the steps SIGTERM,
         then SIGKILL KillWait later) or `timeout_s` passed; nothing where the controller
         does not answer (a cluster that failed to start)."""

@@ -1,4 +1,4 @@
-"""The session-scoped ``slurm_cluster`` fixture: one private cluster per test session.
+"""The ``slurm_cluster`` fixture: one private cluster per test session.
 
 Use it from any test module (tests/conftest.py imports it):
 
@@ -8,8 +8,8 @@ Use it from any test module (tests/conftest.py imports it):
         # or: subprocess.run([...], env=slurm_cluster.env)  (carries SLURM_CONF)
 
 ``slurm_cluster.root`` holds the config and daemon logs (shown when a test fails);
-sbatch/scancel/requeue work the same way through ``slurm_cluster.env``. The daemons
-this fixture started are stopped at the end of the session.
+sbatch/scancel/requeue work the same way through ``slurm_cluster.env``. Each test ends
+with the queue emptied; the daemons are stopped at the end of the session.
 """
 
 from __future__ import annotations
@@ -20,9 +20,18 @@ from tests.slurm.cluster import SlurmCluster
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory) -> SlurmCluster:
+def slurm_session(tmp_path_factory) -> SlurmCluster:
     cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def slurm_cluster(slurm_session) -> SlurmCluster:
+    """The session's cluster, its queue emptied after each test: a job that a failed test
+    left holding a node (a step held with SIGSTOP, a time limit of minutes) would hold up
+    every later test's jobs on it until they time out."""
+    yield slurm_session
+    slurm_session.cancel_jobs()
