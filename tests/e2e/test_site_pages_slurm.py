@@ -151,11 +151,13 @@ CATALOGUE = [
             re.escape("hpc-trian.toml (--environment=hpc-trian) does not exist")),
     Mistake("alliance: untyped GPUs", "alliance",
             ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--gpus-per-node=4 --account")),),
-            "--gpus-per-node=4 names no GPU model: this cluster refuses an untyped GPU request"),
+            r"sbatch: error: This cluster refuses a GPU request without a GPU model "
+            r"\(tres_per_node=gres:gpu:\d+\)"),
     Mistake("alliance: Narval's GPU model on Fir", "alliance",
             ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--gpus-per-node=a100:4 --account")),
              ),
-            re.escape("Invalid generic resource (gres) specification")),
+            re.escape("sbatch: error: Batch job submission failed: Requested node "
+                      "configuration is not available")),
     Mistake("alliance: a whole node's memory for 4 GPUs", "alliance",
             ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--mem=0 --account")),),
             re.escape("memory a GPU: the job gives a GPU all of the node's (--mem=0), the "

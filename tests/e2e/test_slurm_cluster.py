@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.slurm.cluster import SlurmCluster
+from tests.slurm.cluster import GPU_MODEL, GPUS_PER_NODE, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -39,3 +39,22 @@ def test_a_second_cluster_runs_beside_and_stops_cleanly(slurm_cluster, tmp_path)
     assert not any(alive(p) for p in pid_files)
     # The session cluster is untouched.
     assert slurm_cluster.run(["srun", "-n1", "true"]).returncode == 0
+
+
+def test_a_centres_gpu_model_rule_refuses_each_untyped_request_and_ends_with_its_test(
+        slurm_cluster):
+    # Alliance's rule, in the cluster's job_submit.lua: every way of asking GPUs without
+    # a model is refused at allocation; a typed request runs on the stand-in GPUs.
+    slurm_cluster.set_submit_rules({"gpu_model": GPU_MODEL})
+    try:
+        for request in ("--gpus-per-node=1", "--gres=gpu:1", "--gpus=1", "--gpus-per-task=1"):
+            done = slurm_cluster.run(["srun", "-N1", "-n1", request, "true"])
+            assert done.returncode != 0, request
+            assert "refuses a GPU request without a GPU model" in done.stderr, done.stderr
+        typed = slurm_cluster.run(["srun", "-N1", "-n1", f"--gpus-per-node={GPU_MODEL}:2",
+                                   "printenv", "SLURM_GPUS_ON_NODE"])
+        assert (typed.returncode, typed.stdout.strip()) == (0, str(GPUS_PER_NODE)), typed.stderr
+    finally:
+        slurm_cluster.set_submit_rules({})
+    # Without the rule (every test but a twin's) an untyped request runs.
+    assert slurm_cluster.run(["srun", "-N1", "--gpus-per-node=1", "true"]).returncode == 0

@@ -51,7 +51,8 @@ VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
          "-G": "gpus", "-C": "constraint"}
-# What the cluster cannot have: asked of the twin's nodes, then left out for the cluster.
+# What the cluster cannot have: asked of the twin's nodes, then left out for the cluster
+# (a GPU request goes to the cluster scaled to its stand-in GPUs: scaled_gpus).
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
@@ -141,21 +142,6 @@ def gpu_request(options: dict[str, str | None]) -> tuple[str, str, int] | None:
     return None
 
 
-def check_gpu_model(refused: str, options: dict[str, str | None]) -> None:
-    """Where the centre requires a GPU model (its job_submit.lua refuses an untyped
-    request), an untyped one is refused; a model the cluster has not, as SLURM does."""
-    request, model = gpu_request(options), CONFIG["slurm"].get("gpu_model")
-    if not request or not model:
-        return
-    name, asked, _ = request
-    if not asked:
-        fail(f"{refused}--{name}={options[name]} names no GPU model: this cluster refuses an "
-             f"untyped GPU request (give --{name}={model}:N). [twin: the rule is the "
-             "centre's, this wording is the twin's]")
-    if asked != model:
-        fail(f"{refused}Invalid generic resource (gres) specification")
-
-
 def seconds(value: str) -> int:
     """A SLURM time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
     days, dash, rest = value.partition("-")
@@ -193,7 +179,6 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     limit = slurm.get("max_time", {}).get(partition)
     if limit and seconds(options.get("time") or limit) > seconds(limit):
         fail(f"{refused}Requested time limit is invalid (missing or exceeds some limit)")
-    check_gpu_model(refused, options)
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
         fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
@@ -216,10 +201,34 @@ def check_requeue(options: dict[str, str | None]) -> None:
              "with TRAIN_RUN_ID=<its first job id>")
 
 
+def scaled_gpus(options: dict[str, str | None], cpus: int) -> dict[str, str]:
+    """The GPU request for the cluster's nodes, one stand-in GPU a CPU: the same option
+    and GPU model, the count a node at most `cpus`. SLURM itself then refuses a model its
+    nodes have not, and the cluster's job_submit.lua an untyped request where the centre
+    requires a model (tests/slurm/job_submit.lua)."""
+    request = gpu_request(options)
+    if not request:
+        return {}
+    name, model, per_node = request
+    per_node = min(per_node, cpus)
+    typed = f"{model}:" if model else ""
+    if name == "gres":
+        return {name: f"gpu:{typed}{per_node}"}
+    if name == "gpus":
+        nodes = int(options.get("nodes") or os.environ.get("SLURM_NNODES") or 1)
+        return {name: f"{typed}{per_node * nodes}"}
+    if name == "gpus-per-task":
+        tasks = min(int(options.get("ntasks-per-node") or 1), cpus)
+        return {name: f"{typed}{max(per_node // tasks, 1)}"}
+    return {name: f"{typed}{per_node}"}
+
+
 def for_the_cluster(options: dict[str, str | None]) -> list[str]:
-    """The request, scaled to the cluster's nodes (CLUSTER_CPUS each, no GPUs)."""
+    """The request, scaled to the cluster's nodes (CLUSTER_CPUS each, a stand-in GPU a
+    CPU)."""
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or CONFIG["cluster_cpus"])
     kept = {name: value for name, value in options.items() if name not in SITE_ONLY}
+    kept |= scaled_gpus(options, cpus)
     if "ntasks-per-node" in kept:
         kept["ntasks-per-node"] = str(min(int(kept["ntasks-per-node"]), cpus))
         if "ntasks" in kept:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tests.helpers import REPO, TESTS, wait_until_ended
 from tests.helpers.steps import page_steps
-from tests.slurm.cluster import NODES, ensure_hosts_entries
+from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
 
 TWINS = TESTS / "twins"
 PROJECT_URL = "https://github.com/hpc-train/hpc-train"
@@ -201,10 +201,21 @@ class Twin:
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self.user = os.environ.get("USER") or "user"
+        self.submit_rules()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
         suffix = self.data["compute"].get("host_suffix")
         if suffix:
             ensure_hosts_entries(tuple(node + suffix for node in NODES))
+
+    def submit_rules(self) -> None:
+        """The centre's submission rules, in the cluster's own job_submit.lua (until the
+        test ends: tests/slurm/fixture.py): a GPU model required where the centre requires
+        one, which must be the model of the cluster's stand-in GPUs."""
+        model = self.data["slurm"].get("gpu_model")
+        assert model in (None, GPU_MODEL), (
+            f"{self.site}'s GPU model {model} is not the cluster's ({GPU_MODEL}): give the "
+            "cluster's nodes that model (tests/slurm/cluster.py)")
+        self.cluster.set_submit_rules({"gpu_model": model} if model else {})
 
     def substitute(self, text: str, train: list[str] = TINY_TRAIN) -> str:
         """The documented substitutions (module docstring)."""

@@ -11,6 +11,12 @@ Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1.
 Partitions: `debug` (the default, both nodes, never preempted), and `low` and `high` on
 nid001 for the preemption tests (SLURM's preempt/partition_prio with PreemptMode=REQUEUE
 and a GraceTime, as sites configure it).
+
+Each node has GPUS_PER_NODE stand-in GPUs of model GPU_MODEL (SLURM's typed GRES over
+empty device files, ../../MACHINE.md): jobs schedule by them and SLURM refuses a model
+the nodes have not, as a centre's does. A centre's submission rules (a site twin's) are
+enforced by SLURM's own job_submit plugin, job_submit.lua beside slurm.conf, as centres
+enforce them: `set_submit_rules` turns them on for one test.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ START_TIMEOUT_S = 60.0
 LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "TORCHELASTIC_", "PET_")
 # The low partition's preemption grace time (seconds between SIGTERM and the requeue).
 GRACE_TIME_S = 10
+# The stand-in GPUs: one a CPU (a site twin counts a GPU as one of a node's 2 CPUs), of the
+# model the one twin that requires a typed request names (Alliance's Fir: h100).
+GPUS_PER_NODE = 2
+GPU_MODEL = "h100"
+JOB_SUBMIT = Path(__file__).with_name("job_submit.lua")
 LAUNCH_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                 "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "LOCAL_GPU"}
 
@@ -77,6 +88,9 @@ InactiveLimit=0
 # requeued), used by the `low` and `high` partitions only: `debug` jobs are never preempted.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
+GresTypes=gpu
+# The centre's submission rules of a twin's test (job_submit.lua beside this file).
+JobSubmitPlugins=lua
 {node_lines}
 {partition_lines}
 """
@@ -175,7 +189,7 @@ class SlurmCluster:
         host = socket.gethostname().split(".")[0]
         node_lines = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs=2 RealMemory=10000 State=UNKNOWN"
+            f"CPUs=2 RealMemory=10000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE} State=UNKNOWN"
             for name, port in zip(self.nodes, node_ports))
         self.conf.write_text(CONF_TEMPLATE.format(
             cluster=f"hpctrain{ctld_port}", first_job_id=first_job_id(),
@@ -185,6 +199,39 @@ class SlurmCluster:
             partition_lines="\n".join(PARTITIONS).format(
                 nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S)))
         (self.root / "state").mkdir(exist_ok=True)
+        self._write_gres()
+        self._write_job_submit()
+
+    def _write_gres(self) -> None:
+        """gres.conf: each node's stand-in GPUs, empty files (slurmd needs a File= to count
+        them; AutoDetect off, as there is no NVML)."""
+        devices = self.root / "gpus"
+        devices.mkdir(exist_ok=True)
+        for index in range(GPUS_PER_NODE):
+            (devices / f"nvidia{index}").touch()
+        last = GPUS_PER_NODE - 1
+        (self.root / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+            f"NodeName={name} Name=gpu Type={GPU_MODEL} File={devices}/nvidia[0-{last}]\n"
+            for name in self.nodes))
+
+    def _write_job_submit(self) -> None:
+        """job_submit.lua beside slurm.conf (where slurmctld looks for it), reading the
+        rules of this cluster's SUBMIT_RULES file."""
+        (self.root / "job_submit.lua").write_text(
+            f'local RULES = "{self.submit_rules}"\n' + JOB_SUBMIT.read_text())
+
+    @property
+    def submit_rules(self) -> Path:
+        return self.root / "centre-rules"
+
+    def set_submit_rules(self, rules: dict[str, str]) -> None:
+        """The centre's rules job_submit.lua enforces from the next submission on (NAME=VALUE
+        lines; job_submit.lua lists the names); {} for none."""
+        text = "".join(f"{name}={value}\n" for name, value in rules.items())
+        if text:
+            self.submit_rules.write_text(text)
+        else:
+            self.submit_rules.unlink(missing_ok=True)
 
     def _start_slurm(self) -> None:
         self._pid_files.append(self.root / "ctld.pid")
