@@ -111,6 +111,13 @@ CATALOGUE = [
     Mistake("olivia: the data folder outside the bound folders", "sigma2-olivia",
             (("apptainer exec --bind $WORK hpc-train.sif", "apptainer exec hpc-train.sif"),),
             r"/cluster/work/projects/nn0000k/\w+/data is not in the container"),
+    Mistake("olivia: the data step without the proxy", "sigma2-olivia",
+            (("bash -c 'export http_proxy=http://10.63.2.48:3128/ https_proxy=http://10.63.2.48"
+              ":3128/ &&\n           apptainer exec --bind $WORK",
+              "bash -c 'apptainer exec --bind $WORK"),),
+            re.escape("train --download: Failed to establish a new connection: [Errno 101] "
+                      "Network is unreachable (no https_proxy: the compute nodes reach the "
+                      "internet only through http://10.63.2.48:3128/)")),
     Mistake("olivia: more memory than an accel node has", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),
@@ -200,6 +207,12 @@ CATALOGUE = [
               "export IMAGE=ghcr.io/hpc-train/hpc-train"),),
             re.escape("failed to pull ghcr.io/hpc-train/hpc-train:0.1.0-cuda12: the image does "
                       "not exist in the registry")),
+    Mistake("nersc: the data step on a compute node", "nersc-perlmutter",
+            (("   shifter --image=$IMAGE \\\n     train --dataset cifar100",
+              "   srun -N1 -C gpu shifter --image=$IMAGE \\\n     train --dataset cifar100"),),
+            re.escape("train --download: Failed to establish a new connection: [Errno 101] "
+                      "Network is unreachable (this centre's compute nodes do not reach the "
+                      "internet; run it on a login node)")),
     Mistake("nersc: the by-hand step without its runs folder", "nersc-perlmutter",
             (("   <!-- step: login -->\n   ```bash\n   sbatch", "   ```bash\n   sbatch"),
              ("   mkdir -p runs\n   srun", "   srun")),

@@ -274,6 +274,8 @@ PAGE_FACTS = [
     (CSCS_PAGE, "`/iopsstor/scratch/cscs/$USER` on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_TOML, "/iopsstor/scratch/cscs/$USER on Clariden and Bristen", CSCS_FILESYSTEMS),
     (CSCS_PAGE, "`${HOME}/.edf` is the default EDF search path", CSCS_RUN),
+    (CSCS_PAGE, "Alps's compute nodes reach the internet through NAT",
+     "https://docs.cscs.ch/guides/internet-access/"),
     (CSCS_PAGE, "unset PYTHONPATH\nexport PYTHONUSERBASE="
                 "\"$(dirname \"$(dirname \"$(which python)\")\")\"\n"
                 "python -m venv --system-site-packages", CSCS_PYTHON),

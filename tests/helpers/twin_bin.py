@@ -9,11 +9,12 @@ partitions, account, architectures, file-system roots, the real srun/sbatch and 
 SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job or a
 step); the login node everywhere else.
 
-- srun/sbatch check a request against the centre's nodes, partitions, account and GPU
-  model rule, with SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))`
-  is outside a job, included), then ask the cluster for what it has (its partition, its
-  CPUs, no GPUs or memory size); sbatch adds the tiny training's arguments
-  (TWIN_TRAIN_ARGS) to the job's and sets the centre's job variables ($SLURM_TMPDIR).
+- srun/sbatch check a request against the centre's nodes, partitions and account, with
+  SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a job,
+  included), then ask the cluster for what it has (its partition, its CPUs, its stand-in
+  GPUs with the request's model, whose rules SLURM itself applies; no memory size);
+  sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the job's and sets the
+  centre's job variables ($SLURM_TMPDIR).
   The job sees its request as the centre's SLURM gives it (SLURM_CPUS_PER_TASK,
   SLURM_GPUS_PER_NODE), so the job's own arithmetic runs on the centre's numbers; srun
   scales them to the cluster's. Each step that trains, and each job, is written to
@@ -30,6 +31,9 @@ step); the login node everywhere else.
   Python environment as the image's, with the container's environment rules. Under
   pyxis a site path the command names must be under --container-mounts; `podman run`
   runs a locally built image through its entrypoint.
+- What reaches the internet (a build's or pull's registry, `git clone`, `train
+  --download`) does so from a compute node only as the twin's [network] table allows:
+  through the centre's proxy, set in the command's environment, directly, or not at all.
 """
 
 from __future__ import annotations
@@ -434,13 +438,22 @@ def image_arch(path: Path) -> str:
     return json.loads(path.read_text())["arch"]
 
 
-def check_network(what: str) -> None:
-    """Compute nodes reach the internet only through the centre's proxy, where it has one."""
-    proxy = CONFIG["compute"].get("proxy")
-    if on_compute() and proxy and os.environ.get("https_proxy") != proxy:
-        fail(f"{what}: pip: Failed to establish a new connection: [Errno 101] Network is "
+def check_network(what: str, env: dict[str, str] | None = None) -> None:
+    """What reaches the internet, on a compute node, as the centre's network allows (the
+    twin's [network] table, cited): through its proxy, set in `env` (the environment the
+    command runs with), directly, or not at all. Login nodes reach it."""
+    network = CONFIG["network"]
+    env = os.environ if env is None else env
+    if not on_compute() or network["compute"] == "direct":
+        return
+    if network["compute"] == "none":
+        fail(f"{what}: Failed to establish a new connection: [Errno 101] Network is "
+             "unreachable (this centre's compute nodes do not reach the internet; "
+             "run it on a login node)", 255)
+    if env.get("https_proxy") != network["proxy"]:
+        fail(f"{what}: Failed to establish a new connection: [Errno 101] Network is "
              "unreachable (no https_proxy: the compute nodes reach the internet only "
-             f"through {proxy})", 255)
+             f"through {network['proxy']})", 255)
 
 
 def check_arch(image: Path) -> None:
@@ -453,7 +466,11 @@ def check_arch(image: Path) -> None:
 
 
 def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> None:
-    """The host's Python environment as the image's: its PATH, the given library path."""
+    """The host's Python environment as the image's: its PATH, the given library path. A
+    download (`train --download`) needs the internet from where it runs."""
+    if "--download" in command:
+        program = next((arg for arg in command if Path(arg).name == "train"), command[0])
+        check_network(f"{Path(program).name} --download", env)
     env["PATH"] = CONFIG["image_path"]
     env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
     # The centre's network interfaces (JUWELS's ib0) are the cluster's loopback; any other
@@ -572,6 +589,7 @@ def podman(args: list[str]) -> None:
     if args[:1] != ["build"] or "-t" not in args:
         fail(f"twin: podman {' '.join(args)}: the twin has `podman build -t TAG DIR` and "
              "`podman run [--rm] [-v SRC:DST]... TAG COMMAND...` only")
+    check_network("podman build")  # the base image and pip's packages
     write_image(podman_image(args[args.index("-t") + 1]), GO_ARCH[node_arch()], args[-1],
                 recipe_env(Path(args[-1])))
 
@@ -605,6 +623,7 @@ def enroot(args: list[str]) -> None:
             fail(f"[ERROR] No such image: {uri.removeprefix('podman://')}")
         arch, env = (json.loads(local.read_text())[key] for key in ("arch", "env"))
     else:
+        check_network("enroot import")  # docker://: from the registry
         arch, env = GO_ARCH[node_arch()], {}
     write_image(out, arch, uri, env)
 
@@ -625,6 +644,7 @@ def git(args: list[str]) -> None:
     """`git clone` of this project: its files, as links to this checkout."""
     if args[:1] != ["clone"] or args[1] != CONFIG["project_url"]:
         fail(f"twin: git {' '.join(args)}: the twin clones {CONFIG['project_url']} only")
+    check_network("git clone")
     target = Path(args[2] if len(args) > 2 else Path(args[1]).name)
     target.mkdir()
     for entry in Path(CONFIG["repo"]).iterdir():

@@ -235,7 +235,7 @@ class Twin:
 
     def config(self) -> Path:
         files = self.data["files"]
-        config = {**{k: self.data[k] for k in ("slurm", "compute", "login")},
+        config = {**{k: self.data[k] for k in ("slurm", "compute", "login", "network")},
                   "roots": files["roots"], "root_dir": str(self.root),
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),

@@ -70,6 +70,10 @@ def test_a_marker_that_cannot_be_a_step_is_an_error(page, message):
 def test_every_twin_names_a_page_with_steps_and_cites_each_table(site):
     data = twin_data(site)
     assert page_steps((REPO / data["page"]).read_text())
+    # How a compute node reaches the internet: the centre's proxy, directly, or (where
+    # the centre does not say) not at all.
+    assert data["network"]["compute"] in ("proxy", "direct", "none"), site
+    assert (data["network"]["compute"] == "proxy") == ("proxy" in data["network"]), site
     for name, table in data.items():
         if isinstance(table, dict):
             sources = table.get("source", [])
