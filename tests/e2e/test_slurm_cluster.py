@@ -58,3 +58,18 @@ def test_a_centres_gpu_model_rule_refuses_each_untyped_request_and_ends_with_its
         slurm_cluster.set_submit_rules({})
     # Without the rule (every test but a twin's) an untyped request runs.
     assert slurm_cluster.run(["srun", "-N1", "--gpus-per-node=1", "true"]).returncode == 0
+
+
+def test_a_centres_partitions_hold_its_time_limits_and_end_with_its_test(slurm_cluster):
+    slurm_cluster.add_partitions({"accel": "7-00:00:00", "small": None}, "accel")
+    try:
+        longer = slurm_cluster.run(["srun", "-N1", "--time=8-00:00:00", "true"])
+        assert longer.returncode != 0
+        assert "Requested time limit is invalid" in longer.stderr, longer.stderr
+        shown = slurm_cluster.run(["srun", "-N1", "--time=1-00:00:00", "printenv",
+                                   "SLURM_JOB_PARTITION"])
+        assert shown.stdout.strip() == "accel", shown.stderr
+    finally:
+        slurm_cluster.reset_centre()
+    listed = slurm_cluster.run(["sinfo", "-h", "-o", "%P"]).stdout.split()
+    assert listed == ["debug*", "low", "high"], listed

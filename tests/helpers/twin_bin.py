@@ -9,10 +9,12 @@ partitions, account, architectures, file-system roots, the real srun/sbatch and 
 SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job or a
 step); the login node everywhere else.
 
-- srun/sbatch check a request against the centre's nodes, partitions and account, with
-  SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a job,
-  included), then ask the cluster for what it has (its partition, its CPUs, its stand-in
-  GPUs with the request's model, whose rules SLURM itself applies; no memory size);
+- srun/sbatch check a request against the centre's nodes, partition names and account,
+  with SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a
+  job, included), then ask the cluster for what it has (its CPUs, its stand-in GPUs with
+  the request's model; no memory size), where SLURM itself applies the centre's
+  partitions' time limits and its submission rules (tests/helpers/twins.py puts them
+  there);
   sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the job's and sets the
   centre's job variables ($SLURM_TMPDIR).
   The job sees its request as the centre's SLURM gives it (SLURM_CPUS_PER_TASK,
@@ -60,7 +62,7 @@ SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
-SITE_ONLY = {"account", "partition", "gpus", "gpus-per-node", "gpus-per-task", "mem",
+SITE_ONLY = {"account", "gpus", "gpus-per-node", "gpus-per-task", "mem",
              "mem-per-cpu", "mem-per-gpu", "constraint", "gres", "uenv", "view", "image", "module",
              "environment"} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
@@ -146,26 +148,13 @@ def gpu_request(options: dict[str, str | None]) -> tuple[str, str, int] | None:
     return None
 
 
-def seconds(value: str) -> int:
-    """A SLURM time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
-    days, dash, rest = value.partition("-")
-    if not dash:
-        days, rest = "0", value
-    parts = [int(part) for part in rest.split(":")]
-    if dash:
-        hours, mins, secs = (parts + [0, 0])[:3]
-    elif len(parts) == 3:
-        hours, mins, secs = parts
-    else:
-        hours, (mins, secs) = 0, (parts + [0])[:2]
-    return ((int(days) * 24 + hours) * 60 + mins) * 60 + secs
-
-
 def check_request(program: str, options: dict[str, str | None]) -> None:
     """Refuse what the centre would refuse, with SLURM's messages."""
     slurm, node = CONFIG["slurm"], CONFIG["compute"]
     refused = ("sbatch: error: Batch job submission failed: " if program == "sbatch"
                else "srun: error: Unable to allocate resources: ")
+    # The cluster's own partitions (debug, low, high) are there beside the centre's, so
+    # the centre's list is checked here; SLURM checks the time limit and the default.
     partition = options.get("partition") or slurm["default_partition"]
     if partition not in slurm["partitions"]:
         fail(f"{program}: error: invalid partition specified: {partition}\n"
@@ -180,9 +169,6 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
         "SBATCH_ACCOUNT" if program == "sbatch" else "SLURM_ACCOUNT")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
-    limit = slurm.get("max_time", {}).get(partition)
-    if limit and seconds(options.get("time") or limit) > seconds(limit):
-        fail(f"{refused}Requested time limit is invalid (missing or exceeds some limit)")
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
         fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
@@ -194,15 +180,6 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
                    and memory_gib(options["mem"]) > node["memory_gib"]))
     if too_big:
         fail(refused + NOT_AVAILABLE)
-
-
-def check_requeue(options: dict[str, str | None]) -> None:
-    """--requeue only where the centre's pages say a job may be requeued (the twin's
-    [continue] table); where they are silent the twin is strict and refuses it."""
-    if "requeue" in options and not CONFIG["continuation"].get("requeue"):
-        fail("sbatch: error: Batch job submission failed: --requeue: this centre documents "
-             "no requeue of a job (the twin is strict); continue a run by resubmitting it "
-             "with TRAIN_RUN_ID=<its first job id>")
 
 
 def scaled_gpus(options: dict[str, str | None], cpus: int) -> dict[str, str]:
@@ -244,8 +221,6 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
             r"\d*", os.environ.get("SLURM_NTASKS_PER_NODE", "")).group() or 1
         kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
                                                cpus // int(per_node))))
-    if not on_compute():
-        kept["partition"] = CONFIG["cluster_partition"]
     return [f"--{name}" if value is None else f"--{name}={value}" for name, value in kept.items()]
 
 
@@ -386,7 +361,6 @@ def sbatch(args: list[str]) -> None:
     options = dict(listed)  # the command line wins, as in sbatch
     check_numbers("sbatch", options)
     check_request("sbatch", options)
-    check_requeue(options)
     # The script without the header lines the cluster cannot have (the command line
     # gives the scaled request).
     jobs = Path(CONFIG["state"]) / "jobs"

@@ -201,21 +201,29 @@ class Twin:
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self.user = os.environ.get("USER") or "user"
-        self.submit_rules()
+        self.centre_on_cluster()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
         suffix = self.data["compute"].get("host_suffix")
         if suffix:
             ensure_hosts_entries(tuple(node + suffix for node in NODES))
 
-    def submit_rules(self) -> None:
-        """The centre's submission rules, in the cluster's own job_submit.lua (until the
-        test ends: tests/slurm/fixture.py): a GPU model required where the centre requires
-        one, which must be the model of the cluster's stand-in GPUs."""
-        model = self.data["slurm"].get("gpu_model")
+    def centre_on_cluster(self) -> None:
+        """The centre's partitions (time limits, the default) and submission rules, in the
+        cluster's SLURM itself until the test ends (tests/slurm/fixture.py): a GPU model
+        required where the centre requires one (the model of the cluster's stand-in GPUs),
+        --requeue refused where the centre's pages do not say a job may be requeued."""
+        slurm = self.data["slurm"]
+        self.cluster.add_partitions(
+            {name: slurm.get("max_time", {}).get(name) for name in slurm["partitions"]},
+            slurm["default_partition"])
+        model = slurm.get("gpu_model")
         assert model in (None, GPU_MODEL), (
             f"{self.site}'s GPU model {model} is not the cluster's ({GPU_MODEL}): give the "
             "cluster's nodes that model (tests/slurm/cluster.py)")
-        self.cluster.set_submit_rules({"gpu_model": model} if model else {})
+        rules = {"gpu_model": model} if model else {}
+        if not self.data["continue"]["requeue"]:
+            rules["requeue"] = "refused"
+        self.cluster.set_submit_rules(rules)
 
     def substitute(self, text: str, train: list[str] = TINY_TRAIN) -> str:
         """The documented substitutions (module docstring)."""
@@ -239,8 +247,7 @@ class Twin:
                   "roots": files["roots"], "root_dir": str(self.root),
                   "state": str(self.state), "repo": str(REPO), "project_url": PROJECT_URL,
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
-                  "cluster_cpus": CLUSTER_CPUS, "cluster_partition": "debug",
-                  "runtime": self.data["runtime"], "continuation": self.data["continue"],
+                  "cluster_cpus": CLUSTER_CPUS, "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
                   "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}

@@ -16,7 +16,9 @@ Each node has GPUS_PER_NODE stand-in GPUs of model GPU_MODEL (SLURM's typed GRES
 empty device files, ../../MACHINE.md): jobs schedule by them and SLURM refuses a model
 the nodes have not, as a centre's does. A centre's submission rules (a site twin's) are
 enforced by SLURM's own job_submit plugin, job_submit.lua beside slurm.conf, as centres
-enforce them: `set_submit_rules` turns them on for one test.
+enforce them: `set_submit_rules` turns them on for one test. `add_partitions` gives a
+test a centre's partitions with their time limits, one of them the default (SLURM refuses
+a longer job at submission: EnforcePartLimits=ALL); `reset_centre` takes all of it away.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ KillWait=5
 # and the wait for its end ran into its timeout. Squeue lists only live jobs either way.
 MinJobAge=3600
 InactiveLimit=0
+# A job over its partition's time limit is refused at submission, not left pending.
+EnforcePartLimits=ALL
 # Preemption as sites configure it (the partitions' PriorityTier decides; a preempted job is
 # requeued), used by the `low` and `high` partitions only: `debug` jobs are never preempted.
 PreemptType=preempt/partition_prio
@@ -138,6 +142,7 @@ class SlurmCluster:
     spool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slurm-")))
     nodes: tuple[str, ...] = NODES
     _pid_files: list[Path] = field(default_factory=list)
+    _added_partitions: list[str] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -219,6 +224,29 @@ class SlurmCluster:
         rules of this cluster's SUBMIT_RULES file."""
         (self.root / "job_submit.lua").write_text(
             f'local RULES = "{self.submit_rules}"\n' + JOB_SUBMIT.read_text())
+
+    def add_partitions(self, limits: dict[str, str | None], default: str) -> None:
+        """A centre's partitions on both nodes, each with its time limit (None: none),
+        `default` the default one, until reset_centre."""
+        for name, limit in limits.items():
+            self._scontrol("create", f"PartitionName={name}", f"Nodes={','.join(self.nodes)}",
+                           f"MaxTime={limit or 'INFINITE'}", "State=UP", "OverSubscribe=YES",
+                           "PreemptMode=OFF", f"Default={'YES' if name == default else 'NO'}")
+            self._added_partitions.append(name)
+
+    def reset_centre(self) -> None:
+        """The cluster as it started: no centre's partitions or submission rules, `debug`
+        the default partition."""
+        if self._added_partitions:
+            while self._added_partitions:
+                self._scontrol("delete", f"PartitionName={self._added_partitions.pop()}")
+            self._scontrol("update", "PartitionName=debug", "Default=YES")
+        self.set_submit_rules({})
+
+    def _scontrol(self, *args: str) -> None:
+        done = self.run(["scontrol", *args], timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"scontrol {' '.join(args)}: {done.stderr.strip()}")
 
     @property
     def submit_rules(self) -> Path:

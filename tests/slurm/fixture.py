@@ -32,8 +32,8 @@ def slurm_session(tmp_path_factory) -> SlurmCluster:
 def slurm_cluster(slurm_session) -> SlurmCluster:
     """The session's cluster, its queue emptied after each test: a job that a failed test
     left holding a node (a step held with SIGSTOP, a time limit of minutes) would hold up
-    every later test's jobs on it until they time out. A centre's submission rules that a
-    site twin set end with its test too."""
+    every later test's jobs on it until they time out. A centre's partitions and
+    submission rules that a site twin set end with its test too."""
     yield slurm_session
     slurm_session.cancel_jobs()
-    slurm_session.set_submit_rules({})
+    slurm_session.reset_centre()

@@ -7,6 +7,8 @@
 -- Rules (NAME=VALUE lines of RULES):
 --   gpu_model=MODEL  a GPU request must name a GPU model (the Alliance's clusters refuse
 --                    an untyped one); MODEL is the one the message suggests.
+--   requeue=refused  --requeue is refused: the centre's pages do not say a job may be
+--                    requeued (a site twin is strict where its centre is silent).
 
 local function rules()
    local found = {}
@@ -45,16 +47,23 @@ local function untyped_gpus(job_desc)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-   local model = rules().gpu_model
-   if model then
+   local centre = rules()
+   if centre.gpu_model then
       local untyped = untyped_gpus(job_desc)
       if #untyped > 0 then
          slurm.log_user("This cluster refuses a GPU request without a GPU model (" ..
                         table.concat(untyped, ", ") .. "): name one, as in " ..
-                        "--gpus-per-node=" .. model .. ":N. [twin: the rule is the " ..
-                        "centre's, this wording is the twin's]")
+                        "--gpus-per-node=" .. centre.gpu_model .. ":N. [twin: the rule " ..
+                        "is the centre's, this wording is the twin's]")
          return slurm.ERROR
       end
+   end
+   -- --requeue sets 1 (--no-requeue 0; neither: NO_VAL16).
+   if centre.requeue == "refused" and job_desc.requeue == 1 then
+      slurm.log_user("--requeue: this centre documents no requeue of a job (the twin is " ..
+                     "strict); continue a run by resubmitting it with " ..
+                     "TRAIN_RUN_ID=<its first job id>")
+      return slurm.ERROR
    end
    return slurm.SUCCESS
 end
