@@ -20,6 +20,7 @@ import pytest
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
 from tests.helpers import REPO
+from tests.helpers.apptainer_def import header, rendered
 from workload.caches import CACHE_KEYS
 
 ROOT = REPO
@@ -166,12 +167,23 @@ def test_dockerfile_labels_carry_source_revision_version_created_and_base():
 
 # --- Apptainer definitions --------------------------------------------------------------
 
-def def_recipe(path: Path):
-    return SingularityParser(str(path)).recipe["spython-base"]
+def def_recipe(path: Path, **build_args: str):
+    """The definition as Apptainer builds it (its build arguments filled in), parsed by
+    spython, whose parser takes any line with the word "bootstrap" for the header's:
+    comment lines are left out."""
+    parser = SingularityParser(str(path), load=False)
+    parser.lines = [line for line in rendered(path, build_args).splitlines(keepends=True)
+                    if not line.lstrip().startswith("#")]
+    parser.parse()
+    return parser.recipe["spython-base"]
+
+
+def def_labels_of(recipe) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in recipe.labels)
 
 
 def def_labels(path: Path) -> dict[str, str]:
-    return dict(line.split(None, 1) for line in def_recipe(path).labels)
+    return def_labels_of(def_recipe(path))
 
 
 def test_there_is_a_definition_from_the_image_and_one_from_ngc():
@@ -209,6 +221,22 @@ def test_ngc_definition_sets_the_dockerfile_environment():
     ngc = next(p for p in DEFS if def_recipe(p).fromHeader == dockerfile_recipe().fromHeader)
     assert set(def_recipe(ngc).environ) == set(dockerfile_recipe().environ) - {
         e for e in dockerfile_recipe().environ if e.startswith("TORCH_CUDA_ARCH_LIST=")}
+
+
+def test_the_documented_build_arguments_give_the_base_they_name():
+    """The -cuda12 build of docs/images.md and the JSC page names the bake's CUDA 12 base,
+    which becomes the SIF's base and its label; Olivia's build takes its pre-pulled SIF
+    as a local image. The default stays the Dockerfile's base (the tests above)."""
+    ngc = ROOT / "apptainer" / "hpc-train-ngc.def"
+    cuda12 = "nvcr.io/nvidia/pytorch:" + bake_variable("CUDA12_BASE_TAG")
+    for page in ("docs/images.md", "docs/sites/jsc-juwels-booster.md"):
+        assert f"apptainer build --build-arg BASE={cuda12} hpc-train.sif {ngc.relative_to(ROOT)}" \
+            in (ROOT / page).read_text(), page
+    recipe = def_recipe(ngc, BASE=cuda12)
+    assert (recipe.fromHeader, def_labels_of(recipe)["org.opencontainers.image.base.name"]) \
+        == (cuda12, cuda12)
+    local = header(rendered(ngc, {"BOOTSTRAP": "localimage", "BASE": "/cluster/x.sif"}))
+    assert (local["bootstrap"], local["from"]) == ("localimage", "/cluster/x.sif")
 
 
 def test_no_image_fixes_a_cache_folder():

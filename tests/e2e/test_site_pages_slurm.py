@@ -118,6 +118,11 @@ CATALOGUE = [
             re.escape("train --download: Failed to establish a new connection: [Errno 101] "
                       "Network is unreachable (no https_proxy: the compute nodes reach the "
                       "internet only through http://10.63.2.48:3128/)")),
+    Mistake("olivia: a base SIF Olivia does not keep", "sigma2-olivia",
+            (("container/pytorch_nvidia_25.06_arm64.sif",
+              "container/pytorch_nvidia_25.09_arm64.sif"),),
+            r"FATAL:   could not open image \S+/cluster/work/support/container/"
+            r"pytorch_nvidia_25\.09_arm64\.sif"),
     Mistake("olivia: more memory than an accel node has", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),

@@ -47,6 +47,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.helpers.apptainer_def import header, rendered
+
 GO_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
 VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account",
                  "partition", "time", "output", "error", "job-name", "gpus", "gpus-per-node",
@@ -485,22 +487,38 @@ def check_bound(command: list[str], binds: list[str]) -> None:
                  "there would not reach the host", 255)
 
 
+def apptainer_build(image: Path, recipe: Path, build_args: list[str]) -> None:
+    """A build from a definition file with its --build-arg values (Apptainer 1.2+): a
+    name neither given nor defaulted in %arguments is an error, and a local image as
+    the base (Bootstrap: localimage) must exist and suit the node, as %post runs in it;
+    %post's pip needs the internet."""
+    check_network("apptainer build")
+    if not recipe.is_file():
+        fail(f"FATAL:   Unable to build from {recipe}: no such file or directory", 255)
+    try:
+        base = header(rendered(recipe, dict(arg.split("=", 1) for arg in build_args)))
+    except KeyError as missing:
+        fail(f"FATAL:   Unable to build from {recipe}: build var {missing.args[0]} is not "
+             "defined through either --build-arg (--build-arg-file) or 'arguments' section",
+             255)
+    if base.get("bootstrap") == "localimage":
+        check_arch(Path(base["from"]))
+    write_image(image, GO_ARCH[node_arch()], str(recipe))
+
+
 def apptainer(args: list[str]) -> None:
     check_module("apptainer")
     action, args = args[0], args[1:]
     flags, i = {}, 0
     while i < len(args) and args[i].startswith("-"):
         name = args[i].lstrip("-")
-        if name in ("bind", "B", "arch", "env"):
+        if name in ("bind", "B", "arch", "env", "build-arg"):
             flags.setdefault(name, []).append(args[i + 1])
             i += 1
         i += 1
     args = args[i:]
     if action == "build":
-        check_network("apptainer build")
-        if not Path(args[1]).is_file():
-            fail(f"FATAL:   Unable to build from {args[1]}: no such file or directory", 255)
-        write_image(Path(args[0]), GO_ARCH[node_arch()], args[1])
+        apptainer_build(Path(args[0]), Path(args[1]), flags.get("build-arg", []))
     elif action == "pull":
         check_network("apptainer pull")
         write_image(Path(args[0]), (flags.get("arch") or [GO_ARCH[node_arch()]])[-1], args[1])

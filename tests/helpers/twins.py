@@ -200,6 +200,12 @@ class Twin:
             path.mkdir(parents=True, exist_ok=True)
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        # but for the images the centre keeps there (Olivia's NGC SIFs), as the
+        # stand-ins' image files: their architecture and origin.
+        for path, image in self.data.get("site_images", {}).get("images", {}).items():
+            made = self.root / path.lstrip("/")
+            made.parent.mkdir(parents=True, exist_ok=True)
+            made.write_text(json.dumps(image | {"env": {}}))
         self.user = os.environ.get("USER") or "user"
         self.centre_on_cluster()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
