@@ -42,8 +42,9 @@ def run_page(slurm_cluster, tmp_path, site: str, page: str, **options):
 
 @pytest.mark.parametrize("site", SITES)
 def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
-    result = run_page(slurm_cluster, tmp_path, site, page_of(site),
-                      launch_check=site in ALPS_PAGE_ELSEWHERE, continue_run=site in CONTINUES)
+    twin = Twin(site, slurm_cluster, tmp_path)
+    result = twin.run(page_of(site), launch_check=site in ALPS_PAGE_ELSEWHERE,
+                      continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()
@@ -67,6 +68,12 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
                          r"step-0+2: step 2")
     assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
                                         for _, log in result.jobs.values()), text[-4000:]
+    # Where the centre says checkpoints belong (Clariden: Capstor scratch), they are there.
+    home = twin.data["files"].get("checkpoints")
+    if home:
+        saved = list(twin.root.rglob("checkpoints"))
+        under = twin.root / home.format(user=twin.user).lstrip("/")
+        assert saved and all(under in path.parents for path in saved), (under, saved)
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
@@ -95,7 +102,7 @@ ALLIANCE_JOB = ("DATASET_ARCHIVE=$PWD/data sbatch --account=def-me jobs/sites/al
                 "--epochs 30")
 CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
-CSCS_EDF = 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml'
+CSCS_EDF = 'sed -e "s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g" jobs/sites/cscs-alps.toml'
 CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
             ((OLIVIA_DATA, "bash -c"),),
@@ -149,8 +156,8 @@ CATALOGUE = [
             r"the EDF's image \S+/capstor/scratch/cscs/\w+/ce-images/hpc-train\+0\.1\.0\.sqsh "
             r"\(\S+\) does not exist"),
     Mistake("cscs: an EDF with entrypoint = true", "cscs-alps",
-            ((CSCS_EDF, CSCS_EDF.replace('sed "s', 'sed -e "s|^entrypoint = false|entrypoint = '
-                                         'true|" -e "s')),),
+            ((CSCS_EDF, CSCS_EDF.replace('sed -e "s', 'sed -e "s|^entrypoint = false|entrypoint '
+                                         '= true|" -e "s', 1)),),
             re.escape("started the container with the image's entrypoint (the EDF's "
                       "entrypoint = true), run once a node, and every task there took its "
                       "RANK=0 LOCAL_RANK=0")),

@@ -25,6 +25,7 @@ CSCS_NCCL = "https://docs.cscs.ch/software/communication/nccl/"
 CSCS_PYTORCH = "https://docs.cscs.ch/software/ml/pytorch/"
 CSCS_EDF = "https://docs.cscs.ch/software/container-engine/edf/"
 CSCS_HOOK = "https://docs.cscs.ch/software/container-engine/resource-hook/"
+CSCS_MLP = "https://docs.cscs.ch/platforms/mlp/"
 TORCH_121055 = "https://github.com/pytorch/pytorch/issues/121055"
 OLIVIA_NCCL = "https://documentation.sigma2.no/hpc_machines/olivia/nccl.html"
 OLIVIA_MULTINODE = ("https://documentation.sigma2.no/code_development/guides/pytorch_olivia/"
@@ -97,7 +98,7 @@ PRESETS: dict[str, dict[str, tuple[str, str]]] = {
 CSCS_EDF_TABLE = {
     "image": ("<scratch>/ce-images/hpc-train+0.1.0.sqsh", CSCS_EDF),
     "mounts": (["/capstor:/capstor", "/iopsstor:/iopsstor"], CSCS_EDF),
-    "workdir": ("<scratch>", CSCS_EDF),
+    "workdir": ("/capstor/scratch/cscs/<user>", CSCS_MLP),
     "entrypoint": (False, CSCS_EDF),
     "annotations": ({"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true",
                                                         "variant": "cuda-dl"}}}}, CSCS_HOOK),
@@ -297,12 +298,14 @@ def test_each_page_fact_is_cited_with_its_date(name, value, url):
 def test_the_cscs_edf_names_the_image_where_step_1_writes_it():
     """$SCRATCH is /capstor/... on Daint but /iopsstor/... on Clariden: the EDF holds the
     <scratch> placeholder that step 2's sed fills with $SCRATCH, and with it filled in, its
-    image is the file step 1's `enroot import -o` writes."""
+    image is the file step 1's `enroot import -o` writes; its workdir, where the runs and
+    their checkpoints go, is the user's Capstor scratch on every vCluster (<user>)."""
     edf = tomllib.loads((REPO / CSCS_TOML).read_text())
     page = (REPO / CSCS_PAGE).read_text()
-    assert 'sed "s|<scratch>|$SCRATCH|g" jobs/sites/cscs-alps.toml > ~/.edf/hpc-train.toml' in page
-    for key in ("image", "workdir"):
-        assert edf[key].startswith("<scratch>"), (key, edf[key])
+    assert ('sed -e "s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g" jobs/sites/cscs-alps.toml '
+            "> ~/.edf/hpc-train.toml") in page
+    assert edf["image"].startswith("<scratch>/"), edf["image"]
+    assert edf["workdir"] == "/capstor/scratch/cscs/<user>", edf["workdir"]
     written = re.findall(r"enroot import -x mount -o (\S+) podman://", page)
     assert written == [edf["image"].replace("<scratch>", "$SCRATCH")], written
 
