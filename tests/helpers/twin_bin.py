@@ -14,14 +14,13 @@ step); the login node everywhere else.
   job, included), then ask the cluster for what it has (its CPUs, its stand-in GPUs with
   the request's model; no memory size), where SLURM itself applies the centre's
   partitions' time limits and its submission rules (tests/helpers/twins.py puts them
-  there);
-  sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the job's and sets the
-  centre's job variables ($SLURM_TMPDIR).
-  The job sees its request as the centre's SLURM gives it (SLURM_CPUS_PER_TASK,
-  SLURM_GPUS_PER_NODE), so the job's own arithmetic runs on the centre's numbers; srun
-  scales them to the cluster's. Each step that trains, and each job, is written to
-  requests.jsonl (the CPUs each rank gets, the memory a GPU gets, at the centre's scale)
-  for the site test to hold against the centre's figures. `srun --environment=EDF` is
+  there); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the job's and
+  sets the centre's job variables ($SLURM_TMPDIR). The job sees its request as the
+  centre's SLURM gives it (SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_NODE), so the job's own
+  arithmetic runs on the centre's numbers; srun scales them to the cluster's. Each step
+  that trains, and each job, is written to requests.jsonl (the CPUs each rank gets, the
+  memory a GPU gets, at the centre's scale) for the site test to hold against the
+  centre's figures. `srun --environment=EDF` is
   CSCS's Container Engine; `srun --container-image=FILE` is pyxis. Under
   TWIN_STEPS_CHECK=1 (a page mistake's run) a training step's program is the layout's
   check.
