@@ -227,7 +227,9 @@ class SlurmCluster:
 
     def add_partitions(self, limits: dict[str, str | None], default: str) -> None:
         """A centre's partitions on both nodes, each with its time limit (None: none),
-        `default` the default one, until reset_centre."""
+        `default` the default one, until reset_centre (tried again here first, should an
+        earlier reset have failed on a job that outlived its cancel)."""
+        self.reset_centre()
         for name, limit in limits.items():
             self._scontrol("create", f"PartitionName={name}", f"Nodes={','.join(self.nodes)}",
                            f"MaxTime={limit or 'INFINITE'}", "State=UP", "OverSubscribe=YES",
@@ -238,8 +240,9 @@ class SlurmCluster:
         """The cluster as it started: no centre's partitions or submission rules, `debug`
         the default partition."""
         if self._added_partitions:
-            while self._added_partitions:
-                self._scontrol("delete", f"PartitionName={self._added_partitions.pop()}")
+            while self._added_partitions:  # a name leaves the list once SLURM deleted it
+                self._scontrol("delete", f"PartitionName={self._added_partitions[-1]}")
+                self._added_partitions.pop()
             self._scontrol("update", "PartitionName=debug", "Default=YES")
         self.set_submit_rules({})
 
