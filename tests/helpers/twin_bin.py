@@ -20,10 +20,9 @@ step); the login node everywhere else.
   arithmetic runs on the centre's numbers; srun scales them to the cluster's. Each step
   that trains, and each job, is written to requests.jsonl (the CPUs each rank gets, the
   memory a GPU gets, at the centre's scale) for the site test to hold against the
-  centre's figures. `srun --environment=EDF` is
-  CSCS's Container Engine; `srun --container-image=FILE` is pyxis. Under
-  TWIN_STEPS_CHECK=1 (a page mistake's run) a training step's program is the layout's
-  check.
+  centre's figures. `srun --environment=EDF` is CSCS's Container Engine; `srun
+  --container-image=FILE` is pyxis. Under TWIN_STEPS_CHECK=1 (a page mistake's run) a
+  training step's program is the layout's check.
 - A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
   not found" until that module is loaded.
 - An image is a small JSON file naming its architecture: built (apptainer build, podman
@@ -58,14 +57,15 @@ VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
          "-G": "gpus", "-C": "constraint"}
+# The ways to ask GPUs, in the order gpu_request reads them.
+GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 # What the cluster cannot have: asked of the twin's nodes, then left out for the cluster
 # (a GPU request goes to the cluster scaled to its stand-in GPUs: scaled_gpus).
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
-SITE_ONLY = {"account", "gpus", "gpus-per-node", "gpus-per-task", "mem",
-             "mem-per-cpu", "mem-per-gpu", "constraint", "gres", "uenv", "view", "image", "module",
-             "environment"} | PYXIS
+SITE_ONLY = {"account", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
+             "image", "module", "environment", *GPU_OPTIONS} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
 # What the job sees as the centre's SLURM sets it; srun gives the cluster its own back.
 CENTRE_VIEW = ("SLURM_CPUS_PER_TASK", "SLURM_GPUS_PER_NODE")
@@ -136,7 +136,7 @@ def check_numbers(program: str, options: dict[str, str | None]) -> None:
 def gpu_request(options: dict[str, str | None]) -> tuple[str, str, int] | None:
     """(the option, its GPU model or "", GPUs a node) of a GPU request, else None."""
     nodes = int(options.get("nodes") or 1)
-    for name in ("gpus-per-node", "gpus", "gres", "gpus-per-task"):
+    for name in GPU_OPTIONS:
         value = options.get(name)
         if not value or (name == "gres" and not value.startswith("gpu")):
             continue

@@ -221,7 +221,7 @@ class SlurmCluster:
 
     def _write_job_submit(self) -> None:
         """job_submit.lua beside slurm.conf (where slurmctld looks for it), reading the
-        rules of this cluster's SUBMIT_RULES file."""
+        rules from this cluster's `submit_rules` file."""
         (self.root / "job_submit.lua").write_text(
             f'local RULES = "{self.submit_rules}"\n' + JOB_SUBMIT.read_text())
 
@@ -239,10 +239,11 @@ class SlurmCluster:
     def reset_centre(self) -> None:
         """The cluster as it started: no centre's partitions or submission rules, `debug`
         the default partition."""
-        if self._added_partitions:
-            while self._added_partitions:  # a name leaves the list once SLURM deleted it
-                self._scontrol("delete", f"PartitionName={self._added_partitions[-1]}")
-                self._added_partitions.pop()
+        default_taken = bool(self._added_partitions)
+        while self._added_partitions:  # a name leaves the list once SLURM deleted it
+            self._scontrol("delete", f"PartitionName={self._added_partitions[-1]}")
+            self._added_partitions.pop()
+        if default_taken:
             self._scontrol("update", "PartitionName=debug", "Default=YES")
         self.set_submit_rules({})
 
