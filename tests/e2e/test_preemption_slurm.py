@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (ENDED_STATES, REPO, TINY, hold_step, job_field, sbatch, send_stop,
+from tests.helpers import (ENDED_STATES, REPO, TINY, hold_step, job_field, sbatch, stop_step,
                            wait_for, wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -251,7 +251,7 @@ def hold_once_stepping(cluster, runs: list[FileRun]) -> None:
 
     def held_every_one() -> bool:
         for run in [run for run in waiting if log_count(run.log, "train: step ")]:
-            send_stop(cluster, run.job)
+            stop_step(cluster, run.job, run.node)
             waiting.remove(run)
         return not waiting
 
