@@ -148,3 +148,21 @@ def test_a_session_fixture_ends_in_the_last_tests_teardown_unrefused(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))})
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.root  # a mount namespace and overlays; the packages make test installed
+def test_without_the_debian_packages_their_files_are_absent_and_the_rest_is_there():
+    """.ci/run's second `make check` runs under tools/without_debian_packages.py: there the
+    suite's Debian packages must look uninstalled (their programs and files absent, as on
+    a newcomer's machine) while the rest of the system stays as it is."""
+    probe = ("command -v srun podman; test -e /usr/share/lmod/lmod/init/bash && echo lmod; "
+             "command -v python3 mount git")
+    outside = subprocess.run(["bash", "-c", probe], capture_output=True, text=True)
+    assert {"srun", "podman", "lmod"} <= {os.path.basename(line)
+                                         for line in outside.stdout.split()}
+    inside = subprocess.run([str(REPO / "tools" / "without_debian_packages.py"), "bash", "-c",
+                             probe], capture_output=True, text=True, timeout=120)
+    assert inside.returncode == 0, inside.stderr
+    assert [os.path.basename(line) for line in inside.stdout.split()] == [
+        "python3", "mount", "git"]
+    assert "files of" in inside.stderr and "lmod" in inside.stderr
