@@ -93,11 +93,14 @@ class StallWatch:
     def stuck(self, signal_name: str) -> bool:
         """Asked each second after the preemption signal `signal_name`: stopped; waiting
         for its disk for DISK_WAIT_S seconds since the first asking; or, in neither state,
-        no CPU time used for HUNG_S seconds. The first asking says which (a line)."""
+        no CPU time used for HUNG_S seconds. The first asking says how long it waits (a
+        stopped one is left at once: the loop's line says so)."""
         stat = self._stat()
         if stat is None:
             return False  # gone: its answer (the end of its output) is there to read
         state, cpu = stat
+        if state in "Tt":
+            return True
         now = time.monotonic()
         if self.signalled is None:
             self.signalled = now
@@ -106,16 +109,12 @@ class StallWatch:
         if cpu != self.cpu:
             self.cpu = cpu
             self.since = now
-        if state in "Tt":
-            return True
         if state == "D":
             return now - self.signalled >= DISK_WAIT_S
         return now - self.since >= HUNG_S
 
     @staticmethod
     def plan(state: str) -> str:
-        if state in "Tt":
-            return "leaving without it now (a stopped writer commits nothing)"
         if state == "D":
             return (f"waiting up to {DISK_WAIT_S:.0f} s for it to commit (it waits for its "
                     "disk), then leaving without it")
