@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import re
 import tomllib
-from pathlib import Path
 
 from tests.helpers import REPO
 

@@ -223,9 +223,10 @@ def request_requeue(step: int | None, signal_name: str | None, stderr_fd: int = 
                      f"preempted by {signal_name or 'a signal to another rank'} {when}\n"
                      .encode())
     except OSError as error:
-        os.write(stderr_fd, f"warning: {REQUEUE_FILE_ENV} {path}: cannot write it ({error.strerror}); "
-                    f"the job script sees only the exit status {REQUEUE_EXIT_STATUS} (point "
-                    f"{REQUEUE_FILE_ENV} into a writable folder)\n".encode())
+        os.write(stderr_fd, f"warning: {REQUEUE_FILE_ENV} {path}: cannot write it "
+                            f"({error.strerror}); the job script sees only the exit status "
+                            f"{REQUEUE_EXIT_STATUS} (point {REQUEUE_FILE_ENV} into a writable "
+                            "folder)\n".encode())
 
 
 def slurm_will_requeue(signal_name: str | None, env: Mapping[str, str] = os.environ) -> bool:
