@@ -105,9 +105,9 @@ class StartUpFlag(PreemptionFlag):
     status at the next bytecode (a Python handler runs in the main thread, between two),
     writing the requeue file first; after SLURM's SIGTERM with no job script to requeue
     the job it is only recorded (slurm_will_requeue: the process must outlive it, and
-    train's loop saves and waits). Any other signal of LOOP_SIGNALS (the stack dump's
-    USR1, which may also be --preempt-signal) is only recorded: take_over() hands what
-    was recorded to the command's own flag, so nothing received in between is lost."""
+    train's loop saves and waits). The stack dump's USR1 (which may also be train's
+    --preempt-signal) is only recorded: take_over() hands what was recorded to train's
+    own flag, so nothing received in between is lost."""
 
     def __init__(self, prog: str, ending: frozenset[int]):
         super().__init__()
