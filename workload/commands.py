@@ -23,6 +23,7 @@ import importlib.util
 import math
 import platform
 import re
+import signal
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 
 from workload.errors import UsageError, exit_with_usage_error
+from workload.launch.preemption import signals_from_the_start
 from workload.logs import logging_kept
 
 DISTRIBUTION = "hpc-train"
@@ -191,20 +193,34 @@ def command_parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
     return p
 
 
+# The signals SLURM may send a step (scancel, preemption, --signal) that end a command
+# with nothing to save: the requeue status and one line. Ctrl-C (SIGINT) keeps Python's
+# meaning (130), except in train, where it is a preemption too (TRAIN_ENDING_SIGNALS).
+ENDING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP})
+TRAIN_ENDING_SIGNALS = ENDING_SIGNALS | {signal.SIGINT}
+
 # The exit statuses of every command (docs/cluster.md#exit-statuses): 0 done, 2 a usage
 # error or a refusal before any work (workload.errors), 75 a checkpoint written after a
 # preemption signal, asking the job script to requeue (workload.launch.preemption).
 EXIT_OK = 0
 
 
-def run_command(prog: str, work: Callable[[], object]) -> int:
+def run_command(prog: str, work: Callable[[], object],
+                ending: frozenset[int] = ENDING_SIGNALS, keep_signals: bool = False) -> int:
     """Run `work`; a UsageError becomes one line on stderr and exit status 2. A process
     group the command joined is left on every way out (success, error, exit). Returns the
     exit status, 0: never what `work` returned, which the console-script wrapper would
-    pass to sys.exit (a dict printed to stderr and status 1, a count taken modulo 256)."""
+    pass to sys.exit (a dict printed to stderr and status 1, a count taken modulo 256).
+
+    The job's signals are answered from here, before anything is imported (torch's
+    import takes seconds): a signal of `ending` exits with the requeue status and one
+    line, the stack dump's USR1 kills nothing (workload.launch.preemption.StartUpFlag;
+    train hands them over to its own flag once its config is parsed). `keep_signals`:
+    the handlers stay until the process ends (a console script's run)."""
     try:
         # A program that runs commands in its own process keeps its own logging.
-        with logging_kept(), collector_paused_for_start_up():
+        with (signals_from_the_start(prog, ending, keep_signals), logging_kept(),
+              collector_paused_for_start_up()):
             work()
         return EXIT_OK
     except UsageError as error:
@@ -265,5 +281,6 @@ def main_of(prog: str, parser: argparse.ArgumentParser,
     exit status."""
     def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv if argv is not None else sys.argv[1:])
-        return run_command(prog, lambda: work(args))
+        # argv None: the console script or `python -m`, whose process ends after this.
+        return run_command(prog, lambda: work(args), keep_signals=argv is None)
     return main

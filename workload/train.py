@@ -33,7 +33,7 @@ from typing import NoReturn
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
 from workload.checkpoint.diskfull import write_problem
-from workload.commands import command_parser, run_command
+from workload.commands import TRAIN_ENDING_SIGNALS, command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
 from workload.errors import UsageError
@@ -92,13 +92,17 @@ def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     warn_container_paths(cfg)
     from workload.checkpoint import Preempted
     from workload.launch import PreemptionFlag
+    from workload.launch.preemption import start_up_flag
     from workload.training.run import run
 
     # Installed first, so a preemption signal during start-up is not fatal either. Ctrl-C
     # (SIGINT) is a preemption too: a checkpoint, then the requeue status; twice: stop now.
+    early = start_up_flag()  # run_command's, from the first line: handed over here
     flag = PreemptionFlag().install(("TERM", "INT", cfg.checkpoint.preempt_signal))
     if cfg.checkpoint.preempt_signal != "USR1":
         flag.ignore("USR1")  # until the run's stack dump takes it over (training/run.py)
+    if early is not None:
+        early.take_over(flag)
     try:
         return run(cfg, flag)
     except Preempted as stop:
@@ -181,7 +185,7 @@ def leave_for_requeue(stop: Exception, signal_name: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Train in this process (the tests do): its signal handlers are restored afterwards."""
-    return run_command(PROG, lambda: train(argv))
+    return run_command(PROG, lambda: train(argv), TRAIN_ENDING_SIGNALS)
 
 
 def cli() -> NoReturn:
@@ -189,7 +193,8 @@ def cli() -> NoReturn:
     preemption handlers stay until the process ends: a signal that comes after the last
     step (while the process group is torn down and the process ends) finds nothing left to
     save, and must not kill a finished run and fail its job."""
-    end_process(lambda: run_command(PROG, lambda: train(None, keep_signal_handlers=True)))
+    end_process(lambda: run_command(PROG, lambda: train(None, keep_signal_handlers=True),
+                                    TRAIN_ENDING_SIGNALS, keep_signals=True))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ uninterrupted one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, writer_of
+from tests.helpers import TINY, tmpfs, writer_of
 from workload.launch import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow  # every test here trains
@@ -23,10 +24,10 @@ ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-siz
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def train(out, *extra) -> subprocess.Popen:
+def train(out, *extra, env=ENV) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "workload.train", *ARGS, *extra,
                              "--output-dir", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
+                            stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def signal_when_training(proc: subprocess.Popen, signum: int) -> str:
@@ -110,3 +111,24 @@ def test_hup_to_every_process_of_the_step_spares_the_writer_of_a_save_in_flight(
     log = "".join(lines)
     assert proc.returncode == REQUEUE_EXIT_STATUS, log
     assert "preempted by SIGHUP" in log and "writer process died" not in log, log
+
+
+@pytest.mark.parametrize("where", ["missing", pytest.param("read-only", marks=pytest.mark.root)])
+def test_a_requeue_file_that_cannot_be_written_is_one_warning_and_still_75(tmp_path, where):
+    """TRAIN_REQUEUE_FILE in a folder that is missing or on a read-only mount: the
+    checkpoint is committed, so the run ends with 75 and one warning, not a traceback."""
+    folder = tmp_path / where
+    with contextlib.ExitStack() as mounted:
+        if where == "read-only":
+            mounted.enter_context(tmpfs(folder, "ro"))
+        requeue = folder / ".requeue"
+        proc = train(tmp_path / "run", env={**ENV, "TRAIN_REQUEUE_FILE": str(requeue)})
+        log = signal_when_training(proc, signal.SIGTERM)
+        assert not requeue.exists()
+    assert proc.returncode == REQUEUE_EXIT_STATUS, log
+    assert "Traceback" not in log, log
+    [warning] = [line for line in log.splitlines() if "TRAIN_REQUEUE_FILE" in line]
+    assert warning.startswith(f"warning: TRAIN_REQUEUE_FILE {requeue}: cannot write it (") \
+        and "the job script sees only the exit status 75" in warning, log
+    step = int(log.split("preempted by SIGTERM at step ")[1].split(":")[0])
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == f"step-{step:09d}\n"

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,47 @@ def test_a_run_folder_turned_read_only_while_the_writer_saves_is_one_line(tmp_pa
         turn_read_only(fs)
         os.kill(writer, signal.SIGCONT)
         assert_read_only_line_and_kept(job.wait(timeout=120), fs, log, kept)
+
+
+def waits_for_its_disk(pid: int) -> bool:
+    """Whether a thread of process `pid` is in state D (uninterruptible: the disk's)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                return True
+    return False
+
+
+@pytest.mark.root  # mounts and freezes an ext4 file system
+def test_a_writer_waiting_for_a_stalled_disk_is_waited_for_after_a_preemption(tmp_path):
+    """The run folder's file system stalls for 14 s (fsfreeze) while the writer holds a
+    save, and SIGTERM comes meanwhile: the writer, in state D, is waited for, its save
+    commits once the file system answers, and the run ends with 75 and its preemption
+    checkpoint. A writer stopped instead is left at once: test_checkpoint_own_loop.py."""
+    with long_run_on_ext4(tmp_path, "--checkpoint-every", "1", "--stall-timeout", "0") as (
+            job, fs, log):
+        root = fs / "run" / "checkpoints"
+        wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
+        writer = writer_of(job.pid)
+        wait_for(lambda: stopped_holding_a_save(writer, root), "a save in flight", log, 60,
+                 poll=0.01)
+        [held] = root.glob(".tmp-step-*")
+        subprocess.run(["fsfreeze", "-f", str(fs)], check=True)
+        os.kill(writer, signal.SIGCONT)
+        wait_for(lambda: waits_for_its_disk(writer), "the writer to wait for its disk", log, 30,
+                 poll=0.01)
+        job.send_signal(signal.SIGTERM)
+        time.sleep(14)
+        subprocess.run(["fsfreeze", "-u", str(fs)], check=True)
+        status = job.wait(timeout=120)
+        text = log.read_text()
+        assert status == 75 and "Traceback" not in text, text[-3000:]
+        assert f"SIGTERM while the checkpoint writer (PID {writer}, state D: waiting for a " \
+            "disk (uninterruptible)) holds the save of step" in text, text[-3000:]
+        assert "waiting up to 60 s for it to commit" in text, text[-3000:]
+        assert "held the save of step" not in text, text[-3000:]  # the abandoning line
+        step = int(held.name.removeprefix(".tmp-step-"))
+        assert latest_step(root) >= step and not list(root.glob(".tmp-step-*")), text[-3000:]
 
 
 def test_an_image_that_decodes_too_large_is_skipped_by_the_training(tmp_path):

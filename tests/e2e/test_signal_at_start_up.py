@@ -2,7 +2,12 @@
 thread in C++ for up to --dist-start-timeout, where no Python handler runs. SIGTERM and
 Ctrl-C (SIGINT) must end `train` within seconds with the requeue status 75 (they are
 preemption signals, and nothing has been trained to save), not after the timeout with
-status 2. tests/e2e/test_preemption_slurm.py does the same under SLURM."""
+status 2. tests/e2e/test_preemption_slurm.py does the same under SLURM.
+
+And a signal earlier still, while torch is imported (seconds; tens on a shared file
+system): SLURM signals a step at any moment. The rendezvous tests above wait for the port,
+which opens long after the handlers were installed, so none of them sent a signal before
+the config was parsed, where SIGTERM killed the process (143, no line) and USR1 too."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, clean_env, free_port, listening
+from tests.helpers import REPO, TINY, clean_env, free_port, listening
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +76,20 @@ def test_a_signal_during_the_rendezvous_ends_train_at_once(tmp_path, number):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_requeue_file_in_a_missing_folder_during_the_rendezvous_is_one_warning(tmp_path):
+    """The watcher thread writes the requeue file: an error there left the rank waiting."""
+    requeue = tmp_path / "missing" / ".requeue"
+    proc, _ = start_rank_0_alone(tmp_path, TRAIN_REQUEUE_FILE=str(requeue))
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err
+    assert f"warning: TRAIN_REQUEUE_FILE {requeue}: cannot write it (No such file or " \
+        "directory)" in err and "Traceback" not in err, err
+
+
 def test_sigterm_in_a_slurm_job_without_a_job_script_waits_for_slurm(tmp_path):
     """SLURM's preemption: a job that ends by itself in its grace time is not requeued
     (workload/launch/preemption.py), so the rank stays, as a training one does."""
@@ -109,3 +128,85 @@ def test_ctrl_c_during_the_rendezvous_ends_bench_with_130(tmp_path):
     assert proc.returncode == 130, err
     assert "SIGINT while waiting for the other ranks at start-up (rank 0 of 2): exiting " \
            "with status 130" in err, err
+
+
+def start_and_signal_while_torch_imports(command: list[str], number: int,
+                                         **env: str) -> subprocess.Popen:
+    """`command` started, and `number` sent once libtorch is mapped into it: torch's
+    import has begun (the config is not parsed yet) and is not over."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**clean_env(), **env}, preexec_fn=as_at_a_terminal)
+    deadline = time.monotonic() + 60
+    while not torch_loading(proc.pid):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "torch's import never began"
+        time.sleep(0.002)
+    proc.send_signal(number)
+    return proc
+
+
+def torch_loading(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def console(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGUSR2, signal.SIGINT],
+                         ids=["TERM", "USR2", "INT"])
+def test_a_signal_while_torch_imports_ends_train_with_75_and_one_line(tmp_path, number):
+    requeue, run = tmp_path / ".requeue", tmp_path / "run"
+    proc = start_and_signal_while_torch_imports(
+        [console("train"), *TINY, "--dataset", "synthetic", "--max-steps", "1",
+         "--output-dir", str(run)], number, TRAIN_REQUEUE_FILE=str(requeue))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert err == (f"train: {number.name} during start-up: nothing to save; exiting with "
+                   "status 75 so that the job is requeued\n"), err
+    assert requeue.read_text() == f"preempted by {number.name} at start-up\n"
+    assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("command", [["bench", "train", *TINY[6:], "--dataset", "synthetic"],
+                                     ["doctor", "--device", "cpu"]], ids=["bench", "doctor"])
+def test_a_signal_while_torch_imports_ends_every_command_with_75(tmp_path, command):
+    """The commands that save nothing: every signal SLURM sends a step ends them with the
+    requeue status and one line, from their first line."""
+    proc = start_and_signal_while_torch_imports(
+        [console(command[0]), *command[1:]], signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert err.endswith(f"{command[0]}: SIGTERM during start-up: nothing to save; exiting "
+                        "with status 75 so that the job is requeued\n"), err
+    assert "Traceback" not in err
+
+
+def test_a_stack_dump_asked_for_while_torch_imports_kills_nothing(tmp_path):
+    proc = start_and_signal_while_torch_imports(
+        [sys.executable, "-m", "workload.train", *TINY, "--dataset", "synthetic",
+         "--synthetic-size", "64", "--batch-size", "16", "--image-size", "16", "--max-steps", "1",
+         "--output-dir", str(tmp_path / "run")],
+        signal.SIGUSR1, PYTHONPATH=str(REPO))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_preemption_signal_recorded_while_torch_imports_is_handed_to_the_loop(tmp_path):
+    """--preempt-signal USR1: while the config is not parsed, USR1 may be the stack dump's
+    or the preemption's, so it is recorded; train's own flag takes it over, and the loop
+    saves at its first step and exits with 75."""
+    run = tmp_path / "run"
+    proc = start_and_signal_while_torch_imports(
+        [console("train"), *TINY, "--dataset", "synthetic", "--synthetic-size", "64",
+         "--batch-size", "16", "--image-size", "16", "--max-steps", "4", "--preempt-signal",
+         "USR1", "--output-dir", str(run)],
+        signal.SIGUSR1)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, out + err
+    assert "preempted by SIGUSR1 at step" in out + err and "Traceback" not in err, out + err
+    assert (run / "checkpoints" / "latest").exists()

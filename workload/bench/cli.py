@@ -61,8 +61,9 @@ def bench(args: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
-    return run_command(PROG, lambda: bench(args))
+    # argv None: the console script or `python -m`, whose process ends after this.
+    return run_command(PROG, lambda: bench(args), keep_signals=argv is None)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

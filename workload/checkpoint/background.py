@@ -262,7 +262,8 @@ class WriterHandle:
     def _answer(self, step: int) -> str:
         """The writer's answer line ("" when it died), waited for in slices: a writer that
         takes long is named with its state at 10, 20, 40 ... s, and a preemption signal
-        that comes while it is stopped or hung leaves without this save (exit 75)."""
+        that comes while it is stopped leaves without this save at once (exit 75), while
+        it waits for its disk after DISK_WAIT_S, while it is hung after HUNG_S (stall.py)."""
         started = time.monotonic()
         say_at = STALL_SAY_S
         with waiting_for(StallWatch(self.proc.pid, step)) as stuck:
@@ -271,7 +272,7 @@ class WriterHandle:
                     say_at *= 2
                     logger.warning(f"still waiting for {stuck.waiting()}")
                 signal_name = preemption_signal()
-                if signal_name and stuck.stuck():
+                if signal_name and stuck.stuck(signal_name):
                     self._abandon(step, signal_name, stuck.named())
         return self.proc.stdout.readline()
 

@@ -24,10 +24,11 @@ from pathlib import Path
 from collections.abc import Mapping
 
 from workload.caches import CACHE_KEYS, ROOT_VARIABLE, use_private_caches
-from workload.commands import add_version_argument
+from workload.commands import ENDING_SIGNALS, add_version_argument
 from workload.errors import LaunchError
 from workload.launch.devices import GPU_VARIABLE, visible_gpu_count
 from workload.launch import nccl
+from workload.launch.preemption import signals_from_the_start
 from workload.launch.diagnostics import FLIGHT_RECORDER_KEYS, apply_defaults, user_folder
 from workload.launch.jobs import copy_jobs, find_jobs, submit_command
 from workload.launch.resolve import (DIST_KEYS, NO_ADDRESS, NO_SHARED_STORE, PER_TASK,
@@ -257,12 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except LaunchError as exc:
-        say(f"launch: error: {exc}", sys.stderr)
-        return 2
+    # A job step's signal ends it with the requeue status, as every command
+    # (workload.commands.run_command); argv None: `python -m`, whose process ends after.
+    with signals_from_the_start("launch", ENDING_SIGNALS, keep=argv is None):
+        args = build_parser().parse_args(argv)
+        try:
+            return args.func(args)
+        except LaunchError as exc:
+            say(f"launch: error: {exc}", sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -97,6 +97,78 @@ class PreemptionFlag:
         return self.signal_name is not None
 
 
+class StartUpFlag(PreemptionFlag):
+    """A command's handlers from its first line (workload.commands.run_command), before
+    anything is imported or parsed: torch's import alone takes seconds, tens on a shared
+    file system, and SLURM signals every process of a step at any moment. Nothing can be
+    saved yet, so a signal of `ending` ends the process with one line and the requeue
+    status at the next bytecode (a Python handler runs in the main thread, between two),
+    writing the requeue file first; after SLURM's SIGTERM with no job script to requeue
+    the job it is only recorded (slurm_will_requeue: the process must outlive it, and
+    train's loop saves and waits). The stack dump's USR1 (which may also be train's
+    --preempt-signal) is only recorded: take_over() hands what was recorded to train's
+    own flag, so nothing received in between is lost."""
+
+    def __init__(self, prog: str, ending: frozenset[int]):
+        super().__init__()
+        self.prog = prog
+        self.ending = ending
+        self.recorded: list[str] = []
+
+    def install_all(self) -> StartUpFlag:
+        """Handlers for `ending` and for the stack dump's USR1 (whose default kills)."""
+        return self.install(tuple(signal.Signals(number).name.removeprefix("SIG")
+                                  for number in sorted(self.ending | {signal.SIGUSR1})))
+
+    def _handle(self, number: int, frame) -> None:
+        name = signal.Signals(number).name
+        if number in self.ending and not slurm_will_requeue(name):
+            end_before_work(self.prog, name)
+        self.recorded.append(name)
+        if number in self.ending:
+            self.signal_name = name
+
+    def take_over(self, flag: PreemptionFlag) -> None:
+        """`flag`, just installed, holds the first recorded signal it handles."""
+        taken = [name for name in self.recorded
+                 if signal.getsignal(getattr(signal, name)) == flag._handle]
+        if taken and not flag.is_set():
+            flag.signal_name = taken[0]
+        # From here a checkpoint may exist: a signal `flag` does not take is recorded only.
+        self.ending = frozenset()
+
+
+def start_up_flag() -> StartUpFlag | None:
+    """The StartUpFlag answering SIGTERM now, if one is (run_command installed it)."""
+    flag = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    return flag if isinstance(flag, StartUpFlag) else None
+
+
+def end_before_work(prog: str, signal_name: str) -> None:
+    """Exit at once with the requeue status and one line: nothing is saved before the
+    work began. os.write and os._exit only: this runs in a signal handler, perhaps inside
+    a write to stdout or stderr (a buffered stream re-entered raises), and the
+    interpreter's finalization would wait for whatever the start-up had begun."""
+    request_requeue(None, signal_name)
+    os.write(2, f"{prog}: {signal_name} during start-up: nothing to save; exiting with "
+                f"status {REQUEUE_EXIT_STATUS} so that the job is requeued\n".encode())
+    os._exit(REQUEUE_EXIT_STATUS)
+
+
+@contextmanager
+def signals_from_the_start(prog: str, ending: frozenset[int], keep: bool) -> Iterator[
+        StartUpFlag]:
+    """A command's signals answered from here (StartUpFlag); the handlers that were there
+    put back at the end unless `keep` (a console script: a signal while the process ends
+    finds the handler still there, not the default that kills it with 128+N)."""
+    flag = StartUpFlag(prog, ending).install_all()
+    try:
+        yield flag
+    finally:
+        if not keep:
+            flag.uninstall()
+
+
 @contextmanager
 def loop_signals_held() -> Iterator[None]:
     """LOOP_SIGNALS held back from this thread while it starts helper processes: a child
@@ -135,15 +207,26 @@ def _end_when_parent_asks(parent_pid: int) -> None:
             os._exit(0)
 
 
-def request_requeue(step: int | None, signal_name: str | None) -> None:
+def request_requeue(step: int | None, signal_name: str | None, stderr_fd: int = 2) -> None:
     """Tell the batch shell (jobs/lib/requeue.sh) that this job wants a requeue (`step`
-    None: while the ranks met at start-up)."""
+    None: during start-up, nothing saved). A file that cannot be written (its folder
+    missing or read-only) is one warning: the checkpoint is committed and the exit status
+    75 asks for the requeue all the same. Written with os.write to `stderr_fd` (the real
+    stderr while the rendezvous holds descriptor 2), so that it is safe from a signal
+    handler (StartUpFlag) and from a thread (_end_on_signal)."""
     path = os.environ.get(REQUEUE_FILE_ENV)
     if not path:
         return
     when = "at start-up" if step is None else f"at step {step}"
-    replace_file(Path(path),  # atomic: several ranks may write it
-                 f"preempted by {signal_name or 'a signal to another rank'} {when}\n".encode())
+    try:
+        replace_file(Path(path),  # atomic: several ranks may write it
+                     f"preempted by {signal_name or 'a signal to another rank'} {when}\n"
+                     .encode())
+    except OSError as error:
+        os.write(stderr_fd, f"warning: {REQUEUE_FILE_ENV} {path}: cannot write it "
+                            f"({error.strerror}); the job script sees only the exit status "
+                            f"{REQUEUE_EXIT_STATUS} (point {REQUEUE_FILE_ENV} into a writable "
+                            "folder)\n".encode())
 
 
 def slurm_will_requeue(signal_name: str | None, env: Mapping[str, str] = os.environ) -> bool:
@@ -204,7 +287,7 @@ def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
 def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
     while number := os.read(read_fd, 1):
         name = signal.Signals(number[0]).name
-        status = status_while_waiting(signal.getsignal(number[0]), name)
+        status = status_while_waiting(signal.getsignal(number[0]), name, stderr_fd)
         if status is None:
             continue
         action = ("nothing to save; exiting with status 75 so that the job is requeued"
@@ -215,13 +298,16 @@ def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
         os._exit(status)
 
 
-def status_while_waiting(handler: object, signal_name: str) -> int | None:
+def status_while_waiting(handler: object, signal_name: str, stderr_fd: int = 2) -> int | None:
     """The exit status a signal means before anything trained (None: keep waiting)."""
     if handler is signal.default_int_handler:
         return 128 + signal.SIGINT
-    if not isinstance(getattr(handler, "__self__", None), PreemptionFlag):
+    flag = getattr(handler, "__self__", None)
+    if not isinstance(flag, PreemptionFlag):
         return None  # a handler of the user's own: its meaning is not ours to guess
+    if isinstance(flag, StartUpFlag) and getattr(signal, signal_name) not in flag.ending:
+        return None  # recorded only (the stack dump's USR1)
     if slurm_will_requeue(signal_name):
         return None
-    request_requeue(None, signal_name)
+    request_requeue(None, signal_name, stderr_fd)
     return REQUEUE_EXIT_STATUS
