@@ -159,7 +159,9 @@ def bench_lines(record: dict) -> list[str]:
     lines += [f"- not measured: {m}" for m in missing]
     unfinished = [part for part in record.get("parts", [])
                   if part not in record.get("parts_done", []) and part not in missing]
-    lines += unfinished_lines(unfinished, stopped=record.get("status") == "stopped")
+    # stopped by the part's limit, or by the kit itself at its --time-limit just before
+    lines += unfinished_lines(unfinished, stopped=record.get("status") == "stopped"
+                              or bool(record.get("stopped")))
     if record.get("first_step"):
         lines += ([""] if lines and lines[-1] else []) + first_step_lines(record["first_step"])
     if record.get("profile"):

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 ROW_KEYS = {"model", "config", "batch_size", "status", "reason", "images_per_second", "ratio",
             "mfu", "precision", "energy_j_per_image", "energy_note", "compile_s",
             "peak_step_memory_gib"}
-CONFIGS = ["reference", "defaults", "compile", "cudagraphs", "compile-blocks", "max-autotune"]
+CONFIGS = ["reference", "defaults", "compile", "cudagraphs", "compile-blocks", "compile-step",
+           "cudagraphs-step", "max-autotune"]
+MEASURED_ON_THE_CPU = ("reference", "defaults", "compile-step")
 
 def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
     # The Python running this suite is the one with torch: first on PATH for make.
@@ -61,7 +63,7 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
         ("wrn", "max-autotune"), ("resnet18", "max-autotune")]
     assert report["bench"]["parts_done"] == report["bench"]["parts"]
     for row in rows:
-        if row["config"] in ("reference", "defaults"):  # measured on the CPU too
+        if row["config"] in MEASURED_ON_THE_CPU:
             assert ROW_KEYS <= row.keys() and row["status"] == "measured", row
             assert row["images_per_second"] > 0 and row["reason"] is None
             assert row["mfu"] is None  # no bf16 peak for a CPU
@@ -69,16 +71,21 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
             assert row["energy_j_per_image"] is None and "CPU" in row["energy_note"]
         else:  # the compiled rows say why they do not run in the CPU form
             assert row["status"] == "not run" and "images_per_second" not in row, row
-            words = "CUDA graphs need a GPU" if row["config"] == "cudagraphs" else \
-                "not run in the CPU form"
+            words = "CUDA graphs need a GPU" if row["config"].startswith("cudagraphs") \
+                else "not run in the CPU form"
             assert words in row["reason"], row
     for model in ("wrn", "resnet18"):
         mine = {r["config"]: r for r in rows if r["model"] == model}
         reference, defaults = mine["reference"], mine["defaults"]
         assert defaults["ratio"] == pytest.approx(
             defaults["images_per_second"] / reference["images_per_second"])
+        # The whole step compiled (the model, its loss and the optimizer step) runs here.
+        step = mine["compile-step"]
+        assert step["compile_mode"] == "default" and step["compile_scope"] == "step", step
+        assert step["compile_s"] is not None
         chosen = report["bench"]["choice"][model]
-        assert chosen["config"] == "defaults" and "the fastest measured" in chosen["why"]
+        assert chosen["config"] in ("defaults", "compile-step"), chosen
+        assert "the fastest measured" in chosen["why"]
 
 
 def test_the_report_takes_the_first_step_apart_cold_warm_and_under_cudnn_settings(report_dir):
