@@ -216,6 +216,10 @@ def first_step_lines(part: dict) -> list[str]:
         lines.append(f"| {s['name']} | " + " | ".join(cells) + f" | "
                      f"{number(s['to_first_step_s'], '.2f')} | "
                      f"{number(s['images_per_second'], ',.1f')} |")
+    # CUDA's context starts in a thread of its own during the imports (training/startup.py)
+    lines += [""] + [f"- {s['name']}: CUDA's context began {c['started']:.2f} s and was ready "
+                     f"{c['ready']:.2f} s after the process start" for s in starts
+                     if (c := s.get("cuda_context_s"))]
     return lines + ["", f"Command: `{' '.join(part.get('command', []))}`", ""]
 
 

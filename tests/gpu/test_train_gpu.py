@@ -49,6 +49,10 @@ def test_digits_recipe_trains_to_its_accuracy_with_the_gpu_defaults(cuda, digits
     assert summary["final_accuracy"] >= 0.90, summary  # the recipe's promise (README)
     # benchmark mode is off by default (the H200's figures): nothing is autotuned.
     assert summary["startup"]["phases_s"]["cudnn autotune"] < 0.01, summary["startup"]
+    # CUDA's context started in its own thread while train imported, before the model.
+    context, phases = summary["startup"]["cuda_context_s"], summary["startup"]["phases_s"]
+    assert 0 < context["started"] < phases["imports"], summary["startup"]
+    assert context["ready"] > context["started"], summary["startup"]
 
 
 def test_the_gpu_build_uses_bf16_channels_last_and_the_fused_sgd_step(cuda):

@@ -57,7 +57,7 @@ def saved(monkeypatch, tmp_path):
     """run_bench on a pretended GPU (every config applies) with a failing ResNet-18 and
     profile; what its JSON held after each save."""
     monkeypatch.setattr(levers, "measure_rows", fake_measure)
-    monkeypatch.setattr(levers, "not_applicable", lambda config, device: None)
+    monkeypatch.setattr(levers, "not_applicable", lambda config, device, model: None)
     monkeypatch.setattr(kit, "bench_process", no_process)
     monkeypatch.setattr(kit, "profile_step", failing_profile)
     monkeypatch.setattr(first_step, "measure", fake_first_step)
@@ -119,7 +119,7 @@ def test_a_part_still_compiling_at_the_time_limit_ends_and_says_why(monkeypatch,
         return fake_measure(rows, args, cfg, info, meter)
 
     monkeypatch.setattr(levers, "measure_rows", compiling_on)
-    monkeypatch.setattr(levers, "not_applicable", lambda config, device: None)
+    monkeypatch.setattr(levers, "not_applicable", lambda config, device, model: None)
     monkeypatch.setattr(kit, "bench_process", no_process)
     monkeypatch.setattr(kit, "profile_step", failing_profile)
     monkeypatch.setattr(first_step, "measure", fake_first_step)

@@ -123,11 +123,12 @@ def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
 def place_model(cfg: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
     """The configured model on this rank's device, in its memory format, wrapped for the
     job (DDP or FSDP2; itself when alone)."""
-    model = model_for(cfg, num_classes)
+    with torch.device(info.device):  # built there: no copy of each weight from the CPU
+        model = model_for(cfg, num_classes)
     if cfg.model.init_from:  # before wrapping: every rank loads the same file
         logger.info(load_initial_weights(model, cfg.model.init_from,
                                          cfg.model.init_reinit_head))
-    model = model.to(info.device)
+    model = model.to(info.device)  # a model (or buffer) made outside the context
     if cfg.hardware.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return distributed.wrap_model(model, info, cfg.distributed.strategy)
