@@ -52,15 +52,21 @@ def fake_first_step(device, quick, save) -> dict:
     return part
 
 
-@pytest.fixture
-def saved(monkeypatch, tmp_path):
-    """run_bench on a pretended GPU (every config applies) with a failing ResNet-18 and
-    profile; what its JSON held after each save."""
-    monkeypatch.setattr(levers, "measure_rows", fake_measure)
+def pretend_gpu(monkeypatch, measure) -> None:
+    """Every config applies, rows measured by `measure`, a failing profile and a quick
+    first step: no process, no model."""
+    monkeypatch.setattr(levers, "measure_rows", measure)
     monkeypatch.setattr(levers, "not_applicable", lambda config, device, model: None)
     monkeypatch.setattr(kit, "bench_process", no_process)
     monkeypatch.setattr(kit, "profile_step", failing_profile)
     monkeypatch.setattr(first_step, "measure", fake_first_step)
+
+
+@pytest.fixture
+def saved(monkeypatch, tmp_path):
+    """run_bench on a pretended GPU (every config applies) with a failing ResNet-18 and
+    profile; what its JSON held after each save."""
+    pretend_gpu(monkeypatch, fake_measure)
     path = tmp_path / "bench.json"
     states = []
 
@@ -118,11 +124,7 @@ def test_a_part_still_compiling_at_the_time_limit_ends_and_says_why(monkeypatch,
             time.sleep(60)  # Inductor timing its candidate kernels
         return fake_measure(rows, args, cfg, info, meter)
 
-    monkeypatch.setattr(levers, "measure_rows", compiling_on)
-    monkeypatch.setattr(levers, "not_applicable", lambda config, device, model: None)
-    monkeypatch.setattr(kit, "bench_process", no_process)
-    monkeypatch.setattr(kit, "profile_step", failing_profile)
-    monkeypatch.setattr(first_step, "measure", fake_first_step)
+    pretend_gpu(monkeypatch, compiling_on)
     path = tmp_path / "bench.json"
     began = time.monotonic()
     kit.run_bench("cpu", True, lambda bench: kit.save_result(str(path), {}, bench),
