@@ -159,7 +159,9 @@ def bench_lines(record: dict) -> list[str]:
     lines += [f"- not measured: {m}" for m in missing]
     unfinished = [part for part in record.get("parts", [])
                   if part not in record.get("parts_done", []) and part not in missing]
-    lines += unfinished_lines(unfinished, stopped=record.get("status") == "stopped")
+    # stopped by the part's limit, or by the kit itself at its --time-limit just before
+    lines += unfinished_lines(unfinished, stopped=record.get("status") == "stopped"
+                              or bool(record.get("stopped")))
     if record.get("first_step"):
         lines += ([""] if lines and lines[-1] else []) + first_step_lines(record["first_step"])
     if record.get("profile"):
@@ -214,6 +216,10 @@ def first_step_lines(part: dict) -> list[str]:
         lines.append(f"| {s['name']} | " + " | ".join(cells) + f" | "
                      f"{number(s['to_first_step_s'], '.2f')} | "
                      f"{number(s['images_per_second'], ',.1f')} |")
+    # CUDA's context starts in a thread of its own during the imports (training/startup.py)
+    lines += [""] + [f"- {s['name']}: CUDA's context began {c['started']:.2f} s and was ready "
+                     f"{c['ready']:.2f} s after the process start" for s in starts
+                     if (c := s.get("cuda_context_s"))]
     return lines + ["", f"Command: `{' '.join(part.get('command', []))}`", ""]
 
 

@@ -39,6 +39,7 @@ from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config
 from workload.errors import UsageError
 from workload.launch.ending import end_process
 from workload.logs import say, warn
+from workload.training.startup import start_cuda_context
 
 PROG = "train"
 
@@ -89,6 +90,7 @@ def settings_of(path: str) -> dict:
 
 def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
     cfg = parse_config(argv)
+    start_cuda_context(cfg.hardware.device)  # while the rest imports (training/startup.py)
     warn_container_paths(cfg)
     from workload.checkpoint import Preempted
     from workload.launch import PreemptionFlag

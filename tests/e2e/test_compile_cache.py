@@ -8,7 +8,8 @@ one on "another node" that resumes from its step-2 checkpoint (`--resume PATH`) 
 compiles from the file, so that both end at step 4 and one cold compilation serves both
 the first job's test and the reference (each takes about a minute of CPU here). Both
 with the whole model compiled and with each residual block compiled on its own
-(`--compile-scope blocks`): either keeps exact resume.
+(`--compile-scope blocks`) and with the whole step compiled, the optimizer step in its
+graph (`--compile-scope step`): each keeps exact resume.
 
 What makes the jobs cheaper without touching what is tested (measured on the 2-core
 machine, the whole model compiled, CPU-s of a cold job and a warm one: 120 and 29 before,
@@ -56,12 +57,14 @@ def finish(proc, top: Path, name: str, out: Path) -> tuple[dict, str]:
     return json.loads((out / "summary.json").read_text()), text
 
 
-@pytest.fixture(scope="module", params=["model", "blocks"])
+@pytest.fixture(scope="module", params=["model", "blocks", "step"])
 def jobs(request, tmp_path_factory):
     """The cold job (home: an empty folder), then the warm one on "another node", with HOME
     unset, from the cold job's step-2 checkpoint to the same step 4; the whole model
-    compiled, or each residual block (--compile-scope blocks, the regions in which
-    Inductor fuses BatchNorm, ReLU and the residual add)."""
+    compiled, each residual block (--compile-scope blocks, the regions in which
+    Inductor fuses BatchNorm, ReLU and the residual add), or the whole step (--compile-scope
+    step: the optimizer step compiled too, its state and the step count carried by the
+    checkpoint)."""
     top = tmp_path_factory.mktemp("compile")
     home = top / "home"
     home.mkdir()

@@ -1,7 +1,8 @@
 """The GPU check in its CPU form, exactly as CI runs it: `make gpu-check DEVICE=cpu
 GPU_CHECK_OUT=DIR` (the quick sizes) installs the package and the carried wheels without
 network, runs the GPU tier (its CUDA tests skip here), the benchmark's rows (one per model
-and speed lever: the compiled ones say why they do not run here) with their MFU
+and speed lever: the compiled ones but the Wide ResNet's whole step, `compile-step`, say
+why they do not run here) with their MFU
 arithmetic, the first step taken apart (train started cold and warm), the profiler
 summary at tiny sizes, and writes the report whose shape is checked here.
 (`make gpu-wheels` first: it builds the carried wheels once, here, where pip can fetch.)"""
@@ -23,7 +24,10 @@ pytestmark = pytest.mark.slow
 ROW_KEYS = {"model", "config", "batch_size", "status", "reason", "images_per_second", "ratio",
             "mfu", "precision", "energy_j_per_image", "energy_note", "compile_s",
             "peak_step_memory_gib"}
-CONFIGS = ["reference", "defaults", "compile", "cudagraphs", "compile-blocks", "max-autotune"]
+CONFIGS = ["reference", "defaults", "compile", "cudagraphs", "compile-blocks", "compile-step",
+           "cudagraphs-step", "max-autotune"]
+MEASURED_ON_THE_CPU = {(model, config) for model in ("wrn", "resnet18")
+                       for config in ("reference", "defaults")} | {("wrn", "compile-step")}
 
 def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
     # The Python running this suite is the one with torch: first on PATH for make.
@@ -61,7 +65,7 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
         ("wrn", "max-autotune"), ("resnet18", "max-autotune")]
     assert report["bench"]["parts_done"] == report["bench"]["parts"]
     for row in rows:
-        if row["config"] in ("reference", "defaults"):  # measured on the CPU too
+        if (row["model"], row["config"]) in MEASURED_ON_THE_CPU:
             assert ROW_KEYS <= row.keys() and row["status"] == "measured", row
             assert row["images_per_second"] > 0 and row["reason"] is None
             assert row["mfu"] is None  # no bf16 peak for a CPU
@@ -69,16 +73,22 @@ def test_the_report_has_the_device_versions_test_counts_and_bench_rows(report_di
             assert row["energy_j_per_image"] is None and "CPU" in row["energy_note"]
         else:  # the compiled rows say why they do not run in the CPU form
             assert row["status"] == "not run" and "images_per_second" not in row, row
-            words = "CUDA graphs need a GPU" if row["config"] == "cudagraphs" else \
-                "not run in the CPU form"
+            words = "CUDA graphs need a GPU" if row["config"].startswith("cudagraphs") \
+                else "not run in the CPU form"
             assert words in row["reason"], row
+    # The Wide ResNet's whole step compiled (its loss and the optimizer step) runs here.
+    step = next(r for r in rows if (r["model"], r["config"]) == ("wrn", "compile-step"))
+    assert step["compile_mode"] == "default" and step["compile_scope"] == "step", step
+    assert step["compile_s"] is not None
     for model in ("wrn", "resnet18"):
-        mine = {r["config"]: r for r in rows if r["model"] == model}
+        mine = {r["config"]: r for r in rows if r["model"] == model and
+                r["status"] == "measured"}
         reference, defaults = mine["reference"], mine["defaults"]
         assert defaults["ratio"] == pytest.approx(
             defaults["images_per_second"] / reference["images_per_second"])
         chosen = report["bench"]["choice"][model]
-        assert chosen["config"] == "defaults" and "the fastest measured" in chosen["why"]
+        assert chosen["config"] in {"defaults", "compile-step"} & set(mine), chosen
+        assert "the fastest measured" in chosen["why"]
 
 
 def test_the_report_takes_the_first_step_apart_cold_warm_and_under_cudnn_settings(report_dir):

@@ -49,6 +49,10 @@ def test_digits_recipe_trains_to_its_accuracy_with_the_gpu_defaults(cuda, digits
     assert summary["final_accuracy"] >= 0.90, summary  # the recipe's promise (README)
     # benchmark mode is off by default (the H200's figures): nothing is autotuned.
     assert summary["startup"]["phases_s"]["cudnn autotune"] < 0.01, summary["startup"]
+    # CUDA's context started in its own thread while train imported, before the model.
+    context, phases = summary["startup"]["cuda_context_s"], summary["startup"]["phases_s"]
+    assert 0 < context["started"] < phases["imports"], summary["startup"]
+    assert context["ready"] > context["started"], summary["startup"]
 
 
 def test_the_gpu_build_uses_bf16_channels_last_and_the_fused_sgd_step(cuda):
@@ -87,16 +91,21 @@ def deterministic_train(args: list[str], out: Path) -> dict:
 
 
 @pytest.mark.timeout(420)  # compiled: two jobs, each with Inductor's compile
-@pytest.mark.parametrize("compiled", [[], ["--compile", "--compile-scope", "blocks"],
-                                      ["--compile", "--compile-mode", "reduce-overhead"]],
-                         ids=["eager", "compiled-blocks", "cudagraphs"])
+@pytest.mark.parametrize("compiled", [
+    [], ["--compile", "--compile-scope", "blocks"],
+    ["--compile", "--compile-mode", "reduce-overhead"],
+    ["--compile", "--compile-scope", "step"],
+    ["--compile", "--compile-scope", "step", "--compile-mode", "reduce-overhead"]],
+    ids=["eager", "compiled-blocks", "cudagraphs", "compile-step", "cudagraphs-step"])
 def test_a_cuda_run_resumes_exactly_from_a_mid_epoch_checkpoint(cuda, tmp_path, compiled):
     # Exact on a GPU needs what tests/helpers/deterministic_train.py sets: cuDNN without
     # benchmark mode and with deterministic algorithms, torch's deterministic algorithms,
     # CUBLAS_WORKSPACE_CONFIG=:4096:8. The checkpoint carries the rest (RNG states).
     # Compiled per block (Inductor's fused BatchNorm, ReLU and add) it must stay exact,
-    # and under CUDA graphs (the fastest row on the H200, which train takes as its
-    # default only once this passes there: bench's RESUME_TESTED).
+    # under CUDA graphs (the fastest row on the H200, which train takes as its default
+    # only once this passes there: bench's RESUME_TESTED), and with the whole step in the
+    # graph, the optimizer step compiled (its learning rate a tensor), eager-launched or
+    # in CUDA graphs.
     args = [*CHECKPOINT_ARGS, *ON_GPU, "--checkpoint-every", "1", "--keep-checkpoints", "100",
             *compiled]
     whole = deterministic_train(args, tmp_path / "whole")

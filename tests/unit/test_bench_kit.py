@@ -5,6 +5,7 @@ still run, and bench says which config it would choose and why."""
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -51,15 +52,21 @@ def fake_first_step(device, quick, save) -> dict:
     return part
 
 
+def pretend_gpu(monkeypatch, measure) -> None:
+    """Every config applies, rows measured by `measure`, a failing profile and a quick
+    first step: no process, no model."""
+    monkeypatch.setattr(levers, "measure_rows", measure)
+    monkeypatch.setattr(levers, "not_applicable", lambda config, device, model: None)
+    monkeypatch.setattr(kit, "bench_process", no_process)
+    monkeypatch.setattr(kit, "profile_step", failing_profile)
+    monkeypatch.setattr(first_step, "measure", fake_first_step)
+
+
 @pytest.fixture
 def saved(monkeypatch, tmp_path):
     """run_bench on a pretended GPU (every config applies) with a failing ResNet-18 and
     profile; what its JSON held after each save."""
-    monkeypatch.setattr(levers, "measure_rows", fake_measure)
-    monkeypatch.setattr(levers, "not_applicable", lambda config, device: None)
-    monkeypatch.setattr(kit, "bench_process", no_process)
-    monkeypatch.setattr(kit, "profile_step", failing_profile)
-    monkeypatch.setattr(first_step, "measure", fake_first_step)
+    pretend_gpu(monkeypatch, fake_measure)
     path = tmp_path / "bench.json"
     states = []
 
@@ -72,7 +79,7 @@ def saved(monkeypatch, tmp_path):
 
 
 def test_each_part_is_written_as_it_is_measured(saved):
-    assert [len(state["bench"]["rows"]) for state in saved] == [0, 5, 5, 5, 5, 5, 6, 6]
+    assert [len(state["bench"]["rows"]) for state in saved] == [0, 7, 7, 7, 7, 7, 8, 8]
     assert saved[1]["bench"]["parts_done"] == ["wrn"]
     assert saved[2]["bench"]["first_step"]["starts"][0]["name"] == "cold"  # mid-part
 
@@ -106,3 +113,29 @@ def test_the_result_says_what_data_was_measured(saved):
     assert data["images"] == kit.QUICK["synthetic_size"]
     assert data["classes"] == kit.QUICK["num_classes"] and data["channels"] == 3
     assert data["image_size"] == {"wrn": 32, "resnet18": 16}
+
+
+def test_a_part_still_compiling_at_the_time_limit_ends_and_says_why(monkeypatch, tmp_path):
+    """The Wide ResNet's max-autotune still compiling when the kit's --time-limit comes
+    (the GPU check's part limit less its reserve): the kit ends, the row and the part
+    say why, what was measured before is kept, and the JSON is written."""
+    def compiling_on(rows, args, cfg, info, meter=None):
+        if any(row.config == "max-autotune" for row in rows):
+            time.sleep(60)  # Inductor timing its candidate kernels
+        return fake_measure(rows, args, cfg, info, meter)
+
+    pretend_gpu(monkeypatch, compiling_on)
+    path = tmp_path / "bench.json"
+    began = time.monotonic()
+    kit.run_bench("cpu", True, lambda bench: kit.save_result(str(path), {}, bench),
+                  frozenset({"resnet18"}), limit_s=2)
+    assert time.monotonic() - began < 10
+    bench = json.loads(path.read_text())["bench"]
+    assert bench["parts_done"] == ["wrn", "first step", "profile"]
+    rows = {(row["model"], row["config"]): row for row in bench["rows"]}
+    assert rows["wrn", "defaults"]["status"] == "measured"
+    late = rows["wrn", "max-autotune"]
+    assert late["status"] == "not finished"
+    assert "time limit of 2 s" in late["reason"] and "compiled" in late["reason"], late
+    assert bench["stopped"].startswith("wrn max-autotune: not finished after 2 s")
+    assert bench["errors"][-1] == dict(part="wrn max-autotune", error=bench["stopped"])

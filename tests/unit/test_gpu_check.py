@@ -209,7 +209,7 @@ def test_a_run_past_its_deadline_stops_the_part_and_reports_the_rest_not_run(tmp
     monkeypatch.setattr(gpu_check, "MIN_PART_S", 1)
     clock = gpu_check.Clock(gpu_check.STOP_RESERVE_S + 3)
     report = report_for(tmp_path, ("tests", "bench"))
-    hang = [sys.executable, "-c", "import time; time.sleep(600)"]
+    hang = lambda _: [sys.executable, "-c", "import time; time.sleep(600)"]  # noqa: E731
     assert not gpu_check.run_part(report, clock, "tests", hang, None,
                                   lambda f, why: gpu_check.part_record(f, why))
     assert not gpu_check.run_part(report, clock, "bench", hang, None,

@@ -141,3 +141,44 @@ def test_the_autotuning_step_leaves_the_model_and_the_random_state_as_they_were(
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert not autotune_convolutions(model, (4, 3, 16, 16), False, "fp32",
                                      torch.device("cpu"))
+
+
+def test_no_cuda_context_thread_where_the_cpu_is_the_device():
+    """CUDA's context is started early (in a thread, during the imports) only where a GPU
+    is the device: none for --device cpu, nor for auto without a GPU."""
+    import threading
+
+    import torch
+
+    from workload.training.startup import CUDA_CONTEXT, start_cuda_context
+
+    threads = threading.active_count()
+    assert start_cuda_context("cpu") is None
+    if not torch.cuda.is_available():
+        assert start_cuda_context("auto") is None
+    assert threading.active_count() == threads and "ready" not in CUDA_CONTEXT
+
+
+def test_the_model_is_built_on_its_device_not_moved_there(monkeypatch):
+    """place_model builds the network under its device (torch.device as a context), so a
+    GPU run's weights are made on the GPU, not made on the CPU and copied; shown with the
+    meta device, where the CPU is the default otherwise."""
+    import torch
+
+    import workload.training.build as build
+    from workload.config import build_config
+    from workload.distributed import DistInfo
+
+    built_under = []
+
+    def recording(cfg, num_classes):
+        built_under.append(torch.get_default_device())
+        return real(cfg, num_classes)
+
+    real = build.model_for
+    monkeypatch.setattr(build, "model_for", recording)
+    cfg = build_config({"model": "wrn", "width": 8, "blocks_per_stage": 1,
+                        "dataset": "synthetic"}, "cpu")
+    model = build.place_model(cfg, DistInfo.alone(torch.device("meta")), num_classes=4)
+    assert built_under == [torch.device("meta")]
+    assert {p.device.type for p in model.parameters()} == {"meta"}

@@ -5,7 +5,9 @@ autotune, compile, first step), for a cold start (an empty cache folder: another
 warm one (the same folder again), and, warm, cuDNN's benchmark mode (off by default) with
 torch's 10 algorithms tried per convolution, with one (--cudnn-benchmark-limit 1) and with
 every one (0). Each start also reports the run's steady images/s (after its first step),
-so a shorter start is weighed against a faster step.
+so a shorter start is weighed against a faster step. On a GPU each start also says when
+CUDA's context, started in a thread of its own while `train` imports, began and was ready
+(`cuda_context_s`, seconds since the process started; workload/training/startup.py).
 
 On a CPU, benchmark mode is off and cuDNN absent: the cold and warm starts run (their
 phases are the CPU's; `cudnn autotune` is a moment), and the cuDNN variants are rows that
@@ -89,4 +91,5 @@ def started(name: str, device, quick: bool, flags: list[str], top: Path, caches:
     in_order = {name: phases[name] for name in STARTUP_ORDER if name in phases}
     return dict(record, status="measured", reason=None, phases_s=in_order,
                 to_first_step_s=startup.get("to_first_step_s"),
+                cuda_context_s=startup.get("cuda_context_s"),
                 images_per_second=summary.get("images_per_second"))

@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,24 +101,67 @@ def recorded(bench: dict, part: str) -> Iterator[None]:
         bench["errors"].append(dict(part=part, error=f"{type(exc).__name__}: {exc}"[:500]))
 
 
-def run_bench(device_flag: str, quick: bool, save, skip: frozenset = frozenset()) -> dict:
+class OutOfTime(BaseException):
+    """The kit's --time-limit came (SIGALRM, in the main thread). A BaseException: torch's
+    own `except Exception` (Inductor's autotuning drops a failing candidate so) must not
+    swallow it and compile on."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """OutOfTime raised `seconds` from now, wherever the kit is (0: no limit)."""
+    if not seconds:
+        yield
+        return
+
+    def ring(signum, frame):
+        raise OutOfTime(f"the kit's time limit of {seconds:.0f} s (--time-limit: the GPU "
+                        "check's part limit less its reserve) came")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_bench(device_flag: str, quick: bool, save, skip: frozenset = frozenset(),
+              limit_s: float = 0) -> dict:
     """The parts in PARTS order, each named under `errors` if it fails; `save(bench)`
     after each (and after each start of the first step), so a later failure or a stop
-    keeps what was measured."""
+    keeps what was measured. At `limit_s` the part running ends, its unfinished rows and
+    the parts not reached saying why (`stopped`), and the JSON is saved."""
     size = QUICK if quick else FULL
     device = distributed.resolve_device(device_flag)
     bench = dict(rows=[], choice={}, profile=None, first_step=None, errors=[],
                  sizes=dict(size), data=measured_data(size), skipped=sorted(skip),
                  parts=[part for part in PARTS if part not in skip], parts_done=[],
+                 stopped=None,
                  peak_note="mfu: achieved TFLOP/s (FlopCounterMode's count) over the GPU's "
                            "dense bf16 datasheet peak")
     save(bench)
+    started = time.monotonic()
+    try:
+        with time_limit(limit_s):
+            run_parts(bench, device, device_flag, size, save, skip)
+    except OutOfTime as stop:
+        part = next(p for p in bench["parts"] if p not in bench["parts_done"])
+        bench["stopped"] = (f"{part}: not finished after {time.monotonic() - started:.0f} s: "
+                            f"{stop}; the parts after it not reached")
+        bench["errors"].append(dict(part=part, error=bench["stopped"]))
+        save(bench)
+    return bench
+
+
+def run_parts(bench: dict, device, device_flag: str, size: dict, save, skip) -> None:
     for part in PARTS:
         if part in skip:
             continue
         with recorded(bench, part):
             if part == "first step":
-                bench["first_step"] = first_step.measure(device, quick, lambda found: save(
+                bench["first_step"] = first_step.measure(device, size is QUICK, lambda found: save(
                     dict(bench, first_step=found)))
             elif part == "profile":
                 bench["profile"] = profile_step(bench_args(device_flag, size, "wrn"))
@@ -126,7 +172,6 @@ def run_bench(device_flag: str, quick: bool, save, skip: frozenset = frozenset()
                 model_part(bench, bench_args(device_flag, size, model), device, skip, late)
         bench["parts_done"].append(part)
         save(bench)
-    return bench
 
 
 def model_part(bench: dict, args: dict, device, skip: frozenset, late: bool) -> None:
@@ -137,8 +182,12 @@ def model_part(bench: dict, args: dict, device, skip: frozenset, late: bool) -> 
     rows = levers.planned(args["model"], args["batch_size"], configs, device, skip)
     if levers.worth_a_process(rows):
         cfg = config_from(args)
-        with bench_process(args, cfg) as info:
-            found = levers.measure_rows(rows, args, cfg, info)
+        try:
+            with bench_process(args, cfg) as info:
+                found = levers.measure_rows(rows, args, cfg, info)
+        except OutOfTime as stop:  # the rows as far as they came, then the stop goes on
+            bench["rows"] += levers.unfinished(rows, str(stop))
+            raise
     else:
         found = [levers.described(row, None, device, None, None) for row in rows]
     found = [row for row in found if not (late and row["config"] == "reference")]
@@ -221,9 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
     p.add_argument("--facts", action="store_true", help="only the device and versions")
     p.add_argument("--json", help="write the result here (else stdout)")
+    p.add_argument("--time-limit", type=float, default=0, metavar="SECONDS",
+                   help="end by then: the part running stops, its unfinished rows and the "
+                        "parts not reached say so in the JSON (0: no limit)")
     p.add_argument("--skip", default="", help="comma-separated configs (" + ", ".join(
         levers.CONFIGS) + ") or parts (" + ", ".join(PARTS) + ") to leave out")
     args = p.parse_args(argv)
+    if args.device == "cpu":  # scalar C++ kernels: a third less of the CPU form's compiles
+        os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
     skip = frozenset(filter(None, (word.strip() for word in args.skip.split(","))))
     if unknown := skip - set(levers.CONFIGS) - set(PARTS):
         p.error(f"--skip {args.skip}: {', '.join(sorted(unknown))} is not a config or part; "
@@ -231,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     result = facts()
     save = partial(save_result, args.json, result)
     save(None)
-    bench = None if args.facts else run_bench(args.device, args.quick, save, skip)
+    bench = None if args.facts else run_bench(args.device, args.quick, save, skip,
+                                              args.time_limit)
     if not args.json:
         print(json.dumps(result if bench is None else dict(result, bench=bench), indent=2,
                          default=str))

@@ -9,6 +9,10 @@ reference loop, one row each (`bench.rows`, named by `config`).
     cudagraphs       + --compile-mode reduce-overhead (CUDA graphs over forward and backward)
     compile-blocks   + --compile-scope blocks (each residual block a compiled region:
                      BatchNorm, ReLU and the add fused by Inductor)
+    compile-step     + --compile-scope step (the whole step compiled: the model with its
+                     loss, and the optimizer step; workload/training/step_graph.py)
+    cudagraphs-step  + --compile-scope step --compile-mode reduce-overhead (the whole step
+                     in CUDA graphs)
 
 Each row: images/s (median of the alternating rounds), x reference, MFU, GPU energy per
 image (NVML's board counter over the timed steps, where it reads), the compile time (the
@@ -36,6 +40,7 @@ from workload.training.energy import gpu_meter
 # loses it alone.
 CONFIGS = {"reference": None, "defaults": None, "compile": ("default", "model"),
            "cudagraphs": ("reduce-overhead", "model"), "compile-blocks": ("default", "blocks"),
+           "compile-step": ("default", "step"), "cudagraphs-step": ("reduce-overhead", "step"),
            "max-autotune": ("max-autotune-no-cudagraphs", "model")}
 CPU_SKIPPED = ("not run in the CPU form: Inductor's C++ build of even the tiny model takes "
                "minutes on a small CPU (docs/performance.md); `bench train --versus-reference "
@@ -43,17 +48,21 @@ CPU_SKIPPED = ("not run in the CPU form: Inductor's C++ build of even the tiny m
 LATE = ("max-autotune",)
 # The configs whose exact resume the suite tests (tests/e2e/test_compile_cache.py on the
 # CPU, the GPU tier's bit-exact resume): the only ones train may take as its default.
-RESUME_TESTED = ("defaults", "compile", "compile-blocks")
+RESUME_TESTED = ("defaults", "compile", "compile-blocks", "compile-step")
+# Compiled rows the CPU form runs all the same (model, config): the whole step's graph of
+# the Wide ResNet, the kit's one row that shows on any machine that the optimizer step
+# compiles into the step (ResNet-18's took 233 s more of a loaded 2-core machine).
+ON_THE_CPU = (("wrn", "compile-step"),)
 MAIN = tuple(config for config in CONFIGS if config not in LATE)
 GPU_ONLY = "CUDA graphs need a GPU: does not apply on the CPU"
 GIB = 2**30
 
 
-def not_applicable(config: str, device: torch.device) -> str | None:
-    """Why a config is not run on this device, or None."""
-    if device.type == "cuda" or CONFIGS[config] is None:
+def not_applicable(config: str, device: torch.device, model: str) -> str | None:
+    """Why a config is not run for this model on this device, or None."""
+    if device.type == "cuda" or CONFIGS[config] is None or (model, config) in ON_THE_CPU:
         return None
-    return GPU_ONLY if config == "cudagraphs" else CPU_SKIPPED
+    return GPU_ONLY if CONFIGS[config][0] == "reduce-overhead" else CPU_SKIPPED
 
 
 def spec_for(config: str, model: str, batch: int, device: torch.device) -> Spec:
@@ -97,7 +106,7 @@ def planned(model: str, batch: int, configs, device: torch.device,
         if row.config in skip:
             row.status = "not run"
             row.reason = "left out (--skip)"
-        elif reason := not_applicable(row.config, device):
+        elif reason := not_applicable(row.config, device, model):
             row.status = "not run"
             row.reason = reason
     return rows
@@ -146,6 +155,21 @@ def timed_run(row: Row, steps: int, meter, device: torch.device) -> None:
             row.peak = max(row.peak, torch.cuda.max_memory_allocated(device) - held)
     except Exception as exc:  # noqa: BLE001
         row.fail("timed steps", exc)
+
+
+def unfinished(rows: list[Row], why: str) -> list[dict]:
+    """The rows of a part stopped at the kit's time limit (the rounds alternate, so no
+    row had all its rounds): those not planned or failed as they are, the others `not
+    finished`, saying where they were."""
+    out = []
+    for row in rows:
+        if row.status == "measured":
+            row.status = "not finished"
+            where = "timed" if row.runs else "built, compiled or warmed up (or not started)"
+            row.reason = f"{why} while this row was {where}"
+        out.append(dict(model=row.model, config=row.config, batch_size=row.batch,
+                        status=row.status, reason=row.reason))
+    return out
 
 
 def reference_rate(rows: list[Row]) -> float | None:

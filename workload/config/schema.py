@@ -28,9 +28,10 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp")
 # torch.compile's modes that train offers (reduce-overhead: CUDA graphs over the compiled
-# forward and backward) and what it compiles: the whole model, or each residual block.
+# forward and backward) and what it compiles: the whole model, each residual block, or the
+# whole step (the model with its loss, and the optimizer step: training/step_graph.py).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
-COMPILE_SCOPES = ("model", "blocks")
+COMPILE_SCOPES = ("model", "blocks", "step")
 LR_SCALINGS = ("none", "linear")
 # Signals --preempt-signal accepts. USR1 is allowed but not the default: NCCL has used it.
 PREEMPT_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
@@ -167,8 +168,10 @@ class Hardware:
     compile_mode: str = setting("default", "with --compile: torch.compile's mode "
                                 "(reduce-overhead adds CUDA graphs)", choices=COMPILE_MODES,
                                 resumable=True)
-    compile_scope: str = setting("model", "with --compile: the whole model, or each residual "
-                                          "block on its own (blocks: wrn and the ResNets)",
+    compile_scope: str = setting("model", "with --compile: the whole model, each residual "
+                                          "block on its own (blocks: wrn and the ResNets), or "
+                                          "the whole step (the model, its loss and the "
+                                          "optimizer step)",
                                  choices=COMPILE_SCOPES, resumable=True)
     # Off by default on the H200's figures (docs/performance.md#h200-2026-11-29): the timing
     # cost 2.5 s of a warm start and 13.7 s of a cold one, and the reference workload ran

@@ -26,6 +26,7 @@ from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for, residual_blocks
 from workload.precision import (configure_cudnn, configure_tf32, grad_scaler, resolve_precision,
                                 switches_kept)
+from workload.training.step_graph import CompiledOptimizerStep, compiles_step
 from workload.training.trainer import TrainState
 
 
@@ -87,8 +88,9 @@ def lr_scale(mode: str, world_size: int) -> float:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
-    # One fused kernel per step on GPUs; the multi-tensor (foreach) path on the CPU.
-    fused = device.type == "cuda"
+    # One fused kernel per step on GPUs; the multi-tensor (foreach) path on the CPU and
+    # in a compiled step (which Inductor fuses itself: torch.compile traces foreach SGD).
+    fused = device.type == "cuda" and not compiles_step(cfg.hardware)
     t = cfg.training
     return torch.optim.SGD(model.parameters(), lr=t.base_lr, momentum=t.momentum,
                            weight_decay=t.weight_decay, fused=fused or None,
@@ -121,11 +123,12 @@ def build_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
 def place_model(cfg: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
     """The configured model on this rank's device, in its memory format, wrapped for the
     job (DDP or FSDP2; itself when alone)."""
-    model = model_for(cfg, num_classes)
+    with torch.device(info.device):  # built there: no copy of each weight from the CPU
+        model = model_for(cfg, num_classes)
     if cfg.model.init_from:  # before wrapping: every rank loads the same file
         logger.info(load_initial_weights(model, cfg.model.init_from,
                                          cfg.model.init_reinit_head))
-    model = model.to(info.device)
+    model = model.to(info.device)  # a model (or buffer) made outside the context
     if cfg.hardware.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return distributed.wrap_model(model, info, cfg.distributed.strategy)
@@ -143,6 +146,8 @@ def build_state(cfg: TrainConfig, info: DistInfo, num_classes: int, steps_per_ep
                        grad_scaler(precision, info.device))
     if cfg.hardware.compile:
         state.model = compiled(model, cfg.hardware.compile_mode, cfg.hardware.compile_scope)
+    if compiles_step(cfg.hardware):
+        CompiledOptimizerStep(optimizer, cfg.hardware.compile_mode)
     return state
 
 
@@ -152,7 +157,7 @@ def compiled(model: nn.Module, mode: str, scope: str) -> nn.Module:
     eager model's); each is a region of its own in which Inductor fuses BatchNorm, ReLU
     and the residual add, forward and backward, and blocks of one shape share the code.
     Static shapes: a block of another width is another graph, never a dynamic one."""
-    if scope == "model":
+    if scope in ("model", "step"):  # the step's forward compiles with its loss (Trainer)
         return torch.compile(model, mode=mode)
     for block in residual_blocks(distributed.unwrap(model)):
         block.compile(mode=mode, dynamic=False)

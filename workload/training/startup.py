@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +71,48 @@ def _read_process_start() -> float | None:
     # stat(5)'s start time counts on the boot clock (CLOCK_BOOTTIME, in clock ticks).
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - age
+
+
+# When the CUDA context's thread began and had the context (epoch seconds), once started.
+CUDA_CONTEXT: dict[str, float] = {}
+
+
+def start_cuda_context(device_flag: str) -> threading.Thread | None:
+    """Start CUDA's context on this rank's GPU in a thread of its own, while the main
+    thread imports the rest of `train`: on the H200 the imports (4.2 s) and the model with
+    the context (4.2 s) came one after the other before the first step. Only where a GPU
+    is the device (--device cpu, or no GPU under auto: nothing). The launch's own GPU
+    choice (workload.launch.resolve) picks the device; a failure here is left for the
+    main thread's first use of CUDA to report, with its message."""
+    import torch  # the caller has it (the device was resolved with it)
+
+    if device_flag == "cpu" or not torch.cuda.is_available():
+        return None
+    thread = threading.Thread(target=_cuda_context, name="cuda-context", daemon=True)
+    thread.start()
+    return thread
+
+
+def _cuda_context() -> None:
+    import torch
+
+    from workload.launch import resolve
+
+    CUDA_CONTEXT["started"] = time.time()
+    try:
+        index = resolve(os.environ, visible_gpus=torch.cuda.device_count()).gpu_index or 0
+        torch.empty(1, device=torch.device("cuda", index))  # the primary context
+    except Exception:  # noqa: BLE001 -- the main thread's use of CUDA says what failed
+        return
+    CUDA_CONTEXT["ready"] = time.time()
+
+
+def cuda_context_times(origin: float) -> dict[str, float] | None:
+    """Seconds from `origin` (the process's start) to the CUDA context's thread starting
+    and having the context, where it ran: the phases split the context from the model."""
+    if "ready" not in CUDA_CONTEXT:
+        return None
+    return {key: at - origin for key, at in CUDA_CONTEXT.items()}
 
 
 def job_start(env=os.environ) -> float | None:
@@ -164,7 +207,9 @@ def across_ranks(clock: StartupClock, device) -> dict:
                for i, name in enumerate(names)}
     return {"since": clock.describe()["since"],
             "phases_s": {name: every[slowest[name]][i] for i, name in enumerate(names)},
-            "slowest_rank": slowest, "to_first_step_s": sum(mine.values())}
+            "slowest_rank": slowest, "to_first_step_s": sum(mine.values()),
+            # this rank's, beside the imports: None where no GPU was the device
+            "cuda_context_s": cuda_context_times(clock.origin)}
 
 
 def log_startup(found: dict, previous: dict | None) -> None:

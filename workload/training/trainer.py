@@ -30,6 +30,7 @@ from workload.errors import UsageError
 from workload.logs import logger
 from workload.precision import autocast
 from workload.training.probe import StepProbe, Window
+from workload.training.step_graph import forward_and_loss
 from workload.training.watchdog import CHECKPOINT, COLLECTIVE, EVALUATION
 
 
@@ -156,13 +157,14 @@ class Trainer:
         self.probe = probe or StepProbe(state.step, info.device)
         self.probe.watch_forward(state.model)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.training.label_smoothing)
+        self.forward_and_loss = forward_and_loss(state.model, self.loss_fn, cfg.hardware)
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         state = self.state
         probe = self.probe
         probe.forward_start()
         with autocast(self.precision, self.info.device):
-            loss = self.loss_fn(state.model(images), labels)
+            loss = self.forward_and_loss(images, labels)
         state.optimizer.zero_grad(set_to_none=True)
         probe.backward_start()
         state.scaler.scale(loss).backward()
