@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
-from workload.files import open_to_group, replace_file
+from workload.files import open_to_group, rename_held, replace_file
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -160,7 +160,9 @@ def publish(tmp: Path, final: Path) -> None:
     root = final.parent
     # A save's folder is private (0700) while it is written: in a run folder others may
     # write, no one can put a link in it for a writer to follow (safetensors' own writer
-    # follows links). Complete, it gets the mode mkdir would have given it.
+    # follows links), and `tmp` is its held path (files.make_held): renamed by its own
+    # name, never a folder someone put at that name. Complete, it gets the mode mkdir
+    # would have given it.
     open_to_group(tmp)
     _rename_into_place(tmp, final)
     fsync_dir(root)
@@ -200,10 +202,10 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
     if final.exists() or final.is_symlink():
         old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
         os.replace(final, old)
-        os.replace(tmp, final)
+        rename_held(tmp, final)
         remove_tree(old)
     else:
-        os.replace(tmp, final)
+        rename_held(tmp, final)
 
 
 def prune(root: Path, keep: int, newest: int) -> None:
