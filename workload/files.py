@@ -381,6 +381,22 @@ def hold_folder(path: Path, private: bool = True) -> int:
     return fd
 
 
+def hold_own_folder(path: Path, mode: int) -> int:
+    """hold_folder of `path` (made when missing), which gets `mode` through its
+    descriptor: a folder a library writes into by path, which no one else may write."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    fd = hold_folder(path, private=False)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def make_held(path: Path) -> Path:
     """A new private folder (0700) at `path`, held (hold_folder): its held path. The
     descriptor stays open for this process's life unless `let_go` closes it."""

@@ -26,8 +26,7 @@ import torch.nn as nn
 from workload.commands import DISTRIBUTION, dali_versions, distribution_version
 from workload.distributed import unwrap
 from workload.errors import UsageError
-from workload.files import (held_path, hold_folder, let_go, private_folder_problem,
-                            unwritable_reason)
+from workload.files import held_path, hold_own_folder, let_go, umask_mode, unwritable_reason
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -81,15 +80,13 @@ def board_folder(folder: Path, flag: str) -> str:
     it chooses): the user's own, not a link, and writable by no one else (readable as the
     umask lets the group), so no one sharing the run folder can put a link or a file in
     it for the library to write through; one line otherwise. What the library gets is its
-    held path (workload.files.held_path): the run folder may be written by others, who
-    could rename the folder once checked and put theirs at its name, and the library
+    held path (workload.files.hold_own_folder): the run folder may be written by others,
+    who could rename the folder once checked and put theirs at its name, and the library
     would follow that name."""
-    if problem := private_folder_problem(folder, readable=True):
-        raise UsageError(f"{flag}: {problem}; move it away, or pass another --output-dir")
-    try:  # held for the process's life: the library writes until the run ends
-        return str(held_path(hold_folder(folder, private=False)))
+    try:  # held until the board closes: the library writes until the run ends
+        return str(held_path(hold_own_folder(folder, umask_mode(0o777) & ~0o022)))
     except OSError as error:
-        raise UsageError(f"{flag}: {error.strerror}; move it away, or pass another "
+        raise UsageError(f"{flag}: {error.strerror or error}; move it away, or pass another "
                          "--output-dir") from None
 
 

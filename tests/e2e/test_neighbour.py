@@ -37,6 +37,10 @@ PRECIOUS = b"the victim's own file, outside the run\n"
 
 @pytest.fixture
 def project():
+    yield from project_folders()
+
+
+def project_folders():
     """top/project: the group's folder (2775, setgid); top/victim: the victim's private
     files (0700), each `precious-*` one a target for the neighbour's links."""
     top = Path(tempfile.mkdtemp(prefix="hpc-train-neighbour-", dir="/var/tmp"))
