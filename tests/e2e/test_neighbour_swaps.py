@@ -46,17 +46,22 @@ def untouched(folder: Path) -> bool:
 SWAP_SAVES = """
 import os, sys, time
 folder, target, stop = sys.argv[1:4]
+NAMES = ("model.safetensors", "optimizer.json", "optimizer.safetensors", "trainer.json",
+         "rng.json", "rng.safetensors", "config.json", "MANIFEST.json")
 os.umask(0o002)
-swapped, end = 0, time.monotonic() + 600
+swapped, theirs, end = 0, set(), time.monotonic() + 600
 while not os.path.exists(stop) and time.monotonic() < end:
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith(".tmp-step-") and "swapped" not in name:
+        if name.startswith(".tmp-step-") and "swapped" not in name and name not in theirs:
             path = os.path.join(folder, name)
+            time.sleep(0.002)  # while its files are written
             try:
                 os.rename(path, path + ".swapped")
+                theirs.add(name)
                 if target == "folder":
                     os.mkdir(path, 0o2775)
-                    open(os.path.join(path, "model.safetensors"), "x").close()
+                    for file in NAMES:
+                        open(os.path.join(path, file), "x").close()
                 else:
                     os.symlink(target, path)
                 swapped += 1
@@ -72,10 +77,12 @@ def test_a_save_folder_swapped_while_written_writes_nothing_of_the_victims(proje
     """S3 and T1: the save's `.tmp-step-N` is renamed away and a link to a folder of the
     victim's put at its name (before: the in-process save, the writer process's
     safetensors and the local tier's shutil.copyfile wrote through it, replacing its
-    model.safetensors), or a folder of the neighbour's holding a file of a checkpoint's
-    name (before: a FileExistsError traceback). The save goes on in its own folder."""
+    model.safetensors), or a folder of the neighbour's holding files of a checkpoint's
+    names (before: a FileExistsError traceback). The save goes on in its own folder,
+    reached through its descriptor, and is renamed into place by its own inode."""
     run = run_folder(project)
-    (run / "checkpoints").mkdir(mode=0o2775)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints").chmod(0o2775)  # as the victim's umask 002 makes it
     target = victims_folder(project)
     args = [*CHECKPOINT_ARGS, "--max-steps", "8", "--checkpoint-every", "1",
             "--output-dir", str(run)]
@@ -96,8 +103,12 @@ def test_a_save_folder_swapped_while_written_writes_nothing_of_the_victims(proje
     assert int(swapped) > 0, err  # the neighbour did swap (else the test proves nothing)
     assert untouched(target), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
-    assert code == 0, out[-3000:]
-    assert (run / "checkpoints" / "latest").read_text() == "step-000000008\n"
+    if code == 2:  # swapped in the moment between the folder's mkdir and its open: refused
+        [line] = [line for line in out.splitlines() if line.startswith("train: error:")]
+        assert "belongs to uid" in line and "someone else put it there" in line, line
+    else:
+        assert code == 0, out[-3000:]
+        assert (run / "checkpoints" / "latest").read_text() == "step-000000008\n"
 
 
 # The neighbour's part: once `folder` appears, it is renamed away and a link to a folder
@@ -125,7 +136,7 @@ def test_the_wandb_folder_swapped_after_its_check_keeps_the_run_in_the_victims(p
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     run = run_folder(project)
-    theirs = project / "theirs"
+    theirs = project / "project" / "theirs"
     proc = victim_train(*CHECKPOINT_ARGS, "--max-steps", "2", "--wandb",
                         "--output-dir", str(run))
     swapper = as_neighbour(SWAP_ONCE, str(run / "wandb"), str(theirs))
@@ -237,7 +248,7 @@ def test_a_staging_planted_in_a_shared_tmp_is_never_adopted(project):
     planted = Path(neighbour(PLANT_STAGING, str(tmp), str(source), str(images)).stdout.strip())
     code, out = finish(victim_train(*TINY, "--dataset", "imagefolder", "--data-dir",
                                     str(source), "--stage-to", str(tmp), "--image-size", "8",
-                                    "--max-steps", "1", "--output-dir",
+                                    "--batch-size", "4", "--max-steps", "1", "--output-dir",
                                     str(project / "victim" / "run")))
     assert code == 0, out[-3000:]
     assert f"reusing the staging of {source} in {planted}" not in out, out[-3000:]
@@ -257,7 +268,7 @@ def test_stage_to_a_node_folder_others_may_write_is_refused_in_one_line(project)
     node.chmod(0o2775)
     code, out = finish(victim_train(*TINY, "--dataset", "imagefolder", "--data-dir",
                                     str(source), "--stage-to", str(node), "--image-size", "8",
-                                    "--max-steps", "1", "--output-dir",
+                                    "--batch-size", "4", "--max-steps", "1", "--output-dir",
                                     str(project / "victim" / "run")))
     assert code == 2 and "Traceback" not in out, out[-3000:]
     [line] = [line for line in out.splitlines() if line.startswith("train: error:")]

@@ -151,8 +151,8 @@ def _copy_durably(source: Path, target: Path) -> None:
         if file.is_dir():
             dest.mkdir()
             continue
-        with open(open_regular(file, follow_links=False), "rb") as reader, \
-                os.fdopen(create_new(dest), "wb") as copied:
+        with (open(open_regular(file, follow_links=False), "rb") as reader,
+              os.fdopen(create_new(dest), "wb") as copied):
             shutil.copyfileobj(reader, copied, 1 << 20)
             copied.flush()
             os.fsync(copied.fileno())
