@@ -397,6 +397,19 @@ def hold_own_folder(path: Path, mode: int) -> int:
     return fd
 
 
+@contextmanager
+def holding(folder: Path) -> Iterator[Path]:
+    """The held path of `folder` (a link at its name refused: OSError) while the block
+    runs: what is done under it stays in the folder opened at its start, whatever is
+    renamed meanwhile."""
+    nofollow = 0 if is_held(folder) else os.O_NOFOLLOW
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        yield held_path(fd)
+    finally:
+        os.close(fd)
+
+
 def make_held(path: Path) -> Path:
     """A new private folder (0700) at `path`, held (hold_folder): its held path. The
     descriptor stays open for this process's life unless `let_go` closes it."""
@@ -415,12 +428,16 @@ def held_name(held: Path, parent: Path) -> tuple[int, str]:
     in it of the folder `held` reaches; OSError when no name there leads to it (renamed
     away by someone else: never a folder put in its place)."""
     target = os.stat(held)
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    nofollow = 0 if is_held(parent) else os.O_NOFOLLOW
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
     try:
         with os.scandir(fd) as entries:
-            for entry in entries:
-                if (entry.inode() == target.st_ino and not entry.is_symlink()
-                        and entry.stat(follow_symlinks=False).st_dev == target.st_dev):
+            for entry in entries:  # stat, not the listing's d_ino (overlayfs differs)
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed since the listing
+                    continue
+                if (found.st_ino, found.st_dev) == (target.st_ino, target.st_dev):
                     return fd, entry.name
     except BaseException:
         os.close(fd)

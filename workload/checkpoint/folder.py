@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
-from workload.files import open_to_group, rename_held, replace_file
+from workload.files import holding, open_to_group, rename_held, replace_file
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -164,9 +164,13 @@ def publish(tmp: Path, final: Path) -> None:
     # name, never a folder someone put at that name. Complete, it gets the mode mkdir
     # would have given it.
     open_to_group(tmp)
-    _rename_into_place(tmp, final)
-    fsync_dir(root)
-    replace_latest(root, final.name)
+    # checkpoints/ itself held while the save takes its place and `latest` is replaced:
+    # swapped for a link to another run's folder of the user's meanwhile, neither the
+    # rename nor `latest` lands there.
+    with holding(root) as held:
+        _rename_into_place(tmp, held / final.name)
+        fsync_dir(held)
+        replace_latest(held, final.name)
 
 
 def replace_latest(root: Path, name: str) -> None:
@@ -210,10 +214,11 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
 
 def prune(root: Path, keep: int, newest: int) -> None:
     """Remove complete checkpoints older than the newest `keep` up to step `newest`."""
-    older = [path for step, path in complete_steps(root) if step <= newest]
-    for path in older[:-keep]:
-        remove_tree(path)
-    prune_aside(root)
+    with holding(root) as held:  # never the folder of another run swapped in meanwhile
+        older = [path for step, path in complete_steps(held) if step <= newest]
+        for path in older[:-keep]:
+            remove_tree(path)
+        prune_aside(held)
 
 
 def remove_tree(path: Path) -> None:
