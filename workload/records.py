@@ -26,7 +26,8 @@ import torch.nn as nn
 from workload.commands import DISTRIBUTION, dali_versions, distribution_version
 from workload.distributed import unwrap
 from workload.errors import UsageError
-from workload.files import held_path, hold_own_folder, let_go, umask_mode, unwritable_reason
+from workload.files import umask_mode, unwritable_reason
+from workload.held import held_path, hold_own_folder, let_go
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -80,7 +81,7 @@ def board_folder(folder: Path, flag: str) -> str:
     it chooses): the user's own, not a link, and writable by no one else (readable as the
     umask lets the group), so no one sharing the run folder can put a link or a file in
     it for the library to write through; one line otherwise. What the library gets is its
-    held path (workload.files.hold_own_folder): the run folder may be written by others,
+    held path (workload.held.hold_own_folder): the run folder may be written by others,
     who could rename the folder once checked and put theirs at its name, and the library
     would follow that name."""
     try:  # held until the board closes: the library writes until the run ends

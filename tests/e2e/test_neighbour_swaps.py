@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_neighbour import (GROUP, PLANT_LINKS, PRECIOUS, as_neighbour, finish,
-                                      neighbour, project_folders, run_folder, victim_train)
+from tests.helpers.neighbour import (GROUP, PLANT_LINKS, PRECIOUS, as_neighbour, finish,
+                                     neighbour, project_folders, run_folder, victim_train)
 from tests.helpers import CHECKPOINT_ARGS, TINY, write_image_folder
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Folders reached through a descriptor (workload.files: make_held, rename_held,
+"""Folders reached through a descriptor (workload.held: make_held, rename_held,
 remove_held, swappable_parent) and a save's OSError in one line (T1's kind), one function
 at a time; the attacks themselves, as a second uid: tests/e2e/test_neighbour_swaps.py."""
 
@@ -9,8 +9,8 @@ import os
 import pytest
 
 from workload.checkpoint.diskfull import SaveFailed, save_in_one_line
-from workload.files import (create_new, let_go, make_held, remove_held, rename_held,
-                            swappable_parent)
+from workload.files import create_new, swappable_parent
+from workload.held import let_go, make_held, remove_held, rename_held
 
 
 def test_a_held_folder_renamed_away_is_still_the_one_written_and_renamed(tmp_path):

@@ -57,7 +57,7 @@ from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
 from workload.checkpoint.store import Snapshot, header
 from workload.errors import UsageError
-from workload.files import let_go
+from workload.held import let_go
 from workload.logs import logger, say
 
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
@@ -209,7 +209,7 @@ class WriterHandle:
         self.stage = Stage()
         self.proc: subprocess.Popen | None = None
         self.in_flight: int | None = None  # the step being written
-        # Its folder's held path (files.make_held): the writer reaches the folder through
+        # Its folder's held path (workload.held.make_held): the writer reaches the folder through
         # this process's descriptor, closed once the writer has answered.
         self.held: Path | None = None
         self.answer: str | None = None  # the writer's answer to it, read before `wait`

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
-from workload.files import remove_held
+from workload.held import remove_held
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 # A write the run cannot go on without, failed for a reason the user must fix: what went

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
-from workload.files import holding, open_to_group, rename_held, replace_file
+from workload.files import open_to_group, replace_file
+from workload.held import holding, rename_held
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -160,7 +161,7 @@ def publish(tmp: Path, final: Path) -> None:
     root = final.parent
     # A save's folder is private (0700) while it is written: in a run folder others may
     # write, no one can put a link in it for a writer to follow (safetensors' own writer
-    # follows links), and `tmp` is its held path (files.make_held): renamed by its own
+    # follows links), and `tmp` is its held path (workload.held.make_held): renamed by its own
     # name, never a folder someone put at that name. Complete, it gets the mode mkdir
     # would have given it.
     open_to_group(tmp)

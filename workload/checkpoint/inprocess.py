@@ -23,7 +23,7 @@ from workload.checkpoint.formats import as_bytes
 from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.snapshot import checkpoint_files, save_shards
 from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
-from workload.files import let_go, make_held
+from workload.held import let_go, make_held
 
 # What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
 HOLDERS = (torch.Tensor, dict, list, tuple)

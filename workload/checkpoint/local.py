@@ -42,9 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import (create_new, let_go, make_held, open_regular,
-                            private_folder_problem, replace_file, umask_mode,
-                            unwritable_reason)
+from workload.files import (create_new, open_regular, private_folder_problem, replace_file,
+                            umask_mode, unwritable_reason)
+from workload.held import let_go, make_held
 from workload.logs import logger, say
 
 FLAG = "--checkpoint-local"
@@ -129,7 +129,7 @@ def copy_to_run(path: Path, run_root: Path) -> Path:
     if tmp.exists() or tmp.is_symlink():  # left by a job that ended while copying
         move_aside(tmp, "incomplete")
     # Private while written (see folder.publish), and reached only through its descriptor:
-    # the run folder's checkpoints may be written by others (files.make_held).
+    # the run folder's checkpoints may be written by others (workload.held.make_held).
     held = make_held(tmp)
     try:
         with guarded_copy(run_root, held, path):

@@ -27,7 +27,7 @@ from workload.checkpoint.folder import step_name
 from workload.checkpoint.inprocess import commit, save_checkpoint, start_save
 from workload.checkpoint.local import copy_and_prune
 from workload.errors import UsageError
-from workload.files import let_go
+from workload.held import let_go
 from workload.logs import logger
 
 

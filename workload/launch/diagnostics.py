@@ -23,7 +23,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from collections.abc import MutableMapping
 
-from workload.files import held_path, hold_folder, let_go, open_append
+from workload.files import open_append
+from workload.held import held_path, hold_folder, let_go
 from workload.logs import logger
 
 DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder

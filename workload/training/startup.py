@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from workload.files import let_go, proc_stat_fields, write_json
+from workload.files import proc_stat_fields, write_json
+from workload.held import let_go
 from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX, hold_diagnostics
 from workload.logs import logger
 

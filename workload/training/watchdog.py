@@ -34,7 +34,8 @@ import torch
 
 from workload import distributed
 from workload.checkpoint import waited_writer
-from workload.files import let_go, open_append, write_json
+from workload.files import open_append, write_json
+from workload.held import let_go
 from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
                                          heartbeat_file, hold_diagnostics, stacks_file)
 from workload.launch.variables import node_name
