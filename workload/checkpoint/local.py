@@ -163,6 +163,7 @@ def _copy_durably(source: Path, target: Path) -> None:
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
     than the run folder's `latest`, copied into the run folder (one line)."""
+    from workload.checkpoint.diskfull import save_in_one_line
     from workload.checkpoint.folder import latest_step, newest_loadable, step_name
     from workload.checkpoint.store import verify
 
@@ -177,7 +178,8 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     if head is not None and step <= head:
         return
     where = f"step {head}" if head is not None else "none"
-    copy_and_prune(path, keep, copy_to=run_root)
+    with save_in_one_line(step, run_root):  # a name someone put in its way: one line
+        copy_and_prune(path, keep, copy_to=run_root)
     logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
                    f"({where}): the job ended before its copy did; copied into {run_root} "
                    f"as {step_name(step)}, verified, and resuming from it")
