@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from workload.held import is_held
+
 
 def path_kind(path: Path) -> str:
     """What is at `path`, in words (a dangling link is named with its target)."""
@@ -128,9 +130,10 @@ def set_mode(fd: int, mode: int) -> None:
 def open_to_group(folder: Path) -> None:
     """A folder made private (0700) while it was written gets the mode mkdir would have
     given it (the setgid bit kept), set through a descriptor opened without following a
-    link: in a folder others may write, no one could put a link in it meanwhile for a
-    writer to follow."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    link (or through the descriptor a held path names): in a folder others may write, no
+    one could put a link in it meanwhile for a writer to follow."""
+    nofollow = 0 if is_held(folder) else os.O_NOFOLLOW
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
     try:
         set_mode(fd, umask_mode(0o777) | (os.fstat(fd).st_mode & stat.S_ISGID))
     finally:
@@ -335,3 +338,24 @@ def sha256_file(path: Path) -> str:
             digest.update(block)
     return digest.hexdigest()
 
+
+
+def swappable_parent(folder: Path) -> str | None:
+    """Why others could rename `folder`, or a folder above it, and put theirs in its place:
+    the first of them that others may write without the sticky bit /tmp has (None: none)."""
+    for path in [folder, *folder.parents]:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            return (f"{path} may be written by others (mode {stat.filemode(mode)}) without "
+                    "the sticky bit, so they could swap what is written in it for their own")
+    return None
+
+
+def shared_sticky(folder: Path) -> bool:
+    """Whether others may write `folder` under the sticky bit (a node's /tmp): what they
+    put there stays theirs, but any name may be theirs."""
+    mode = os.stat(folder).st_mode
+    return bool(mode & 0o022 and mode & stat.S_ISVTX)

@@ -8,8 +8,9 @@ the same metrics, under the same names, to Weights & Biases.
 Rank 0 writes them into <output-dir>/tensorboard; view them with
     tensorboard --logdir runs/        (or: report RUN_DIR for PNG figures)
 W&B runs offline unless WANDB_MODE is set (compute nodes rarely reach the internet): the
-run lands in <output-dir>/wandb/; upload it from a login node with
-    wandb sync <output-dir>/wandb/offline-run-*
+run lands in <output-dir>/wandb/wandb/ (W&B makes its own wandb/ in the folder it is
+given); upload it from a login node with
+    wandb sync <output-dir>/wandb/wandb/offline-run-*
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import torch.nn as nn
 from workload.commands import DISTRIBUTION, dali_versions, distribution_version
 from workload.distributed import unwrap
 from workload.errors import UsageError
-from workload.files import private_folder_problem, unwritable_reason
+from workload.files import umask_mode, unwritable_reason
+from workload.held import held_path, hold_own_folder, let_go
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -78,10 +80,15 @@ def board_folder(folder: Path, flag: str) -> str:
     """`folder`, which a library writes into by its own paths (following links, at names
     it chooses): the user's own, not a link, and writable by no one else (readable as the
     umask lets the group), so no one sharing the run folder can put a link or a file in
-    it for the library to write through; one line otherwise."""
-    if problem := private_folder_problem(folder, readable=True):
-        raise UsageError(f"{flag}: {problem}; move it away, or pass another --output-dir")
-    return str(folder)
+    it for the library to write through; one line otherwise. What the library gets is its
+    held path (workload.held.hold_own_folder): the run folder may be written by others,
+    who could rename the folder once checked and put theirs at its name, and the library
+    would follow that name."""
+    try:  # held until the board closes: the library writes until the run ends
+        return str(held_path(hold_own_folder(folder, umask_mode(0o777) & ~0o022)))
+    except OSError as error:
+        raise UsageError(f"{flag}: {error.strerror or error}; move it away, or pass another "
+                         "--output-dir") from None
 
 
 class Board:
@@ -89,7 +96,8 @@ class Board:
 
     def __init__(self, out: Path):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=board_folder(out / "tensorboard", "--tensorboard"))
+        self.folder = board_folder(out / "tensorboard", "--tensorboard")
+        self.writer = SummaryWriter(log_dir=self.folder)
 
     def log_epoch(self, record: dict) -> None:
         for key, tag in TAGS.items():
@@ -99,6 +107,7 @@ class Board:
 
     def close(self) -> None:
         self.writer.close()
+        let_go(Path(self.folder))
 
 
 class WandbBoard:
@@ -107,11 +116,11 @@ class WandbBoard:
 
     def __init__(self, out: Path, config: dict):
         os.environ.setdefault("WANDB_MODE", "offline")
-        board_folder(out / "wandb", "--wandb")  # wandb.init makes its files in it
+        self.folder = board_folder(out / "wandb", "--wandb")  # wandb makes its wandb/ in it
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),
-                              name=out.name, dir=str(out), config=config)
+                              name=out.name, dir=self.folder, config=config)
 
     def log_epoch(self, record: dict) -> None:
         self.run.log({tag: record[key] for key, tag in TAGS.items()
@@ -119,6 +128,7 @@ class WandbBoard:
 
     def close(self) -> None:
         self.run.finish()
+        let_go(Path(self.folder))
 
 
 class Boards:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from workload.commands import command_parser, main_of
 from workload.errors import UsageError
-from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records,
+from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records, replacing,
                             unwritable_reason)
 from workload.launch.diagnostics import STARTUP_ORDER
 from workload.logs import warn
@@ -301,7 +301,8 @@ def _save(plt, fig, path: Path) -> None:
     for ax in fig.axes:  # epochs and device counts are whole numbers
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as file:  # never through a link planted at its name
+        fig.savefig(file, format="png", dpi=110)
     plt.close(fig)
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from workload.checkpoint import writer
-from workload.checkpoint.diskfull import DiskFull, mib, write_problem
+from workload.checkpoint.diskfull import DiskFull, mib
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.formats import unique_key
 from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
@@ -57,6 +57,7 @@ from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
 from workload.checkpoint.store import Snapshot, header
 from workload.errors import UsageError
+from workload.held import let_go
 from workload.logs import logger, say
 
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
@@ -208,6 +209,9 @@ class WriterHandle:
         self.stage = Stage()
         self.proc: subprocess.Popen | None = None
         self.in_flight: int | None = None  # the step being written
+        # Its folder's held path (workload.held.make_held): the writer reaches the folder through
+        # this process's descriptor, closed once the writer has answered.
+        self.held: Path | None = None
         self.answer: str | None = None  # the writer's answer to it, read before `wait`
 
     def submit(self, root: Path, tmp: Path, snapshot: Snapshot, keep: int,
@@ -221,6 +225,7 @@ class WriterHandle:
         if self.proc is None:
             self.proc = _start_writer()
         self.in_flight = snapshot.trainer["step"]
+        self.held = tmp
         try:
             self.proc.stdin.write(json.dumps(request, allow_nan=False) + "\n")
             self.proc.stdin.flush()
@@ -248,14 +253,15 @@ class WriterHandle:
             self.in_flight = None
             line = self.answer or self._answer(step)
             self.answer = None
+            self._let_go()
             if not line:
                 self._died(f"while saving step {step}; that checkpoint was not committed")
             reply = json.loads(line)
             if "disk_full" in reply:
                 raise DiskFull(reply["disk_full"])
             if "error" in reply:
-                why = write_problem(reply.get("errno"), reply.get("where")) or reply["error"]
-                raise WriterFailed(f"the checkpoint writer could not save step {step}: {why}")
+                raise WriterFailed(f"the checkpoint writer could not save step {step}: "
+                                   f"{reply['error']}")
         if self.proc.poll() is not None:
             self._died("after its last save, which was committed")
 
@@ -286,10 +292,16 @@ class WriterHandle:
         self.proc.wait()
         self.proc = None
         self.in_flight = None
+        self._let_go()
         logger.warning(f"{signal_name} while the checkpoint writer ({named}) held the save "
                        f"of step {step}: leaving without it; the next run resumes from the "
                        "newest committed checkpoint")
         exit_for_requeue(step, signal_name)
+
+    def _let_go(self) -> None:
+        if self.held is not None:
+            let_go(self.held)
+        self.held = None
 
     def _died(self, when: str) -> None:
         status = self.proc.wait()
@@ -312,4 +324,5 @@ class WriterHandle:
                 pass
             self.proc.wait()
             self.proc = None
+        self._let_go()
         self.stage.drop()

@@ -15,13 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
+from workload.held import remove_held
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 # A write the run cannot go on without, failed for a reason the user must fix: what went
@@ -76,6 +76,30 @@ def write_problem(number: int | None, where) -> str | None:
             "resumes from its last complete checkpoint")
 
 
+class SaveFailed(UsageError):
+    """A save in this process failed on a file or folder (a neighbour's file in its way, a
+    folder renamed under it): one line, as the writer process's failure is."""
+
+
+def failure_line(error: Exception, where) -> str:
+    """What a failed write says in one line: write_problem's line when the user must fix
+    it, else the error's kind and message (the file it names included)."""
+    return (write_problem(errno_of(error), getattr(error, "filename", None) or where)
+            or f"{type(error).__name__}: {error}")
+
+
+@contextmanager
+def save_in_one_line(step: int, root: Path):
+    """A save in this process whose OSError ends the run in one line (SaveFailed) that
+    names the step and the file, as the writer process's failure does (background's
+    WriterFailed), never a traceback."""
+    try:
+        yield
+    except OSError as error:
+        raise SaveFailed(f"the checkpoint save could not save step {step}: "
+                         f"{failure_line(error, root)}") from None
+
+
 def full_disk(error: Exception, free: int, need: int) -> bool:
     """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
     OSError or inside a writer's own error, or less free space than the write needs."""
@@ -113,7 +137,7 @@ def guarded_save(root: Path, tmp: Path, estimate: Callable[[], int]):
     called only after a failure."""
     return _full_disk_is_one_line(root, lambda: needed_bytes(root, estimate()),
                                   "save a checkpoint",
-                                  lambda: shutil.rmtree(tmp, ignore_errors=True))
+                                  lambda: remove_held(tmp, root))
 
 
 def guarded_copy(root: Path, tmp: Path, source: Path):
@@ -121,4 +145,4 @@ def guarded_copy(root: Path, tmp: Path, source: Path):
     save, in one line, the partial copy removed."""
     return _full_disk_is_one_line(
         root, lambda: sum(p.stat().st_size for p in source.rglob("*") if p.is_file()),
-        "copy a checkpoint into the run folder", lambda: shutil.rmtree(tmp, ignore_errors=True))
+        "copy a checkpoint into the run folder", lambda: remove_held(tmp, root))

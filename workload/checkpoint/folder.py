@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
 from workload.files import open_to_group, replace_file
+from workload.held import holding, rename_held
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
@@ -160,11 +161,17 @@ def publish(tmp: Path, final: Path) -> None:
     root = final.parent
     # A save's folder is private (0700) while it is written: in a run folder others may
     # write, no one can put a link in it for a writer to follow (safetensors' own writer
-    # follows links). Complete, it gets the mode mkdir would have given it.
+    # follows links), and `tmp` is its held path (workload.held.make_held): renamed by its own
+    # name, never a folder someone put at that name. Complete, it gets the mode mkdir
+    # would have given it.
     open_to_group(tmp)
-    _rename_into_place(tmp, final)
-    fsync_dir(root)
-    replace_latest(root, final.name)
+    # checkpoints/ itself held while the save takes its place and `latest` is replaced:
+    # swapped for a link to another run's folder of the user's meanwhile, neither the
+    # rename nor `latest` lands there.
+    with holding(root) as held:
+        _rename_into_place(tmp, held / final.name)
+        fsync_dir(held)
+        replace_latest(held, final.name)
 
 
 def replace_latest(root: Path, name: str) -> None:
@@ -200,18 +207,19 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
     if final.exists() or final.is_symlink():
         old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
         os.replace(final, old)
-        os.replace(tmp, final)
+        rename_held(tmp, final)
         remove_tree(old)
     else:
-        os.replace(tmp, final)
+        rename_held(tmp, final)
 
 
 def prune(root: Path, keep: int, newest: int) -> None:
     """Remove complete checkpoints older than the newest `keep` up to step `newest`."""
-    older = [path for step, path in complete_steps(root) if step <= newest]
-    for path in older[:-keep]:
-        remove_tree(path)
-    prune_aside(root)
+    with holding(root) as held:  # never the folder of another run swapped in meanwhile
+        older = [path for step, path in complete_steps(held) if step <= newest]
+        for path in older[:-keep]:
+            remove_tree(path)
+        prune_aside(held)
 
 
 def remove_tree(path: Path) -> None:

@@ -23,6 +23,7 @@ from workload.checkpoint.formats import as_bytes
 from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.snapshot import checkpoint_files, save_shards
 from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
+from workload.held import let_go, make_held
 
 # What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
 HOLDERS = (torch.Tensor, dict, list, tuple)
@@ -52,9 +53,12 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
     step = snapshot.trainer["step"]
     tmp = (start_save(root, snapshot, sharded_state is not None) if is_main
            else root / f".tmp-{step_name(step)}")
-    shard_files = _save_shards(root, tmp, snapshot, sharded_state)
-    if is_main:
-        copy_and_prune(commit(root, tmp, snapshot, shard_files), keep, copy_to)
+    try:
+        shard_files = _save_shards(root, tmp, snapshot, sharded_state)
+        if is_main:
+            copy_and_prune(commit(root, tmp, snapshot, shard_files), keep, copy_to)
+    finally:
+        let_go(tmp)  # rank 0's held path; the others' is a plain one
     distributed.barrier()  # the others wait until the checkpoint is complete
     return (copy_to or root) / step_name(step)
 
@@ -66,10 +70,13 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     if tmp.exists() or tmp.is_symlink():  # left by a run killed while saving this step
         move_aside(tmp, "incomplete")
     with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        tmp.mkdir(mode=0o700)  # private while written: see folder.publish
+        # Private while written (see folder.publish) and reached from here on only through
+        # its descriptor: the checkpoints folder may be written by others, who could rename
+        # it and put a link to any folder of the user's at its name.
+        held = make_held(tmp)  # the caller lets go of it once the save is done
         if sharded:
-            (tmp / SHARDS_DIR).mkdir()
-    return tmp
+            (held / SHARDS_DIR).mkdir()
+    return held
 
 
 def commit(root: Path, tmp: Path, snapshot: Snapshot, shard_files: dict | None = None

@@ -42,8 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import (private_folder_problem, read_regular, replace_file,
-                            unwritable_reason)
+from workload.files import (create_new, open_regular, private_folder_problem, replace_file,
+                            umask_mode, unwritable_reason)
+from workload.held import let_go, make_held
 from workload.logs import logger, say
 
 FLAG = "--checkpoint-local"
@@ -127,24 +128,33 @@ def copy_to_run(path: Path, run_root: Path) -> Path:
     run_root.mkdir(parents=True, exist_ok=True)
     if tmp.exists() or tmp.is_symlink():  # left by a job that ended while copying
         move_aside(tmp, "incomplete")
-    with guarded_copy(run_root, tmp, path):
-        _copy_durably(path, tmp)
-        verify(tmp)  # the copy is what the manifest says, before it takes its place
-        publish(tmp, final)
+    # Private while written (see folder.publish), and reached only through its descriptor:
+    # the run folder's checkpoints may be written by others (workload.held.make_held).
+    held = make_held(tmp)
+    try:
+        with guarded_copy(run_root, held, path):
+            _copy_durably(path, held)
+            verify(held)  # the copy is what the manifest says, before it takes its place
+            publish(held, final)
+    finally:
+        let_go(held)
     return final
 
 
 def _copy_durably(source: Path, target: Path) -> None:
+    """Every file of `source` copied into the new private folder `target`, each created
+    anew (never through a link) and fsynced."""
     from workload.checkpoint.durable import fsync_dir
 
-    target.mkdir(mode=0o700)  # private while written: see folder.publish
     for file in sorted(source.rglob("*")):
         dest = target / file.relative_to(source)
         if file.is_dir():
             dest.mkdir()
             continue
-        shutil.copyfile(file, dest)
-        with open(dest, "rb+") as copied:
+        with (open(open_regular(file, follow_links=False), "rb") as reader,
+              os.fdopen(create_new(dest), "wb") as copied):
+            shutil.copyfileobj(reader, copied, 1 << 20)
+            copied.flush()
             os.fsync(copied.fileno())
     for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
         fsync_dir(folder)
@@ -153,6 +163,7 @@ def _copy_durably(source: Path, target: Path) -> None:
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
     than the run folder's `latest`, copied into the run folder (one line)."""
+    from workload.checkpoint.diskfull import save_in_one_line
     from workload.checkpoint.folder import latest_step, newest_loadable, step_name
     from workload.checkpoint.store import verify
 
@@ -167,7 +178,8 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     if head is not None and step <= head:
         return
     where = f"step {head}" if head is not None else "none"
-    copy_and_prune(path, keep, copy_to=run_root)
+    with save_in_one_line(step, run_root):  # a name someone put in its way: one line
+        copy_and_prune(path, keep, copy_to=run_root)
     logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
                    f"({where}): the job ended before its copy did; copied into {run_root} "
                    f"as {step_name(step)}, verified, and resuming from it")
@@ -188,27 +200,53 @@ def remove_local(local: str, out: str | Path) -> bool:
 def bind_to_run(local: str, out: Path) -> None:
     """Rank 0, before a resume: the tier holds checkpoints of this run folder only. The
     run folder's id is made when it has none; a tier of another id (a run folder deleted
-    and made again) is emptied with one line."""
+    and made again) is emptied with one line. The run folder's id counts only when it is
+    this user's own file that no one else may write (the run folder may be the group's):
+    one a group member rewrote or put there says nothing, and the tier's id is written
+    in its place, with a line, rather than the tier's newer checkpoints deleted."""
     from workload.checkpoint.folder import checkpoints_dir
 
     run_root = checkpoints_dir(out)
     tier = local_root(local, out).parent
     run_root.mkdir(parents=True, exist_ok=True)
-    mine = _read_id(run_root / RUN_ID)
+    mine, distrust = _read_own_id(run_root / RUN_ID)
+    theirs = _read_own_id(tier / RUN_ID)[0]
+    if distrust and theirs:
+        logger.warning(f"{FLAG}: {run_root / RUN_ID} {distrust}, so it cannot tell whose "
+                       f"run the tier's checkpoints are; replaced by the tier's own id")
+        mine = theirs
+        _write_id(run_root / RUN_ID, mine)
     if mine is None:
         mine = uuid.uuid4().hex
-        replace_file(run_root / RUN_ID, mine.encode() + b"\n")
-    if _read_id(tier / RUN_ID) == mine:
+        _write_id(run_root / RUN_ID, mine)
+    if theirs == mine:
         return
     if remove_local(local, out):
         logger.warning(f"{FLAG}: {tier} held checkpoints of a run whose folder {out} is "
                        "gone or was replaced; not resumed (the run folder is the truth), "
                        "removed")
-    replace_file(tier / RUN_ID, mine.encode() + b"\n")
+    _write_id(tier / RUN_ID, mine)
 
 
-def _read_id(path: Path) -> str | None:
+def _write_id(path: Path, run_id: str) -> None:
+    """An id file, readable as the umask lets others read it, writable by this user alone."""
+    replace_file(path, run_id.encode() + b"\n", mode=umask_mode(0o644))
+
+
+def _read_own_id(path: Path) -> tuple[str | None, str]:
+    """The id in `path` and "" when it is this user's own file that no one else may write;
+    else (None, why it is not trusted), or (None, "") when there is none."""
     try:
-        return read_regular(path, 64, follow_links=False).decode().strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+        fd = open_regular(path, follow_links=False)
+    except OSError:
+        return None, ""
+    with open(fd, "rb") as file:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            return None, f"belongs to uid {info.st_uid}, not to this user"
+        if info.st_mode & 0o022:
+            return None, f"may be written by others (mode {stat.filemode(info.st_mode)})"
+        try:
+            return file.read(64).decode().strip() or None, ""
+        except UnicodeDecodeError:
+            return None, ""

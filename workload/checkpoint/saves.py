@@ -22,10 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from workload.checkpoint.background import NoBackground, WriterHandle
+from workload.checkpoint.diskfull import save_in_one_line
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.inprocess import commit, save_checkpoint, start_save
 from workload.checkpoint.local import copy_and_prune
 from workload.errors import UsageError
+from workload.held import let_go
 from workload.logs import logger
 
 
@@ -49,11 +51,12 @@ class Saves:
         sharded = sharded_state is not None
         root = local if local is not None and not sharded else run_root
         copy_to = run_root if root != run_root else None
-        if sharded or not self.enabled:
-            return save_checkpoint(root, snapshot, keep, self.info.is_main, sharded_state,
-                                   copy_to)
-        if self.info.is_main:
-            self._hand_over(root, snapshot, keep, copy_to)
+        with save_in_one_line(snapshot.trainer["step"], root):
+            if sharded or not self.enabled:
+                return save_checkpoint(root, snapshot, keep, self.info.is_main,
+                                       sharded_state, copy_to)
+            if self.info.is_main:
+                self._hand_over(root, snapshot, keep, copy_to)
         return run_root / step_name(snapshot.trainer["step"])
 
     def _hand_over(self, root: Path, snapshot, keep: int, copy_to: Path | None) -> None:
@@ -61,7 +64,10 @@ class Saves:
         buffer has no room or the writer cannot start."""
         tmp = start_save(root, snapshot, sharded=False)
         if self.staging_refused or not self._staged(root, tmp, snapshot, keep, copy_to):
-            copy_and_prune(commit(root, tmp, snapshot), keep, copy_to)  # no collective
+            try:
+                copy_and_prune(commit(root, tmp, snapshot), keep, copy_to)  # no collective
+            finally:
+                let_go(tmp)
 
     def _staged(self, root: Path, tmp: Path, snapshot, keep: int, copy_to) -> bool:
         self.handle = self.handle or WriterHandle()

@@ -43,7 +43,7 @@ try:  # safetensors 0.8 and later: `serialize_file` takes each tensor's address 
 except ImportError:  # earlier releases (a base image's own): each tensor's bytes
     TensorSpec = None
 
-from workload.checkpoint.diskfull import DiskFull, errno_of, guarded_save
+from workload.checkpoint.diskfull import DiskFull, failure_line, guarded_save
 from workload.checkpoint.durable import SAFETENSORS_METADATA
 from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.store import finish_checkpoint
@@ -214,12 +214,9 @@ def serve() -> None:
 
 
 def _failure(error: Exception, request: dict) -> dict:
-    """The answer to a failed save: the error, and its errno and where it struck, so that
-    the loop names a run folder turned read-only as a save in the loop would
-    (diskfull.write_problem)."""
-    where = getattr(error, "filename", None) or request["root"]
-    return {"error": f"{type(error).__name__}: {error}", "errno": errno_of(error),
-            "where": str(where)}
+    """The answer to a failed save: its one line, the same as a save in the loop's
+    (diskfull.failure_line: a run folder turned read-only named as such)."""
+    return {"error": failure_line(error, request["root"])}
 
 
 def _answer(replies, reply: dict) -> None:

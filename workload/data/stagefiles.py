@@ -33,7 +33,7 @@ from pathlib import Path
 from workload.config import TAR_SUFFIXES
 from workload.data.datasets import walk_once
 from workload.errors import UsageError
-from workload.files import mode_kind, open_regular
+from workload.files import create_new, mode_kind, open_regular
 from workload.launch.preemption import PreemptionFlag
 
 CHUNK = 8 << 20  # bytes copied between two looks at the preemption flag
@@ -143,7 +143,7 @@ def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None,
 
 def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
     # open_regular: the file scanned may have been swapped for a FIFO since.
-    with open(open_regular(source), "rb") as reader, open(target, "wb") as writer:
+    with open(open_regular(source), "rb") as reader, os.fdopen(create_new(target), "wb") as writer:
         while True:
             stop_if_signalled(flag)
             chunk = reader.read(CHUNK)

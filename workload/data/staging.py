@@ -6,7 +6,9 @@ long timeout, so a copy longer than --dist-timeout is no failure) and every rank
 any node's failure, or of a preemption signal that stopped a node's copy (every rank then
 exits with the requeue status).
 
-Each state of a source has its own staging, `DIR/<name>-<id>`, the id made from the
+Each state of a source has its own staging, `DIR/<name>-<id>` (in a DIR others may write
+under the sticky bit, a node's /tmp: in this user's private `DIR/hpc-train-stage-<uid>`;
+a DIR others may write without it is refused: staging.own_folder), the id made from the
 source's identity (stagefiles.identity), with `DIR/<name>-<id>.manifest.json` written
 before the copy is renamed into place. A job holds a shared lock on `DIR/.<name>-<id>.lock`
 for as long as it runs; a later job whose source has changed stages a new copy and removes
@@ -42,7 +44,8 @@ from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_di
                                       remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
-from workload.files import open_to_group, read_json_file, unwritable_reason, write_json
+from workload.files import (open_to_group, private_folder_problem, read_json_file, shared_sticky,
+                            swappable_parent, unwritable_reason, write_json)
 from workload.launch.preemption import (REQUEUE_EXIT_STATUS, PreemptionFlag,
                                         exit_for_requeue)
 from workload.launch.variables import node_name
@@ -72,7 +75,7 @@ def stage_data(cfg: TrainConfig, info: DistInfo, flag: PreemptionFlag | None = N
         exit_for_requeue(0, stopped["stopped"])  # every rank: none waits for the others
     for s in statuses:
         logger.info(s["text"])
-    target = stage_dir / _node_status(statuses)["staging"]
+    target = Path(_node_status(statuses)["staging"])
     return str(target if shards else data_root(target))  # a shard folder: no listing
 
 
@@ -84,7 +87,7 @@ def _stage_status(source: Path, stage_dir: Path, flag: PreemptionFlag | None,
         # a shard folder: the files its manifest names (an incomplete one is refused here)
         names = shardformat.folder_files(shardformat.read_manifest(source)) if shards else None
         target, status["text"] = stage_once(source, stage_dir, flag, names)
-        status["staging"] = target.name
+        status["staging"] = str(target)
     except StagingStopped as stop:
         status.update(stopped=stop.signal_name,
                       text=f"{node_name()}: {stop}; no partial copy is left")
@@ -140,7 +143,7 @@ def stage_once(source: Path, stage_dir: Path, flag: PreemptionFlag | None = None
     if problem := unwritable_reason(stage_dir, create=True):  # made here
         raise UsageError(f"--stage-to cannot be written ({problem}); pass a folder you can "
                          "write to, such as $SLURM_TMPDIR")
-    target = stage_dir / f"{staged_name(source)}-{key[:16]}"
+    target = own_folder(stage_dir) / f"{staged_name(source)}-{key[:16]}"
     lock = lock_path(target)
     if lock not in _held:
         _held[lock] = hold_shared(lock)
@@ -150,6 +153,29 @@ def stage_once(source: Path, stage_dir: Path, flag: PreemptionFlag | None = None
         let_go(target, _held.pop(lock))
         raise
     return target, "; ".join([text, *remove_older(source, target)])
+
+
+def own_folder(stage_dir: Path) -> Path:
+    """Where this user's stagings live in `stage_dir`: the folder itself when only this
+    user may write it, else (others may, under the sticky bit of a node's /tmp) this
+    user's private subfolder `hpc-train-stage-<uid>` (mode 0700), where no one else can
+    have put a staging, a manifest or a lock (a name and a manifest made from `stat`
+    alone can be forged); a fresh one for this job when that name is someone else's. A
+    folder others may write without the sticky bit, or one inside such a folder, is
+    refused: they could rename anything written there and put theirs in its place."""
+    if swappable := swappable_parent(stage_dir):
+        raise UsageError(f"--stage-to {stage_dir}: {swappable}; pass a folder only you may "
+                         "write (such as $SLURM_TMPDIR) or one with the sticky bit (a "
+                         "node's /tmp)")
+    if not shared_sticky(stage_dir):
+        return stage_dir
+    own = stage_dir / f"hpc-train-stage-{os.getuid()}"
+    problem = private_folder_problem(own, close_looser=False)
+    if problem is None:
+        return own
+    fresh = Path(tempfile.mkdtemp(dir=stage_dir, prefix=f"{own.name}-"))
+    logger.warning(f"--stage-to: {problem}; staging into {fresh} for this job alone")
+    return fresh
 
 
 def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag | None,

@@ -24,6 +24,8 @@ from pathlib import Path
 from collections.abc import MutableMapping
 
 from workload.files import open_append
+from workload.held import held_path, hold_folder, let_go
+from workload.logs import logger
 
 DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
 FR_PREFIX = "fr-rank-"           # torch appends the rank: fr-rank-0, fr-rank-1, ...
@@ -106,17 +108,48 @@ def apply_defaults(env: MutableMapping[str, str], folder: Path) -> dict[str, str
 
 
 @contextmanager
-def defaults_for_one_run(env: MutableMapping[str, str], folder: Path) -> Iterator[dict]:
+def defaults_for_one_run(env: MutableMapping[str, str], folder: Path | None) -> Iterator[dict]:
     """apply_defaults while one run lasts, then the variables it added removed: a second
     run in the same process (train called from Python) gets its own folder instead of
-    taking the first run's for a user's value."""
-    added = apply_defaults(env, folder)
+    taking the first run's for a user's value. None: no folder to dump into, none set."""
+    added = apply_defaults(env, folder) if folder is not None else {}
     try:
         yield added
     finally:
         for key, value in added.items():
             if env.get(key) == value:
                 del env[key]
+
+
+def hold_diagnostics(folder: Path) -> Path:
+    """The diagnostics folder `folder` (made when missing) as a held path (workload.files.
+    held_path), for the caller to `let_go`: a run folder may be written by others, who
+    could put a link at its name between two jobs (a writer would follow it into any
+    folder of the user's) or rename it under a writer. OSError for a link, something
+    else than a folder, or a folder that is not this user's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return held_path(hold_folder(folder, private=False))
+
+
+@contextmanager
+def held_for_the_run(folder: Path) -> Iterator[Path | None]:
+    """hold_diagnostics of a run's folder while the run lasts: its held path, the plain
+    one while the run folder does not exist yet (train makes both once the inputs are
+    checked), or None with one warning when it cannot be held (a link): diagnostics are
+    never a reason not to train."""
+    if not folder.parent.is_dir():
+        yield folder
+        return
+    try:
+        held = hold_diagnostics(folder)
+    except OSError as error:
+        logger.warning(f"no flight recorder dumps for this run: {error.strerror or error}")
+        yield None
+        return
+    try:
+        yield held
+    finally:
+        let_go(held)
 
 
 def enable_dump_on_signal(folder: Path, rank: int):
@@ -127,10 +160,15 @@ def enable_dump_on_signal(folder: Path, rank: int):
     Returns the open file (kept open for the process's life), or None when the folder
     cannot be written (a warning's matter, never a reason not to train)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        stream = open_append(stacks_file(folder, rank), buffering=1)  # never through a link
+        held = hold_diagnostics(folder)
     except OSError:
         return None
+    try:
+        stream = open_append(stacks_file(held, rank), buffering=1)  # never through a link
+    except OSError:
+        return None
+    finally:
+        let_go(held)
     faulthandler.register(DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
     return stream
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
+import stat
 from pathlib import Path
 
 from workload.errors import LaunchError
+from workload.files import replace_file, umask_mode
 
 # Where the Dockerfile and apptainer/*.def put jobs/; HPC_TRAIN_JOBS overrides both.
 IMAGE_JOBS = Path("/opt/hpc-train/jobs")
@@ -62,9 +63,8 @@ def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
     try:
         for target, path in copies.items():
             target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_symlink():
-                target.unlink()
-            shutil.copy2(path, target)
+            # Replaced whole (files.replace_file): a link in the way is never written through.
+            replace_file(target, path.read_bytes(), umask_mode(stat.S_IMODE(path.stat().st_mode)))
     except OSError as error:
         raise LaunchError("DEST", str(dest), "a folder this user can create and write "
                           f"({error.strerror}: {error.filename})", "name another DEST") from None

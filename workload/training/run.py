@@ -17,7 +17,8 @@ from workload.distributed import DistInfo
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch import PreemptionFlag
-from workload.launch.diagnostics import DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal
+from workload.launch.diagnostics import (DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal,
+                                        held_for_the_run)
 from workload.logs import logger
 from workload.models import count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
@@ -42,7 +43,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     clock = StartupClock(folder.diagnostics / record_name())
     clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
-    with (defaults_for_one_run(os.environ, folder.diagnostics),
+    with (held_for_the_run(folder.diagnostics) as diagnostics,
+          defaults_for_one_run(os.environ, diagnostics),
           start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
         clock.mark("process group")
         return run_in_process(cfg, info, precision, flag, started, clock)

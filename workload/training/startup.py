@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from workload.files import proc_stat_fields, write_json
-from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX
+from workload.held import let_go
+from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX, hold_diagnostics
 from workload.logs import logger
 
 BEFORE = STARTUP_ORDER[0]
@@ -169,8 +170,11 @@ class StartupClock:
         # train creates it once the inputs are checked, and bad input writes nothing.
         if self.record is not None and self.record.parent.parent.is_dir():
             try:
-                self.record.parent.mkdir(exist_ok=True)
-                write_json(self.record, self.describe())
+                held = hold_diagnostics(self.record.parent)  # never through a planted link
+                try:
+                    write_json(held / self.record.name, self.describe())
+                finally:
+                    let_go(held)
             except OSError:  # diagnostics never stop a start (watching() says why)
                 self.record = None
 

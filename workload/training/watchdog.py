@@ -35,8 +35,9 @@ import torch
 from workload import distributed
 from workload.checkpoint import waited_writer
 from workload.files import open_append, write_json
+from workload.held import let_go
 from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
-                                         heartbeat_file, stacks_file)
+                                         heartbeat_file, hold_diagnostics, stacks_file)
 from workload.launch.variables import node_name
 from workload.logs import logger
 
@@ -92,6 +93,10 @@ class FileWriter:
             self.jobs[kind] = job
             self._changed.notify_all()
 
+    def busy(self) -> bool:
+        """Whether its thread is still in a write (a hung file system)."""
+        return self._thread.is_alive()
+
     def stuck_s(self, now: float) -> float:
         """How long the write in progress has taken (0 when none is)."""
         since = self.busy_since
@@ -142,11 +147,13 @@ class StallWatchdog:
         self.written_at = 0.0
         self.dumped = self.hang_named = False
         self.files = FileWriter(folder)
+        self.held = folder  # the held path once entered (launch.diagnostics.hold_diagnostics)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
 
     def __enter__(self) -> StallWatchdog:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        # Written through its held path; `folder` is the name said in messages.
+        self.held = hold_diagnostics(self.folder)
         self.check(time.monotonic())  # the heartbeat is there before the first step
         self.files.start()
         self._thread.start()
@@ -160,6 +167,8 @@ class StallWatchdog:
         # finished run's last poll.
         self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED)
         self.files.close(timeout_s=HEARTBEAT_EVERY)
+        if not self.files.busy():  # a hung write still goes through the descriptor
+            let_go(self.held)
 
     def next_look_s(self) -> float:
         """Seconds to the next look: every second until a step is seen done, so a rank
@@ -231,11 +240,11 @@ class StallWatchdog:
                     pid=os.getpid(), step=step, phase=phase, time=time.time(),
                     median_step_s=median, stalled=self.dumped, attempt=self.attempt)
         self.files.submit("heartbeat",
-                          lambda: write_json(heartbeat_file(self.folder, self.rank), beat))
+                          lambda: write_json(heartbeat_file(self.held, self.rank), beat))
 
     def dump(self, reason: str, step: int, phase: str) -> None:
         """Every thread's stack with the step and phase, and the flight recorder."""
-        with open_append(stacks_file(self.folder, self.rank)) as stream:
+        with open_append(stacks_file(self.held, self.rank)) as stream:
             stream.write(f"{reason}; rank {self.rank} on {self.host}, pid {os.getpid()}, "
                          f"step {step}, phase {phase}, at {time.strftime('%FT%T%z')}\n")
             stream.flush()
@@ -243,7 +252,7 @@ class StallWatchdog:
             stream.write("\n")
         record = flight_record()
         if record is not None:
-            write_json(self.folder / f"fr-rank-{self.rank}.json", record)
+            write_json(self.held / f"fr-rank-{self.rank}.json", record)
 
 
 def attempt_id(is_main: bool, device: torch.device) -> float:

@@ -1,0 +1,276 @@
+"""A neighbour in the project group (tests/e2e/test_neighbour.py: who they are and how the
+victim runs) who renames what train made and puts their own at its name: a save's
+private folder swapped for a link to a folder of the victim's (or for a folder of theirs
+with a file in it) while it is written, the W&B folder swapped after its check, a link
+planted at RUN/diagnostics between two jobs, the run's local-tier id rewritten, a staging
+planted in a node's shared /tmp, and --stage-to in a node folder others may write. Each
+must write nothing of the victim's outside the run, never adopt what the neighbour put
+there, and end in status 0 or one line."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.neighbour import (GROUP, PLANT_LINKS, PRECIOUS, as_neighbour, finish,
+                                     neighbour, project_folders, run_folder, victim_train)
+from tests.helpers import CHECKPOINT_ARGS, TINY, write_image_folder
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+@pytest.fixture
+def project():
+    yield from project_folders()
+
+
+def victims_folder(top: Path) -> Path:
+    """A folder of the victim's own (0700) holding a precious model.safetensors."""
+    folder = top / "victim" / "precious-folder"
+    folder.mkdir(mode=0o700)
+    (folder / "model.safetensors").write_bytes(PRECIOUS)
+    return folder
+
+
+def untouched(folder: Path) -> bool:
+    return ([p.name for p in folder.iterdir()] == ["model.safetensors"]
+            and (folder / "model.safetensors").read_bytes() == PRECIOUS)
+
+
+# The neighbour's part: every save's folder in `folder` that appears is renamed away (to
+# a name of its own in the same folder) and a link to `target` (or, with "folder", a
+# folder of theirs holding a model.safetensors) put at its name, until `stop` exists.
+SWAP_SAVES = """
+import os, sys, time
+folder, target, stop = sys.argv[1:4]
+NAMES = ("model.safetensors", "optimizer.json", "optimizer.safetensors", "trainer.json",
+         "rng.json", "rng.safetensors", "config.json", "MANIFEST.json")
+os.umask(0o002)
+swapped, theirs, end = 0, set(), time.monotonic() + 600
+while not os.path.exists(stop) and time.monotonic() < end:
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith(".tmp-step-") and "swapped" not in name and name not in theirs:
+            path = os.path.join(folder, name)
+            time.sleep(0.002)  # while its files are written
+            try:
+                os.rename(path, path + ".swapped")
+                theirs.add(name)
+                if target == "folder":
+                    os.mkdir(path, 0o2775)
+                    for file in NAMES:
+                        open(os.path.join(path, file), "x").close()
+                else:
+                    os.symlink(target, path)
+                swapped += 1
+            except OSError:
+                pass
+print(swapped)
+"""
+
+
+@pytest.mark.parametrize("how", ["in-process", "writer-process", "local-tier-copy",
+                                 "neighbours-file"])
+def test_a_save_folder_swapped_while_written_writes_nothing_of_the_victims(project, how):
+    """S3 and T1: the save's `.tmp-step-N` is renamed away and a link to a folder of the
+    victim's put at its name (before: the in-process save, the writer process's
+    safetensors and the local tier's shutil.copyfile wrote through it, replacing its
+    model.safetensors), or a folder of the neighbour's holding files of a checkpoint's
+    names (before: a FileExistsError traceback). The save goes on in its own folder,
+    reached through its descriptor, and is renamed into place by its own inode."""
+    run = run_folder(project)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints").chmod(0o2775)  # as the victim's umask 002 makes it
+    target = victims_folder(project)
+    args = [*CHECKPOINT_ARGS, "--max-steps", "8", "--checkpoint-every", "1",
+            "--output-dir", str(run)]
+    if how in ("in-process", "neighbours-file"):
+        args.append("--no-checkpoint-async")
+    if how == "local-tier-copy":
+        node = project / "victim" / "node"
+        node.mkdir(mode=0o700)
+        args += ["--checkpoint-local", str(node)]
+    proc = victim_train(*args)
+    swapper = as_neighbour(SWAP_SAVES, str(run / "checkpoints"),
+                           "folder" if how == "neighbours-file" else str(target),
+                           str(project / "stop"))
+    time.sleep(0.5)  # the neighbour watches before the victim starts
+    code, out = finish(proc)
+    (project / "stop").touch()
+    swapped, err = swapper.communicate(timeout=60)
+    assert int(swapped) > 0, err  # the neighbour did swap (else the test proves nothing)
+    assert untouched(target), out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    if code == 2:  # swapped in the moment between the folder's mkdir and its open: refused
+        [line] = [line for line in out.splitlines() if line.startswith("train: error:")]
+        assert "belongs to uid" in line and "someone else put it there" in line, line
+    else:
+        assert code == 0, out[-3000:]
+        assert (run / "checkpoints" / "latest").read_text() == "step-000000008\n"
+
+
+# The neighbour's part: once `folder` appears, it is renamed away and a link to a folder
+# of the neighbour's own (which anyone may write) put at its name.
+SWAP_ONCE = """
+import os, sys, time
+folder, theirs = sys.argv[1:3]
+os.mkdir(theirs)
+os.chmod(theirs, 0o777)
+end = time.monotonic() + 300
+while not os.path.isdir(folder) and time.monotonic() < end:
+    time.sleep(0.001)
+time.sleep(0.2)  # wandb.init takes seconds after the check
+os.rename(folder, folder + ".swapped")
+os.symlink(theirs, folder)
+print("swapped")
+"""
+
+
+def test_the_wandb_folder_swapped_after_its_check_keeps_the_run_in_the_victims(project,
+                                                                              monkeypatch):
+    """S6: W&B's folder is checked, then wandb.init takes seconds to start; the neighbour
+    swaps the folder for a link to theirs meanwhile (before: the whole offline run landed
+    in the neighbour's folder)."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run = run_folder(project)
+    theirs = project / "project" / "theirs"
+    proc = victim_train(*CHECKPOINT_ARGS, "--max-steps", "2", "--wandb",
+                        "--output-dir", str(run))
+    swapper = as_neighbour(SWAP_ONCE, str(run / "wandb"), str(theirs))
+    code, out = finish(proc)
+    said, err = swapper.communicate(timeout=60)
+    assert said.strip() == "swapped", err
+    assert code == 0, out[-3000:]
+    assert list(theirs.iterdir()) == [], out[-3000:]
+    assert list((run / "wandb.swapped" / "wandb").glob("offline-run-*")), out[-3000:]
+
+
+def test_a_link_planted_at_the_diagnostics_folder_between_two_jobs_is_not_followed(project):
+    """S7: the neighbour renames RUN/diagnostics away between two jobs and puts a link to
+    a folder of the victim's in its place (before: the next job wrote its heartbeats,
+    start-up marks and stack file into it). The job trains on without diagnostics."""
+    run = run_folder(project)
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "2",
+                                    "--output-dir", str(run)))
+    assert code == 0 and (run / "diagnostics").is_dir(), out[-3000:]
+    target = victims_folder(project)
+    neighbour("import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.old')",
+              str(run / "diagnostics"))
+    neighbour(PLANT_LINKS, f"{run / 'diagnostics'}={target}")
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "4",
+                                    "--output-dir", str(run)))
+    assert untouched(target), out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    assert f"{run / 'diagnostics'} is a symbolic link" in out, out[-3000:]
+
+
+# The neighbour's part: the run folder's local-tier id replaced by one of theirs.
+REWRITE_ID = """
+import os, sys
+os.umask(0o002)
+path = sys.argv[1]
+with open(path + ".theirs", "w") as f:
+    f.write("0" * 32 + "\\n")
+os.replace(path + ".theirs", path)
+"""
+
+
+def test_a_rewritten_local_tier_id_never_deletes_the_tiers_newer_checkpoint(project):
+    """S8: the tier holds step 4, the run folder step 2 (the job ended before its copy);
+    the neighbour rewrites RUN/checkpoints/.local-tier-id (before: the next job took the
+    tier for another run's and deleted its step 4). The tier's step is resumed."""
+    run = run_folder(project)
+    node = project / "victim" / "node"
+    node.mkdir(mode=0o700)
+    args = [*CHECKPOINT_ARGS, "--checkpoint-every", "2", "--checkpoint-local", str(node),
+            "--output-dir", str(run)]
+    code, out = finish(victim_train(*args, "--max-steps", "4"))
+    assert code == 0, out[-3000:]
+    checkpoints = run / "checkpoints"
+    for name in ("step-000000004",):  # as if the job ended before its copy did
+        os.rename(checkpoints / name, project / "victim" / name)
+    (checkpoints / "latest").write_text("step-000000002\n")
+    neighbour(REWRITE_ID, str(checkpoints / ".local-tier-id"))
+    code, out = finish(victim_train(*args, "--max-steps", "6"))
+    assert code == 0, out[-3000:]
+    assert "is newer than the run folder's newest checkpoint" in out, out[-3000:]
+    assert ".local-tier-id belongs to uid" in out, out[-3000:]
+
+
+# The neighbour's part: a staging of the victim's source planted in the node's shared
+# folder, named and described as train names and describes one (from stat alone), holding
+# the neighbour's own images under the victim's file names.
+PLANT_STAGING = """
+import hashlib, json, os, shutil, sys
+stage, source, images = sys.argv[1:4]
+os.umask(0o022)
+stats = {}
+for parent, _, names in os.walk(source, followlinks=True):
+    for name in names:
+        stats[os.path.relpath(os.path.join(parent, name), source)] = os.stat(
+            os.path.join(parent, name))
+digest = hashlib.sha256(source.encode())
+for name in sorted(stats):
+    info = stats[name]
+    digest.update(f"\\0{name}\\0{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}".encode())
+key = digest.hexdigest()
+target = os.path.join(stage, f"{os.path.basename(source)}-{key[:16]}")
+shutil.copytree(images, target)
+files = {}
+for parent, _, names in os.walk(target):
+    for name in names:
+        files[os.path.relpath(os.path.join(parent, name), target)] = os.path.getsize(
+            os.path.join(parent, name))
+with open(target + ".manifest.json", "w") as f:
+    json.dump(dict(source=source, staging=os.path.basename(target), identity=key,
+                   files=files), f)
+print(target)
+"""
+
+
+def test_a_staging_planted_in_a_shared_tmp_is_never_adopted(project):
+    """S1: --stage-to a node's /tmp (1777): the neighbour plants the staging of the
+    victim's source, its name and manifest made from stat alone, holding their own images
+    (before: the job trained on them, status 0)."""
+    source = write_image_folder(project / "project" / "pets", classes=2, per_class=4,
+                                size=8)
+    for path in [source, *source.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    images = write_image_folder(project / "theirs" / "pets", classes=2, per_class=4, size=8)
+    for path in [images.parent, images, *images.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    tmp = project / "node-tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    planted = Path(neighbour(PLANT_STAGING, str(tmp), str(source), str(images)).stdout.strip())
+    code, out = finish(victim_train(*TINY, "--dataset", "imagefolder", "--data-dir",
+                                    str(source), "--stage-to", str(tmp), "--image-size", "8",
+                                    "--batch-size", "4", "--max-steps", "1", "--output-dir",
+                                    str(project / "victim" / "run")))
+    assert code == 0, out[-3000:]
+    assert f"reusing the staging of {source} in {planted}" not in out, out[-3000:]
+    own = tmp / f"hpc-train-stage-{os.getuid()}"
+    assert f"staged {source} to {own}/" in out, out[-3000:]
+    assert (own.stat().st_mode & 0o777, own.stat().st_uid) == (0o700, os.getuid())
+
+
+def test_stage_to_a_node_folder_others_may_write_is_refused_in_one_line(project):
+    """S2: --stage-to a node folder of mode 2775: the neighbour could rename the private
+    partial copy away and put a link at its name (before: it was staged there, and the
+    copy's open(target, "wb") wrote through such a link)."""
+    source = write_image_folder(project / "victim" / "pets", classes=2, per_class=4, size=8)
+    node = project / "node"
+    node.mkdir()
+    os.chown(node, 0, GROUP)
+    node.chmod(0o2775)
+    code, out = finish(victim_train(*TINY, "--dataset", "imagefolder", "--data-dir",
+                                    str(source), "--stage-to", str(node), "--image-size", "8",
+                                    "--batch-size", "4", "--max-steps", "1", "--output-dir",
+                                    str(project / "victim" / "run")))
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    [line] = [line for line in out.splitlines() if line.startswith("train: error:")]
+    assert f"{node} may be written by others" in line and "sticky" in line, line
+    assert list(node.iterdir()) == []

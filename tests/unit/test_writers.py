@@ -1,0 +1,169 @@
+"""Every place the package writes a file or a folder, or hands a path to a library that
+writes (issue 59, section 2): a walk over workload/'s syntax finds each call that creates,
+writes, renames or makes something by path, outside workload/files.py and workload/held.py
+(the home of the safe writes: a private temporary renamed into place, O_EXCL|O_NOFOLLOW;
+folders held through a descriptor). Each one found must be in WRITERS with why it keeps
+the rule; a new writer fails here until it uses those helpers or says why it needs none,
+and an entry whose writer is gone fails too."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.helpers import REPO
+
+SAFE_MODULES = ("workload.files", "workload.held")
+# Calls named module.function that write by path.
+MODULE_CALLS = {("os", "rename"), ("os", "replace"), ("os", "mkdir"), ("os", "makedirs"),
+                ("os", "symlink"), ("os", "link"), ("shutil", "copy"), ("shutil", "copy2"),
+                ("shutil", "copyfile"), ("shutil", "copytree"), ("shutil", "move"),
+                ("tempfile", "mkstemp"), ("tempfile", "mkdtemp"),
+                ("tempfile", "NamedTemporaryFile"), ("tempfile", "TemporaryDirectory"),
+                ("torch", "save"), ("wandb", "init"), ("np", "save")}
+# Methods that write by path (Path's, tarfile's, matplotlib's).
+METHODS = {"write_text", "write_bytes", "mkdir", "touch", "symlink_to", "hardlink_to",
+           "extract", "extractall", "savefig"}
+# Library writers handed a path.
+FUNCTIONS = {"save_file", "serialize_file", "SummaryWriter", "save_image"}
+WRITE_FLAGS = ("O_CREAT", "O_WRONLY", "O_RDWR", "O_APPEND", "O_TRUNC")
+
+# (module, function, call) -> why it keeps the rule.
+WRITERS = {
+    ("workload.bench.common", "write_report", ".mkdir"):
+        "the parent of the --json file the user named; the file itself: files.write_json",
+    ("workload.bench.first_step", "measure", "tempfile.TemporaryDirectory"):
+        "a private (0700) folder of a name no one can foresee",
+    ("workload.bench.first_step", "measure", ".mkdir"):
+        "inside that private temporary folder",
+    ("workload.caches", "private_root", "tempfile.mkdtemp"):
+        "a private (0700) folder of a name no one can foresee",
+    ("workload.checkpoint.background", "_reserved_file", "os.open"):
+        "O_CREAT|O_EXCL, mode 0600, a random name in /dev/shm (sticky: no one else can "
+        "rename or replace it)",
+    ("workload.checkpoint.background", "fit", "os.open"):
+        "reopens that file of its own in the sticky /dev/shm, then unlinks it",
+    ("workload.checkpoint.folder", "_rename_into_place", "os.replace"):
+        "renames an older save of the step aside inside checkpoints/: a rename never "
+        "follows a link at its names, and writes no file",
+    ("workload.checkpoint.folder", "move_aside", "os.replace"):
+        "renames a bad or unfinished save aside inside checkpoints/ (as above)",
+    ("workload.checkpoint.inprocess", "start_save", ".mkdir"):
+        "the run's checkpoints/ (exist_ok); the save's own folder: held.make_held, and "
+        "shards/ inside it",
+    ("workload.checkpoint.local", "copy_to_run", ".mkdir"):
+        "the run's checkpoints/ (exist_ok); the copy's own folder: held.make_held",
+    ("workload.checkpoint.local", "_copy_durably", ".mkdir"):
+        "inside the copy's held private folder (its files: files.create_new)",
+    ("workload.checkpoint.local", "bind_to_run", ".mkdir"):
+        "the run's checkpoints/ (exist_ok); the id files: files.replace_file",
+    ("workload.checkpoint.lock", "_break", "os.link"):
+        "the lock's protocol: link(2) of a private draft fails on any name in the way",
+    ("workload.checkpoint.lock", "_break", "os.replace"):
+        "renames a stale lock aside; writes no file",
+    ("workload.checkpoint.lock", "_link", "os.link"):
+        "the lock's protocol (link(2) never follows or replaces)",
+    ("workload.checkpoint.lock", "_draft", "tempfile.mkstemp"):
+        "O_EXCL, mode 0600, a name no one can foresee",
+    ("workload.checkpoint.lock", "_fs_now", "tempfile.NamedTemporaryFile"):
+        "O_EXCL, a name no one can foresee, removed at once (reads the file system's clock)",
+    ("workload.checkpoint.writer", "_write_tensors", "serialize_file"):
+        "a path inside the save's held private folder (/proc/PID/fd/N/...)",
+    ("workload.checkpoint.writer", "open", "os.open"):
+        "maps the loop's staging buffer through /proc/PID/fd: creates nothing",
+    ("workload.data.stagefiles", "_open_lock_file", "os.open"):
+        "O_NOFOLLOW, checked a regular file on its descriptor, in the user's own staging "
+        "folder (staging.own_folder)",
+    ("workload.data.stagefiles", "copy_folder", ".mkdir"):
+        "inside the private partial copy (mkdtemp) in the user's own staging folder",
+    ("workload.data.stagefiles", "unpack_tar", ".extract"):
+        "into the private partial copy, with tarfile's data filter (safe_member)",
+    ("workload.data.staging", "_stage_anew", "tempfile.mkdtemp"):
+        "the private partial copy, a name no one can foresee, in the user's own folder",
+    ("workload.data.staging", "_stage_anew", "os.rename"):
+        "the partial copy into place, inside a folder only the user may write "
+        "(staging.own_folder refuses any other)",
+    ("workload.data.staging", "own_folder", "tempfile.mkdtemp"):
+        "a private (0700) folder of a name no one can foresee, in a sticky folder",
+    ("workload.doctor.checks", "run_checks", "tempfile.TemporaryDirectory"):
+        "a private (0700) folder of a name no one can foresee",
+    ("workload.launch.__main__", "flight_recorder_lines", ".mkdir"):
+        "./diagnostics of the working folder of the user's own script (exist_ok); torch "
+        "writes there by the path the user's environment names",
+    ("workload.launch.diagnostics", "hold_diagnostics", ".mkdir"):
+        "made when missing, then held (files.hold_folder: O_NOFOLLOW, the user's own)",
+    ("workload.launch.jobs", "copy_jobs", ".mkdir"):
+        "the DEST folder the user names; its files: files.replace_file",
+    ("workload.records", "__init__", "SummaryWriter"):
+        "the held path of the user's own private folder (records.board_folder)",
+    ("workload.records", "__init__", "wandb.init"):
+        "the held path of the user's own private folder (records.board_folder)",
+    ("workload.report", "_save", ".savefig"):
+        "into the file object of files.replacing (a private temporary renamed into place)",
+    ("workload.training.compile_cache", "unpack", ".mkdir"):
+        "inside the user's private Inductor cache (workload.caches), files through "
+        "files.replacing",
+}
+
+
+def write_kind(node: ast.Call) -> str | None:
+    """What a call writes by path, as `module.name`, `.method` or `name`; None if nothing."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        if func.id == "open":
+            mode = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "mode"), None)
+            writes = not isinstance(mode, ast.Constant) or set("wax+") & set(str(mode.value))
+            return "open" if mode is not None and writes else None
+        return func.id if func.id in FUNCTIONS else None
+    if not isinstance(func, ast.Attribute):
+        return None
+    if isinstance(func.value, ast.Name) and (func.value.id, func.attr) in MODULE_CALLS:
+        return f"{func.value.id}.{func.attr}"
+    if isinstance(func.value, ast.Name) and (func.value.id, func.attr) == ("os", "open"):
+        return "os.open" if any(flag in ast.unparse(node) for flag in WRITE_FLAGS) else None
+    if func.attr in METHODS:
+        return f".{func.attr}"
+    # Path.rename/replace take one path (str.replace two, dataclasses' keywords).
+    if (func.attr in ("rename", "replace") and len(node.args) == 1 and not node.keywords
+            and not isinstance(node.args[0], ast.Constant)):
+        return f".{func.attr}"
+    return None
+
+
+def writers() -> set[tuple[str, str, str]]:
+    found = set()
+    for path in sorted((REPO / "workload").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        if module in SAFE_MODULES:
+            continue
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Call) and (kind := write_kind(node)):
+                        found.add((module, function.name, kind))
+    return found
+
+
+def test_every_writer_of_the_package_keeps_the_rule_or_says_why():
+    found = writers()
+    assert sorted(found - set(WRITERS)) == [], (
+        "a new writer by path: use workload.files (replace_file, create_new, open_append) "
+        "or workload.held (make_held, hold_own_folder), or add it to WRITERS with why")
+    assert sorted(set(WRITERS) - found) == [], "an entry whose writer is gone"
+
+
+def test_the_walk_finds_the_writes_it_looks_for():
+    """The walk itself: each kind of call it must see, and the look-alikes it must not."""
+    source = '''
+def f(p, cfg, text):
+    open(p, "w"); open(p, mode="ab"); open(p); open(p, "rb")
+    shutil.copyfile(p, q); os.rename(p, q); p.write_text("x"); p.mkdir()
+    os.open(p, os.O_WRONLY | os.O_CREAT); os.open(p, os.O_RDONLY)
+    p.replace(q); text.replace("a", "b"); cfg.replace(model="x")
+    serialize_file({}, p); fig.savefig(p)
+'''
+    kinds = [write_kind(node) for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call)]
+    assert sorted(k for k in kinds if k) == sorted(
+        ["open", "open", "shutil.copyfile", "os.rename", ".write_text", ".mkdir", "os.open",
+         ".replace", "serialize_file", ".savefig"])

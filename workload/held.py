@@ -1,0 +1,148 @@
+"""Folders reached once, then through a descriptor: the other half of the safe writes
+(workload.files has the files). Standard library only.
+
+A folder inside one that others may write without the sticky bit (a run folder in a
+project folder, mode 2775) can be renamed by them and another put at its name: every
+later access by path would land in theirs, or through their link in any folder of the
+user's. So a folder the package writes into there is opened once, without following a
+link, checked on its descriptor, and reached from then on through that descriptor: a
+"held path", /proc/PID/fd/N, which the kernel resolves through the descriptor and never
+through the folder's names (this process, its writer process and a library that wants a
+path all use it). Renamed, it is renamed by finding its own inode in its parent.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+def held_path(fd: int) -> Path:
+    """The path that reaches the folder `fd` holds, whatever is renamed meanwhile."""
+    return Path(f"/proc/{os.getpid()}/fd/{fd}")
+
+
+def is_held(path: str | Path) -> bool:
+    parts = Path(path).parts
+    return len(parts) == 5 and parts[:2] == ("/", "proc") and parts[3] == "fd"
+
+
+def hold_folder(path: Path, private: bool = True) -> int:
+    """A descriptor of the folder `path`, opened without following a link at its name and
+    checked on the descriptor: this user's, and (`private`) mode 0700. OSError naming what
+    else it is (someone else's folder, a link, a file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = "a symbolic link" if os.path.islink(path) else "not a folder"
+            raise OSError(error.errno, f"{path} is {kind}, not a folder of this run") from None
+        raise
+    info = os.fstat(fd)
+    why = (f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+           if info.st_uid != os.getuid() else
+           f"has mode {stat.filemode(info.st_mode)}, not 0700" if private
+           and stat.S_IMODE(info.st_mode) & 0o077 else None)
+    if why:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path} {why}: someone else put it there")
+    return fd
+
+
+def hold_own_folder(path: Path, mode: int) -> int:
+    """hold_folder of `path` (made when missing), which gets `mode` through its
+    descriptor: a folder a library writes into by path, which no one else may write."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    fd = hold_folder(path, private=False)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def holding(folder: Path) -> Iterator[Path]:
+    """The held path of `folder` (a link at its name refused: OSError) while the block
+    runs: what is done under it stays in the folder opened at its start, whatever is
+    renamed meanwhile."""
+    nofollow = 0 if is_held(folder) else os.O_NOFOLLOW
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        yield held_path(fd)
+    finally:
+        os.close(fd)
+
+
+def make_held(path: Path) -> Path:
+    """A new private folder (0700) at `path`, held (hold_folder): its held path. The
+    descriptor stays open for this process's life unless `let_go` closes it."""
+    os.mkdir(path, 0o700)
+    return held_path(hold_folder(path))
+
+
+def let_go(held: Path) -> None:
+    """Close the descriptor behind this process's held path `held`."""
+    if is_held(held) and held.parts[2] == str(os.getpid()):
+        os.close(int(held.name))
+
+
+def held_name(held: Path, parent: Path) -> tuple[int, str]:
+    """A descriptor of `parent` (opened without following a link at its name) and the name
+    in it of the folder `held` reaches; OSError when no name there leads to it (renamed
+    away by someone else: never a folder put in its place)."""
+    target = os.stat(held)
+    nofollow = 0 if is_held(parent) else os.O_NOFOLLOW
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:  # stat, not the listing's d_ino (overlayfs differs)
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed since the listing
+                    continue
+                if (found.st_ino, found.st_dev) == (target.st_ino, target.st_dev):
+                    return fd, entry.name
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    raise OSError(errno.ENOENT, f"the folder being written in {parent} was renamed away "
+                                "by someone else meanwhile; nothing was put in its place")
+
+
+def rename_held(held: Path, final: Path) -> None:
+    """The folder `held` (a held path, or a plain one) renamed to `final` in final's
+    parent (os.replace's rules), by its own name there."""
+    if not is_held(held):
+        os.replace(held, final)
+        return
+    fd, name = held_name(held, final.parent)
+    try:
+        os.replace(name, final.name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def remove_held(held: Path, parent: Path) -> None:
+    """The folder `held` (held path or plain) and what it holds removed, quietly: never a
+    folder put at its name meanwhile, never through a link."""
+    if not is_held(held):
+        shutil.rmtree(held, ignore_errors=True)
+        return
+    try:
+        fd, name = held_name(held, parent)
+    except OSError:
+        return
+    try:
+        shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+    finally:
+        os.close(fd)
