@@ -108,10 +108,10 @@ CATALOGUE = [
             ((OLIVIA_DATA, "bash -c"),),
             re.escape("the image's architecture (arm64) could not run on the host's (amd64)")),
     Mistake("olivia: NCCL loaded before NRIS/GPU", "sigma2-olivia",
-            (("module load NRIS/GPU\nmodule load NCCL/2.30.4",
-              "module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0\nmodule load NRIS/GPU\n"
-              "module load NCCL/2.30.4"),),
-            re.escape(LMOD_BEHIND.format("NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0"))),
+            (("module load NRIS/GPU\nmodule load NCCL/2.29.2",
+              "module load NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1\nmodule load NRIS/GPU\n"
+              "module load NCCL/2.29.2"),),
+            re.escape(LMOD_BEHIND.format("NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1"))),
     Mistake("olivia: a GPU job without --partition=accel", "sigma2-olivia",
             ((OLIVIA_BUILD, OLIVIA_BUILD.replace("--partition=accel ", "")),),
             "Unable to allocate resources: Requested node configuration is not available"),
@@ -180,7 +180,15 @@ CATALOGUE = [
     Mistake("alliance: a whole node's memory for 4 GPUs", "alliance",
             ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--mem=0 --account")),),
             re.escape("memory a GPU: the job gives a GPU all of the node's (--mem=0), the "
-                      "centre's share is 250 GiB")),
+                      "centre's bundle is 288 GiB")),
+    Mistake("alliance: more memory a GPU than Fir's bundle", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--mem-per-gpu=300G --account")),),
+            re.escape("memory a GPU: the job gives a GPU 300 GiB, the centre's bundle is "
+                      "288 GiB")),
+    Mistake("alliance: an 8-day job on Fir, whose limit is 7 days", "alliance",
+            ((ALLIANCE_JOB, ALLIANCE_JOB.replace("--account", "--time=8-00:00:00 --account")),),
+            re.escape("Batch job submission failed: Requested time limit is invalid (missing "
+                      "or exceeds some limit)")),
     Mistake("alliance: 8 CPUs a rank in the by-hand step", "alliance",
             (("--ntasks-per-node=4 --cpus-per-task=12 --kill-on-bad-exit=1 \\\n     apptainer",
               "--ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 \\\n     apptainer"),),
@@ -225,6 +233,12 @@ CATALOGUE = [
             re.escape("train --download: Failed to establish a new connection: [Errno 101] "
                       "Network is unreachable (this centre's compute nodes do not reach the "
                       "internet; run it on a login node)")),
+    # (A job naming no QOS at all lands in debug too: the job script's header now names
+    # regular, so no page line can leave it out; the twin reports both the same way.)
+    Mistake("nersc: the production job in the debug QOS", "nersc-perlmutter",
+            (("```bash\n   sbatch -q regular --account", "```bash\n   sbatch -q debug --account"),),
+            re.escape("QOS: a training job runs in debug, where the centre does not permit "
+                      "production runs")),
     Mistake("nersc: the by-hand step without its runs folder", "nersc-perlmutter",
             (("   <!-- step: login -->\n   ```bash\n   sbatch", "   ```bash\n   sbatch"),
              ("   mkdir -p runs\n   srun", "   srun")),

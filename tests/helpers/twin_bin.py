@@ -53,10 +53,10 @@ VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account
                  "gpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "constraint",
                  "environment", "uenv", "view", "image", "module", "gres", "cpu-bind", "export",
                  "chdir", "container-image", "container-mounts", "container-workdir",
-                 "container-env"}
+                 "container-env", "qos"}
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
-         "-G": "gpus", "-C": "constraint"}
+         "-G": "gpus", "-C": "constraint", "-q": "qos"}
 # The ways to ask GPUs, in the order gpu_request reads them.
 GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 # What the cluster cannot have: asked of the twin's nodes, then left out for the cluster
@@ -64,7 +64,7 @@ GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
-SITE_ONLY = {"account", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
+SITE_ONLY = {"account", "qos", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
              "image", "module", "environment", *GPU_OPTIONS} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
 # What the job sees as the centre's SLURM sets it; srun gives the cluster its own back.
@@ -170,6 +170,10 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
         "SBATCH_ACCOUNT" if program == "sbatch" else "SLURM_ACCOUNT")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
+    # The QOS: one of the centre's (the twin's list, cited; none listed: strict, none).
+    qos = options.get("qos")
+    if qos is not None and qos not in slurm.get("qos", []):
+        fail(f"{refused}Invalid qos specification")
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
         fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
@@ -297,6 +301,9 @@ def srun(args: list[str]) -> None:
                    "--", *command]
     if options.get("container-image"):
         command = [sys.executable, __file__, "pyxis-task", json.dumps(options), "--", *command]
+    # A step that is its own job (srun at the login prompt): the job's variables too.
+    if not on_compute() and job_variables():
+        command = ["bash", "-c", "".join(job_variables()) + 'exec "$@"', "srun", *command]
     os.environ.pop("SLURM_ACCOUNT", None)  # the centre's, checked above
     os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
 
@@ -327,14 +334,19 @@ def with_job_variables(lines: list[str], options: dict[str, str | None]) -> list
     """The variables the centre's job starts with (Alliance's $SLURM_TMPDIR, a node-local
     folder made for the job; the request as the centre's SLURM gives it), set after the
     script's header as the centre's prolog would before it."""
-    variables = CONFIG["compute"].get("job_variables", {})
     body = next((i for i, line in enumerate(lines) if i and not line.startswith("#")),
                 len(lines))
-    made = centre_view(options)
-    for name, value in variables.items():
+    return lines[:body] + centre_view(options) + job_variables() + lines[body:]
+
+
+def job_variables() -> list[str]:
+    """The shell lines that set the centre's job variables (Alliance's $SLURM_TMPDIR, made
+    for the job), in a job's batch shell or around a step srun allocates itself."""
+    made = []
+    for name, value in CONFIG["compute"].get("job_variables", {}).items():
         path = CONFIG["root_dir"] + value.format(user=os.environ["USER"], job="${SLURM_JOB_ID}")
         made.append(f'export {name}="{path}"; mkdir -p "${{{name}}}"\n')
-    return lines[:body] + made + lines[body:]
+    return made
 
 
 def record_memory(listed: list[tuple[str, str | None]]) -> None:
@@ -353,6 +365,15 @@ def record_memory(listed: list[tuple[str, str | None]]) -> None:
     else:
         share = None
     record({"job": Path(CONFIG["state"]).name, "mem_per_gpu_gib": share})
+
+
+def record_qos(options: dict[str, str | None]) -> None:
+    """The QOS a job runs in: its own, else the centre's default (Perlmutter's debug), for
+    the site test to hold against where the centre permits production runs."""
+    qos = options.get("qos") or CONFIG["slurm"].get("default_qos")
+    if qos:
+        record({"job": Path(CONFIG["state"]).name, "qos": qos,
+                "named": bool(options.get("qos"))})
 
 
 def sbatch(args: list[str]) -> None:
@@ -375,6 +396,7 @@ def sbatch(args: list[str]) -> None:
     if options.get("image"):  # Shifter's image for the job's `shifter` commands
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     record_memory(listed)
+    record_qos(options)
     os.environ.pop("SBATCH_ACCOUNT", None)  # the centre's, checked above
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],

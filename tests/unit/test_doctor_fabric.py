@@ -88,3 +88,45 @@ def test_nccl_log_goes_to_a_private_file_unless_the_user_chose(tmp_path):
     assert path.parent == tmp_path
     mine = {"NCCL_DEBUG": "WARN"}
     assert ranks.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
+
+
+def nccl_info(backend: str, nodes: int, local_rank: int = 0):
+    import torch
+
+    from workload.distributed import DistInfo
+    from workload.launch.script import Launch
+    launch = Launch(local_rank, local_rank, 4 * nodes, 4, 0, "cuda")
+    return DistInfo(launch, torch.device("cpu"), backend)
+
+
+@pytest.mark.parametrize("log, devices, warned", [
+    (SOCKET_LOG, {"cxi": ["cxi0"]}, True),       # TCP next to Slingshot: said
+    (OFI_LOG, {"cxi": ["cxi0"]}, False),         # the plugin's network: nothing to say
+    (SOCKET_LOG, {}, False),                     # no faster fabric on the node
+])
+def test_train_says_in_its_log_when_nccl_took_tcp_next_to_a_fabric(tmp_path, caplog, log,
+                                                                  devices, warned):
+    """Item 8 of issue 60: train's first-step hook runs the doctor's transport check on
+    the NCCL log its process wrote, and warns with the doctor's fix, once a node."""
+    from workload.training.run import nccl_transport_warning
+    nccl_log = tmp_path / "nccl.log"
+    nccl_log.write_text("\n".join(log) + "\n")
+    fabric = sys_class(tmp_path / "sys", **devices)
+    fabric.mkdir(exist_ok=True)
+    with caplog.at_level("WARNING", logger="workload"):
+        nccl_transport_warning(nccl_info("nccl", 2), nccl_log, fabric)()
+        nccl_transport_warning(nccl_info("nccl", 2, local_rank=1), nccl_log, fabric)()
+    said = [r.getMessage() for r in caplog.records if "fell back to TCP" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), caplog.text
+    assert not warned or "FI_PROVIDER=cxi" in said[0], said
+
+
+def test_train_sends_nccl_info_to_a_private_file_for_one_run(tmp_path):
+    env = {}
+    with ranks.nccl_log_for_one_run(env) as path:
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
+        assert oct(path.parent.stat().st_mode & 0o777) == oct(0o700)
+    assert env == {}
+    mine = {"NCCL_DEBUG": "WARN"}  # the user's choice of NCCL's log is kept, not read
+    with ranks.nccl_log_for_one_run(mine) as path:
+        assert path is None and mine == {"NCCL_DEBUG": "WARN"}

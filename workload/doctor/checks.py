@@ -3,7 +3,6 @@ local findings, joining the process group, the all-reduce probe, consistency of 
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -70,8 +69,8 @@ def run_checks(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
-    with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
-        return check_ranks(args, ranks.capture_nccl_log(Path(folder)))
+    with ranks.nccl_log_for_one_run() as nccl_log:
+        return check_ranks(args, nccl_log)
 
 
 def check_ranks(args, nccl_log: Path | None) -> dict:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -182,6 +185,9 @@ def parse_nccl_log(lines) -> dict:
     return dict(network=network, ofi_provider=provider, transports=sorted(transports))
 
 
+NCCL_LOG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+
+
 def capture_nccl_log(folder: Path, env=os.environ) -> Path | None:
     """Send this process's NCCL INFO log to a file we can read (not if the user chose one)."""
     if "NCCL_DEBUG" in env or "NCCL_DEBUG_FILE" in env:
@@ -191,6 +197,22 @@ def capture_nccl_log(folder: Path, env=os.environ) -> Path | None:
     path = folder / f"nccl.{os.getpid()}.log"
     env["NCCL_DEBUG_FILE"] = str(path)
     return path
+
+
+@contextmanager
+def nccl_log_for_one_run(env=os.environ) -> Iterator[Path | None]:
+    """capture_nccl_log into a private folder (0700, not the group-writable run folder:
+    NCCL opens the file by its path) while one run lasts, then its variables removed; None
+    where the user chose NCCL's log (NCCL_DEBUG or NCCL_DEBUG_FILE set)."""
+    with tempfile.TemporaryDirectory(prefix="hpc-train-nccl-") as folder:
+        before = {name: env.get(name) for name in NCCL_LOG_VARIABLES}
+        path = capture_nccl_log(Path(folder), env)
+        try:
+            yield path
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    env.pop(name, None)
 
 
 def read_nccl_log(path: Path | None) -> dict:
@@ -225,3 +247,12 @@ def transport_finding(backend: str | None, nccl: dict, devices: dict, num_nodes:
         return Finding("transport", WARN, detail + f": NCCL fell back to TCP sockets on a "
                        f"machine with {FABRICS[kind]}", FABRIC_FIX[kind])
     return Finding("transport", OK, detail)
+
+
+def tcp_fallback_warning(backend: str | None, nccl_log: Path | None, num_nodes: int,
+                         sys_class: Path = SYS_CLASS) -> str | None:
+    """The transport check's warning (transport_finding: NCCL took TCP sockets on a node
+    with a faster fabric) as one line for a training's log, else None."""
+    finding = transport_finding(backend, read_nccl_log(nccl_log), fabric_devices(sys_class),
+                                num_nodes)
+    return f"{finding.detail}; {finding.fix}" if finding.status == WARN else None
