@@ -215,6 +215,14 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or CONFIG["cluster_cpus"])
     kept = {name: value for name, value in options.items() if name not in SITE_ONLY}
     kept |= scaled_gpus(options, cpus)
+    if "ntasks" in kept and "ntasks-per-node" not in kept and "nodes" in kept:
+        # srun -n8 -N2 (CSCS's Slurm page): the tasks spread over the nodes, a node's
+        # share as the request would give it, scaled to the cluster's CPUs.
+        per_node = -(-int(kept["ntasks"]) // int(kept["nodes"]))
+        kept["ntasks"] = str(int(kept["nodes"]) * min(per_node, cpus))
+        spread = str(min(per_node, cpus))
+    else:
+        spread = None
     if "ntasks-per-node" in kept:
         kept["ntasks-per-node"] = str(min(int(kept["ntasks-per-node"]), cpus))
         if "ntasks" in kept:
@@ -222,7 +230,7 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
                                  * int(kept["ntasks-per-node"]))
     if "cpus-per-task" in kept:
         # Tasks a node: the request's, else (a step in a job) the job's, "4" or "4(x2)".
-        per_node = kept.get("ntasks-per-node") or re.match(
+        per_node = kept.get("ntasks-per-node") or spread or re.match(
             r"\d*", os.environ.get("SLURM_NTASKS_PER_NODE", "")).group() or 1
         kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
                                                cpus // int(per_node))))
@@ -376,6 +384,17 @@ def record_qos(options: dict[str, str | None]) -> None:
                 "named": bool(options.get("qos"))})
 
 
+def record_shifter_modules(options: dict[str, str | None]) -> None:
+    """Shifter's modules of a job (sbatch --module; the centre's default where none is
+    given), for the site test to hold against the ones a multi-node job needs (NERSC's
+    nccl-plugin: without it NCCL in the image has no Slingshot plugin)."""
+    needed = CONFIG["runtime"].get("multinode_modules")
+    if needed:
+        given = (options.get("module") or "").split(",")
+        record({"job": Path(CONFIG["state"]).name, "shifter_modules": [m for m in given if m],
+                "nodes": int(options.get("nodes") or 1)})
+
+
 def sbatch(args: list[str]) -> None:
     listed, rest = parse_options(args)
     script = Path(rest[0])
@@ -397,6 +416,7 @@ def sbatch(args: list[str]) -> None:
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     record_memory(listed)
     record_qos(options)
+    record_shifter_modules(options)
     os.environ.pop("SBATCH_ACCOUNT", None)  # the centre's, checked above
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
@@ -678,9 +698,23 @@ def find_edf(name: str) -> Path:
     return path.resolve()
 
 
+def expanded(value):
+    """The EDF with ${VAR} expanded from the environment in every string field, as the CE
+    does (the EDF reference, as issue 60 reports it, read 2026-12-04); an unset name stays
+    as written."""
+    if isinstance(value, dict):
+        return {key: expanded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [expanded(item) for item in value]
+    if isinstance(value, str):
+        return re.sub(r"\$\{(\w+)\}", lambda found: os.environ.get(found.group(1),
+                                                                 found.group(0)), value)
+    return value
+
+
 def ce_task(args: list[str]) -> None:
     """In the step, on the node: the EDF's image, mounts, workdir and env."""
-    edf = tomllib.loads(Path(args[0]).read_text())
+    edf = expanded(tomllib.loads(Path(args[0]).read_text()))
     image = site_path(edf["image"])
     if not image.is_file():
         fail(f"error: container-engine: the EDF's image {edf['image']} ({args[0]}) does not "
@@ -753,10 +787,12 @@ def pyxis_task(args: list[str]) -> None:
     if image_arch(image) != GO_ARCH[node_arch()]:
         fail(f"slurmstepd: error: pyxis: {args[2]}: exec format error (an "
              f"{image_arch(image)} image on an {GO_ARCH[node_arch()]} node)")
-    mounts = [m.split(":")[0] for m in (options.get("container-mounts") or "").split(",") if m]
-    for source in mounts:
+    # --container-mounts=SRC[:DST[:FLAGS]],... (pyxis's README): DST is SRC where not given.
+    listed = [m.split(":") for m in (options.get("container-mounts") or "").split(",") if m]
+    for source, *_ in listed:
         if not Path(source).exists():
             fail(f"slurmstepd: error: pyxis: [ERROR] No such file or directory: {source}")
+    mounts = [parts[1] if len(parts) > 1 else parts[0] for parts in listed]
     # The site's file systems are not in the container but where mounted; the image's
     # WORKDIR (/workspace) is a folder of the twin's, thrown away with the container.
     workdir = options.get("container-workdir")
@@ -765,6 +801,8 @@ def pyxis_task(args: list[str]) -> None:
         if not any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts):
             fail(f"pyxis twin: {path}: No such file or directory in the container (not "
                  "under --container-mounts)")
+    if not workdir and trains(args[2:]):
+        record({"step": " ".join(args[2:5]), "pyxis_workdir": "the image's"})
     inside = Path(CONFIG["state"]) / "workspace"
     inside.mkdir(exist_ok=True)
     os.chdir(workdir or inside)

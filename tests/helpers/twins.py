@@ -181,7 +181,8 @@ def centre_faults(site: str, result: Result) -> list[str]:
     cores over its GPUs, or the cpus_per_gpu it publishes), and every GPU the host memory
     the centre gives one at most, where it publishes that (mem_per_gpu_gib: a job may ask
     less, as Fir's recommended 280 of its 288). One line a fault."""
-    compute, slurm = twin_data(site)["compute"], twin_data(site)["slurm"]
+    data = twin_data(site)
+    compute, slurm, runtime = data["compute"], data["slurm"], data["runtime"]
     per_gpu = compute.get("cpus_per_gpu", compute["cpus"] // compute["gpus"])
     memory = compute.get("mem_per_gpu_gib")
     faults = []
@@ -198,6 +199,18 @@ def centre_faults(site: str, result: Result) -> list[str]:
         if entry.get("cpus_per_rank", per_gpu) != per_gpu:
             faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
                           f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
+        if "pyxis_workdir" in entry:
+            faults.append(f"pyxis: `{entry['step']}` starts in the image's WORKDIR (no "
+                          "--container-workdir): what it writes by a relative path (runs/...) "
+                          "is gone with the container")
+        missing = [name for name in runtime.get("multinode_modules", [])
+                   if entry.get("nodes", 1) > 1 and name not in entry.get("shifter_modules",
+                                                                          [name])]
+        if missing:
+            faults.append(f"Shifter modules: a {entry['nodes']}-node job with --module="
+                          f"{','.join(entry['shifter_modules'])} has no {', '.join(missing)}: "
+                          "NCCL in the image falls back to TCP sockets without a word "
+                          f"(--module={','.join(entry['shifter_modules'] + missing)})")
         if entry.get("qos") in slurm.get("no_production", []):
             faults.append(f"QOS: a training job runs in {entry['qos']}"
                           + ("" if entry.get("named") else " (the default: it names none)")
