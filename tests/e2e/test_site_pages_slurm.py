@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
 # Each site's page, and the world size its job reaches: the cluster's 2 CPUs a node stand
 # for the page's GPUs (2 nodes x 2 tasks where the page promises multi-node).
-SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 2, "pyxis": 4,
+SITES = {"sigma2-olivia": 4, "cscs-alps": 4, "cscs-clariden": 4, "alliance": 4, "pyxis": 4,
          "nersc-perlmutter": 4, "jsc-juwels-booster": 4}
 
 # Clariden's page is Alps's: the same job line, continued in the same way. Alps's twin
@@ -267,15 +267,17 @@ def test_a_page_mistake_fails_in_its_twin_naming_it(slurm_cluster, tmp_path, mis
 
 
 def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, tmp_path):
-    # In the job, srun takes SLURM_NTASKS (the header's one task) over --ntasks-per-node.
-    page = mutated("alliance", (("srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=12 "
-                                 "--kill-on-bad-exit=1 \\\n     apptainer",
+    # In the job, srun takes SLURM_NTASKS (the header's one task a node) over
+    # --ntasks-per-node.
+    page = mutated("alliance", (("srun --ntasks=$((SLURM_NNODES * 4)) --ntasks-per-node=4 "
+                                 "--cpus-per-task=12 --kill-on-bad-exit=1 \\\n     apptainer",
                                  "srun --ntasks-per-node=4 --cpus-per-task=12 "
                                  "--kill-on-bad-exit=1 \\\n     apptainer"),))
     # The page's job runs the layout's check: only the by-hand step's training is asked.
     result = run_page(slurm_cluster, tmp_path, "alliance", page, launch_check=True)
     logs = [log for _, log in result.jobs.values()]
-    assert any("world size 1 (per-task)" in log for log in logs), logs
+    # Its two nodes: one process a node, not four.
+    assert any("world size 2 (per-task)" in log for log in logs), logs
 
 
 

@@ -134,7 +134,7 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
     "alliance.sbatch": {
         # Fir's: the GPU model its job_submit requires, and its H100 bundle (12 cores,
         # 288 GB a GPU, 280 GB recommended); memory per GPU, not --mem=0 (a whole node).
-        "--nodes": ("1", ""), "--ntasks-per-node": ("1", ""),
+        "--nodes": ("2", ""), "--ntasks-per-node": ("1", ""),
         "--gpus-per-node": ("h100:4", ALLIANCE_GPUS), "--cpus-per-task": ("48", ALLIANCE_BUNDLES),
         "--mem-per-gpu": ("280G", ALLIANCE_BUNDLES), "--mem": (None, ALLIANCE_BUNDLES),
     },
