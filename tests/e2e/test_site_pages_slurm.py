@@ -102,6 +102,7 @@ ALLIANCE_JOB = ("DATASET_ARCHIVE=$PWD/data sbatch --account=def-me jobs/sites/al
                 "--epochs 30")
 CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
+ALPS_RUN = "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=72 --kill-on-bad-exit=1"
 CSCS_EDF = 'sed -e "s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g" jobs/sites/cscs-alps.toml'
 CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
@@ -200,6 +201,13 @@ CATALOGUE = [
     Mistake("alliance: apptainer before `module load apptainer`", "alliance",
             (("   module load apptainer\n   git clone", "   git clone"),),
             "bash: apptainer: command not found"),
+    Mistake("alliance: the image built on a login node", "alliance",
+            (("srun --account=def-me --time=01:00:00 --cpus-per-task=4 --mem-per-cpu=4G \\\n"
+              "     bash -c 'export APPTAINER_TMPDIR=$SLURM_TMPDIR && apptainer build hpc-train."
+              "sif apptainer/hpc-train-ngc.def'", "apptainer build hpc-train.sif apptainer/"
+              "hpc-train-ngc.def"),),
+            re.escape("twin: apptainer on a login node: this centre forbids it there "
+                      "(https://docs.alliancecan.ca/wiki/Apptainer")),
     Mistake("pyxis: CPUs from a job variable at the login prompt", "pyxis",
             (("--cpus-per-task=$CPUS_PER_GPU", "--cpus-per-task=$((SLURM_CPUS_ON_NODE / 4))"),),
             re.escape('srun: error: Invalid numeric value "0" for --cpus-per-task.')),
@@ -207,7 +215,11 @@ CATALOGUE = [
             (("CPUS_PER_GPU=16\nsrun", "CPUS_PER_GPU=16\nexport TORCH_CUDA_ARCH_LIST=9.0\nsrun"),),
             r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but "
             r"`[^`]*workload\.launch[^`]*` "
-            r"sees the image's"),
+            r"sees the image's .*name it in --container-env"),
+    Mistake("cscs: a host variable the image also sets", "cscs-alps",
+            ((ALPS_RUN, "export TORCH_CUDA_ARCH_LIST=9.0\n   " + ALPS_RUN),),
+            r"host variable: TORCH_CUDA_ARCH_LIST=9\.0 is set on the host, but `[^`]*` sees "
+            r"the image's .*set it in the EDF's \[env\]"),
     Mistake("jsc: a job without its budget", "jsc-juwels-booster",
             (("   export SBATCH_ACCOUNT=<project>\n", ""),),
             re.escape("sbatch: error: Batch job submission failed: Invalid account or "
@@ -298,7 +310,6 @@ OLIVIA_SINGLE = ("https://documentation.sigma2.no/code_development/guides/pytorc
 ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_scheduling"
                     "#Ratios_in_bundles")
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
-ALPS_STEP = "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=72 --kill-on-bad-exit=1"
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -337,7 +348,7 @@ VARIANTS = [
               "srun -N1 -n1 --cpus-per-task=72 --environment=$HOME/.edf/hpc-train.toml"),),
             "https://docs.cscs.ch/software/container-engine/run/, read 2026-11-25"),
     Variant("cscs: the Slurm page's srun -n8 -N2 -c72", "cscs-alps",
-            ((ALPS_STEP, "srun -n8 -N2 -c72 --kill-on-bad-exit=1"),),
+            ((ALPS_RUN, "srun -n8 -N2 -c72 --kill-on-bad-exit=1"),),
             "https://docs.cscs.ch/running/slurm/, read 2026-11-28"),
     Variant("pyxis: mounts as SRC:DST", "pyxis",
             ((PYXIS_MOUNTS, "--container-mounts=$PWD:$PWD,$SCRATCH/data:$SCRATCH/data \\\n"),),

@@ -547,8 +547,17 @@ def apptainer_build(image: Path, recipe: Path, build_args: list[str]) -> None:
     write_image(image, GO_ARCH[node_arch()], str(recipe))
 
 
+def check_login_node(command: str) -> None:
+    """What the centre forbids on its login nodes (the twin's [login] forbids, cited) is
+    refused there, naming the centre's rule; in a job it runs."""
+    rule = CONFIG["login"].get("forbids", {}).get(command)
+    if rule and not on_compute():
+        fail(f"twin: {command} on a login node: this centre forbids it there ({rule})", 1)
+
+
 def apptainer(args: list[str]) -> None:
     check_module("apptainer")
+    check_login_node("apptainer")
     action, args = args[0], args[1:]
     flags, i = {}, 0
     while i < len(args) and args[i].startswith("-"):
@@ -724,7 +733,12 @@ def ce_task(args: list[str]) -> None:
         source = mount.split(":")[0]
         if not site_path(source).exists():
             fail(f"error: container-engine: mount source {source} does not exist")
-    env = dict(os.environ) | {k: str(v) for k, v in edf.get("env", {}).items()}
+    # The image's variables win over the host's (the CE is a customised pyxis, with
+    # pyxis's rule: issue 60's reading of CSCS's run page, 2026-12-04), the EDF's env over
+    # both (the EDF reference).
+    image_env = json.loads(image.read_text()).get("env", {})
+    env = pyxis_env({}, image_env, args[2:], "set it in the EDF's [env]") | {
+        k: str(v) for k, v in edf.get("env", {}).items()}
     if "workdir" in edf:
         os.chdir(site_path(edf["workdir"]))
     if edf.get("entrypoint"):
@@ -809,7 +823,8 @@ def pyxis_task(args: list[str]) -> None:
     run_in_image(args[2:], "", pyxis_env(options, json.loads(image.read_text())["env"], args[2:]))
 
 
-def pyxis_env(options: dict, image_env: dict[str, str], command: list[str]) -> dict[str, str]:
+def pyxis_env(options: dict, image_env: dict[str, str], command: list[str],
+              fix: str = "name it in --container-env") -> dict[str, str]:
     """pyxis's environment rule (its README, --container-env): the host's exported
     variables are set in the container, but a value the image sets takes precedence, but
     for the names --container-env gives. A host value the image overrides is recorded:
@@ -821,7 +836,7 @@ def pyxis_env(options: dict, image_env: dict[str, str], command: list[str]) -> d
             continue
         if env.get(name) not in (None, value):
             record({"step": " ".join(command[:3]), "image_wins": name, "host": env[name],
-                    "image": value})
+                    "image": value, "fix": fix})
         env[name] = value
     return env
 

@@ -190,7 +190,7 @@ def centre_faults(site: str, result: Result) -> list[str]:
         if "image_wins" in entry:
             faults.append(f"host variable: {entry['image_wins']}={entry['host']} is set on the "
                           f"host, but `{entry['step']}` sees the image's {entry['image']}: "
-                          "pyxis keeps the image's value (name it in --container-env)")
+                          f"the runtime keeps the image's value ({entry['fix']})")
         if "entrypoint_sets" in entry:
             faults.append(f"entrypoint: `{entry['step']}` started the container with the "
                           "image's entrypoint (the EDF's entrypoint = true), run once a node, "
