@@ -14,7 +14,7 @@ from workload.checkpoint import Checkpointer
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
-from workload.doctor.ranks import SYS_CLASS, nccl_log_for_one_run, tcp_fallback_warning
+from workload.launch.nccl_net import SYS_CLASS, nccl_log_for_one_run, tcp_fallback_warning
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch import PreemptionFlag
