@@ -85,11 +85,16 @@ def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
 
 
 @dataclass(frozen=True)
-class Mistake:
-    """A page mistake: the edits that make it, and what the twin says (a regex)."""
+class PageEdit:
+    """A page edited: its name, the site, and the (old, new) edits that make it."""
     name: str
     site: str
     edits: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Mistake(PageEdit):
+    """A page mistake, and what the twin says (a regex)."""
     says: str
 
 
@@ -294,12 +299,9 @@ def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, 
 
 
 @dataclass(frozen=True)
-class Variant:
-    """A correct form a centre's own documentation gives that differs from the page: the
-    edits that make it, and where the centre gives it (page and date read)."""
-    name: str
-    site: str
-    edits: tuple[tuple[str, str], ...]
+class Variant(PageEdit):
+    """A correct form a centre's own documentation gives that differs from the page, and
+    where the centre gives it (page and date read)."""
     source: str
 
 
