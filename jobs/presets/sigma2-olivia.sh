@@ -32,3 +32,10 @@ export HSA_FORCE_FINE_GRAIN_PCIE=1     # in HPE's list (an AMD ROCm setting; ine
 # (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiNode.html,
 # read 2026-11-25: --env NCCL_PROTO="${NCCL_PROTO:-^LL128}").
 export NCCL_PROTO=^LL128
+# NCCL's network named: the aws-ofi-nccl plugin the NCCL modules load (the NCCL page) is
+# the network "AWS Libfabric" (the name CSCS's NCCL page gives the same plugin:
+# https://docs.cscs.ch/software/communication/nccl/). With NCCL_NET set, NCCL uses that
+# network or fails at start, instead of falling back to TCP sockets without a word when
+# the plugin does not load (CSCS page read 2026-11-24; NCCL_NET: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html,
+# read 2026-12-04 for issue 60).
+export NCCL_NET="AWS Libfabric"

@@ -8,7 +8,7 @@
 # job script after the modules are loaded (NCCL/... is found only after NRIS/GPU:
 # https://documentation.sigma2.no/hpc_machines/olivia/nccl.html):
 #
-#   module reset; module load NRIS/GPU; module load NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0
+#   module reset; module load NRIS/GPU; module load NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1
 #   source jobs/sites/sigma2-olivia-binds.sh
 #   olivia_bind_nccl        # exports APPTAINER_BIND, APPTAINERENV_LD_LIBRARY_PATH, FI_PROVIDER
 #   olivia_check_nccl       # stops (exit 2) when the bound libnccl is older than torch's

@@ -41,6 +41,7 @@ OLIVIA_ACCOUNTING = "https://documentation.sigma2.no/jobs/projects_accounting.ht
 OLIVIA_APPTAINER = "https://documentation.sigma2.no/hpc_machines/olivia/nccl_apptainer.html"
 APPTAINER_ENV = "https://apptainer.org/docs/user/latest/environment_and_metadata.html"
 NERSC_SCRIPTS = "https://github.com/NERSC/sc25-dl-tutorial"
+NERSC_POLICY = "https://docs.nersc.gov/jobs/policy/"
 # JSC's own pages could not be read: these values are marked "NOT CONFIRMED" in the files.
 JUWELS_BOOSTER = "https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"
 UNCONFIRMED = ""
@@ -78,6 +79,7 @@ PRESETS: dict[str, dict[str, tuple[str, str]]] = {
         "NCCL_SOCKET_IFNAME": ("hsn0,hsn1,hsn2,hsn3", OLIVIA_NCCL),
         "FI_CXI_RX_MATCH_MODE": ("hybrid", OLIVIA_NCCL),
         "NCCL_PROTO": ("^LL128", OLIVIA_MULTINODE),
+        "NCCL_NET": ("AWS Libfabric", CSCS_NCCL),
     },
     "jsc-juwels-booster": {
         "NCCL_SOCKET_IFNAME": ("ib0", UNCONFIRMED),
@@ -121,6 +123,7 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
         "--constraint": ("gpu", NERSC_SCRIPTS), "--ntasks-per-node": ("4", NERSC_SCRIPTS),
         "--gpus-per-node": ("4", NERSC_SCRIPTS), "--cpus-per-task": ("32", NERSC_SCRIPTS),
         "--module": ("gpu,nccl-plugin", NERSC_SCRIPTS),
+        "--qos": ("regular", NERSC_POLICY),
         # The user's own image, on the sbatch line: no published one to name here.
         "--image": (None, UNCONFIRMED),
     },
@@ -130,10 +133,10 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
     },
     "alliance.sbatch": {
         # Fir's: the GPU model its job_submit requires, and its H100 bundle (12 cores,
-        # 250 GB a GPU); memory per GPU, not --mem=0 (a whole node).
-        "--nodes": ("1", ""), "--ntasks-per-node": ("1", ""),
+        # 288 GB a GPU, 280 GB recommended); memory per GPU, not --mem=0 (a whole node).
+        "--nodes": ("2", ""), "--ntasks-per-node": ("1", ""),
         "--gpus-per-node": ("h100:4", ALLIANCE_GPUS), "--cpus-per-task": ("48", ALLIANCE_BUNDLES),
-        "--mem-per-gpu": ("250G", ALLIANCE_BUNDLES), "--mem": (None, ALLIANCE_BUNDLES),
+        "--mem-per-gpu": ("280G", ALLIANCE_BUNDLES), "--mem": (None, ALLIANCE_BUNDLES),
     },
 }
 
@@ -217,7 +220,7 @@ OLIVIA_FACTS = [
     ("x86_64", OLIVIA_START, [OLIVIA_PAGE]),
     ("http://10.63.2.48:3128/", OLIVIA_STACK, [OLIVIA_PAGE]),
     ("NRIS/GPU", OLIVIA_NCCL, [OLIVIA_PAGE, OLIVIA_JOB]),
-    ("NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0", OLIVIA_NCCL, [OLIVIA_PAGE, OLIVIA_JOB]),
+    ("NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1", OLIVIA_NCCL, [OLIVIA_PAGE, OLIVIA_JOB]),
     ("/usr/lib64", OLIVIA_MULTINODE, [OLIVIA_PAGE, OLIVIA_BINDS]),
     ("FI_PROVIDER=cxi", OLIVIA_MULTINODE, [OLIVIA_PAGE, OLIVIA_BINDS]),
     ("--fakeroot", OLIVIA_APPTAINER, [OLIVIA_PAGE]),
@@ -383,9 +386,8 @@ CORRECTIONS = [
     ("W2", ALLIANCE_PAGE, "`--gpus-per-node=h100:4`", ALLIANCE_POLICY, None),
     ("W2", "jobs/sites/alliance.sbatch", "#SBATCH --gpus-per-node=h100:4", ALLIANCE_POLICY,
      "#SBATCH --gpus-per-node=4"),
-    ("W3", ALLIANCE_PAGE, "`--mem-per-gpu=250G`", ALLIANCE_BUNDLES, None),
-    ("W3", "jobs/sites/alliance.sbatch", "#SBATCH --mem-per-gpu=250G", ALLIANCE_BUNDLES,
-     "#SBATCH --mem=0"),
+    ("W3", ALLIANCE_PAGE, None, ALLIANCE_BUNDLES, None),
+    ("W3", "jobs/sites/alliance.sbatch", None, ALLIANCE_BUNDLES, "#SBATCH --mem=0"),
     ("W4", ALLIANCE_PAGE, "differs between the Alliance's clusters", "",
      "Compute nodes have no internet access"),
     ("W5", ALLIANCE_PAGE, "virtualenv --no-download $SLURM_TMPDIR/env && source "
@@ -398,7 +400,7 @@ CORRECTIONS = [
     ("W8", "Dockerfile", None, "", "Olivia's R565"),
     ("W8", "docker-bake.hcl", None, "", "as Olivia uses"),
     ("W8", "apptainer/hpc-train-ngc.def", None, "", "as\n# Olivia uses"),
-    ("W9", NERSC_PAGE, "sbatch --account=<project> --image=$IMAGE", "",
+    ("W9", NERSC_PAGE, "--account=<project> --image=$IMAGE", "",
      "ghcr.io/hpc-train/hpc-train:0.1.0-cuda12"),
     ("W9", "jobs/sites/nersc-perlmutter.sbatch", None, "",
      "ghcr.io/hpc-train/hpc-train:0.1.0-cuda12"),
@@ -428,3 +430,48 @@ def test_the_job_scripts_table_names_every_site_script():
     scripts = sorted(path.name for path in (JOBS / "sites").glob("*.sbatch"))
     assert len(scripts) == 4, scripts
     assert [name for name in scripts if f"`{name}`" not in row] == [], row
+
+
+# Facts found wrong on reading the centres again on 2026-12-04 (issue 60, A1-O2): each
+# right value next to its page and that date, and the wrong form gone from the file.
+READ_60 = "2026-12-04"
+ALLIANCE_APPTAINER = "https://docs.alliancecan.ca/wiki/Apptainer"
+ALLIANCE_FIR = "https://docs.alliancecan.ca/wiki/Fir"
+OLIVIA_PRESET = "jobs/presets/sigma2-olivia.sh"
+NVIDIA_NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+# (item, file, right value, its page, the wrong form or None)
+CORRECTIONS_60 = [
+    ("A1", ALLIANCE_PAGE, "`--mem-per-gpu=280G`", ALLIANCE_BUNDLES, "250 GB a GPU, Fir's"),
+    ("A1", "jobs/sites/alliance.sbatch", "#SBATCH --mem-per-gpu=280G", ALLIANCE_BUNDLES,
+     "#SBATCH --mem-per-gpu=250G"),
+    ("A2", ALLIANCE_PAGE, "bash -c 'export APPTAINER_TMPDIR=$SLURM_TMPDIR && apptainer build",
+     ALLIANCE_APPTAINER, "The data, once, on a login node"),
+    ("A2", ALLIANCE_PAGE, "bash -c 'export APPTAINER_TMPDIR=$SLURM_TMPDIR && apptainer exec "
+     "hpc-train.sif train --dataset cifar100", ALLIANCE_APPTAINER, None),
+    ("A3", ALLIANCE_PAGE, "Fir's longest job is 7 days", ALLIANCE_FIR,
+     "Fir's longest job, and whether"),
+    ("N1", NERSC_PAGE, "sbatch -q regular --account=<project> --image=$IMAGE "
+     "jobs/sites/nersc-perlmutter.sbatch --epochs 30", NERSC_POLICY, None),
+    ("N1", NERSC_PAGE, "TRAIN_RUN_ID=<jobid> sbatch -q regular", NERSC_POLICY, None),
+    ("N1", "jobs/sites/nersc-perlmutter.sbatch", "#SBATCH --qos=regular", NERSC_POLICY,
+     "##SBATCH --qos=regular"),
+    ("O1", OLIVIA_PAGE, "cuda 12.9", "", "cuda 13.x"),
+    ("O2", OLIVIA_JOB, "NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1", OLIVIA_MULTINODE,
+     "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0}"),
+    ("O2", OLIVIA_PAGE, "module load NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1", OLIVIA_MULTINODE,
+     "module load NCCL/2.30.4"),
+    ("O2", OLIVIA_PRESET, 'export NCCL_NET="AWS Libfabric"', NVIDIA_NCCL_ENV, None),
+]
+
+
+@pytest.mark.parametrize("fix,name,right,url,wrong", CORRECTIONS_60,
+                         ids=lambda v: str(v)[:30])
+def test_each_fact_corrected_for_issue_60_is_cited_and_its_wrong_form_gone(fix, name, right,
+                                                                         url, wrong):
+    text = (REPO / name).read_text()
+    flat = " ".join(text.split())
+    assert " ".join(right.split()) in flat, (fix, name, right)
+    if url:
+        assert url in text and READ_60 in text, (fix, name, url)
+    if wrong:
+        assert wrong not in text, (fix, name, wrong)

@@ -211,7 +211,7 @@ def test_the_olivia_job_loads_its_modules_binds_and_checks_before_the_step(stubs
     assert done.returncode == 0, done.stderr
     cxi = str(tmp_path / "usr-lib64")
     assert f"{cxi}:{cxi}:ro" in done.stderr and "olivia: FI_PROVIDER=cxi" in done.stderr
-    assert "nccl: bound libnccl 99.30.4" in done.stdout
+    assert "nccl: bound libnccl 99.29.2" in done.stdout
     assert [argv[0] for argv in calls(stubs)] == ["srun"]
 
 
@@ -223,7 +223,7 @@ def test_the_olivia_job_without_nris_gpu_stops_at_the_nccl_module(stubs, tmp_pat
     assert "module load NRIS/GPU\n" in text
     done = run_olivia_job(stubs, tmp_path, text.replace("module load NRIS/GPU\n", ""))
     assert done.returncode == 1
-    assert LMOD_BEHIND.format("NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0") in done.stderr
+    assert LMOD_BEHIND.format("NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1") in done.stderr
     assert calls(stubs) == []
 
 

@@ -53,10 +53,10 @@ VALUE_OPTIONS = {"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "account
                  "gpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "constraint",
                  "environment", "uenv", "view", "image", "module", "gres", "cpu-bind", "export",
                  "chdir", "container-image", "container-mounts", "container-workdir",
-                 "container-env"}
+                 "container-env", "qos"}
 SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-A": "account",
          "-p": "partition", "-t": "time", "-o": "output", "-e": "error", "-J": "job-name",
-         "-G": "gpus", "-C": "constraint"}
+         "-G": "gpus", "-C": "constraint", "-q": "qos"}
 # The ways to ask GPUs, in the order gpu_request reads them.
 GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 # What the cluster cannot have: asked of the twin's nodes, then left out for the cluster
@@ -64,7 +64,7 @@ GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
-SITE_ONLY = {"account", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
+SITE_ONLY = {"account", "qos", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
              "image", "module", "environment", *GPU_OPTIONS} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
 # What the job sees as the centre's SLURM sets it; srun gives the cluster its own back.
@@ -170,6 +170,10 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
         "SBATCH_ACCOUNT" if program == "sbatch" else "SLURM_ACCOUNT")
     if (account or slurm["account_required"]) and account != slurm.get("account"):
         fail(f"{refused}Invalid account or account/partition combination specified")
+    # The QOS: one of the centre's (the twin's list, cited; none listed: strict, none).
+    qos = options.get("qos")
+    if qos is not None and qos not in slurm.get("qos", []):
+        fail(f"{refused}Invalid qos specification")
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
         fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
@@ -211,6 +215,14 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or CONFIG["cluster_cpus"])
     kept = {name: value for name, value in options.items() if name not in SITE_ONLY}
     kept |= scaled_gpus(options, cpus)
+    if "ntasks" in kept and "ntasks-per-node" not in kept and "nodes" in kept:
+        # srun -n8 -N2 (CSCS's Slurm page): the tasks spread over the nodes, a node's
+        # share as the request would give it, scaled to the cluster's CPUs.
+        per_node = -(-int(kept["ntasks"]) // int(kept["nodes"]))
+        kept["ntasks"] = str(int(kept["nodes"]) * min(per_node, cpus))
+        spread = str(min(per_node, cpus))
+    else:
+        spread = None
     if "ntasks-per-node" in kept:
         kept["ntasks-per-node"] = str(min(int(kept["ntasks-per-node"]), cpus))
         if "ntasks" in kept:
@@ -218,7 +230,7 @@ def for_the_cluster(options: dict[str, str | None]) -> list[str]:
                                  * int(kept["ntasks-per-node"]))
     if "cpus-per-task" in kept:
         # Tasks a node: the request's, else (a step in a job) the job's, "4" or "4(x2)".
-        per_node = kept.get("ntasks-per-node") or re.match(
+        per_node = kept.get("ntasks-per-node") or spread or re.match(
             r"\d*", os.environ.get("SLURM_NTASKS_PER_NODE", "")).group() or 1
         kept["cpus-per-task"] = str(max(1, min(int(kept["cpus-per-task"]),
                                                cpus // int(per_node))))
@@ -297,6 +309,9 @@ def srun(args: list[str]) -> None:
                    "--", *command]
     if options.get("container-image"):
         command = [sys.executable, __file__, "pyxis-task", json.dumps(options), "--", *command]
+    # A step that is its own job (srun at the login prompt): the job's variables too.
+    if not on_compute() and job_variables():
+        command = ["bash", "-c", "".join(job_variables()) + 'exec "$@"', "srun", *command]
     os.environ.pop("SLURM_ACCOUNT", None)  # the centre's, checked above
     os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
 
@@ -327,14 +342,19 @@ def with_job_variables(lines: list[str], options: dict[str, str | None]) -> list
     """The variables the centre's job starts with (Alliance's $SLURM_TMPDIR, a node-local
     folder made for the job; the request as the centre's SLURM gives it), set after the
     script's header as the centre's prolog would before it."""
-    variables = CONFIG["compute"].get("job_variables", {})
     body = next((i for i, line in enumerate(lines) if i and not line.startswith("#")),
                 len(lines))
-    made = centre_view(options)
-    for name, value in variables.items():
+    return lines[:body] + centre_view(options) + job_variables() + lines[body:]
+
+
+def job_variables() -> list[str]:
+    """The shell lines that set the centre's job variables (Alliance's $SLURM_TMPDIR, made
+    for the job), in a job's batch shell or around a step srun allocates itself."""
+    made = []
+    for name, value in CONFIG["compute"].get("job_variables", {}).items():
         path = CONFIG["root_dir"] + value.format(user=os.environ["USER"], job="${SLURM_JOB_ID}")
         made.append(f'export {name}="{path}"; mkdir -p "${{{name}}}"\n')
-    return lines[:body] + made + lines[body:]
+    return made
 
 
 def record_memory(listed: list[tuple[str, str | None]]) -> None:
@@ -353,6 +373,26 @@ def record_memory(listed: list[tuple[str, str | None]]) -> None:
     else:
         share = None
     record({"job": Path(CONFIG["state"]).name, "mem_per_gpu_gib": share})
+
+
+def record_qos(options: dict[str, str | None]) -> None:
+    """The QOS a job runs in: its own, else the centre's default (Perlmutter's debug), for
+    the site test to hold against where the centre permits production runs."""
+    qos = options.get("qos") or CONFIG["slurm"].get("default_qos")
+    if qos:
+        record({"job": Path(CONFIG["state"]).name, "qos": qos,
+                "named": bool(options.get("qos"))})
+
+
+def record_shifter_modules(options: dict[str, str | None]) -> None:
+    """Shifter's modules of a job (sbatch --module; the centre's default where none is
+    given), for the site test to hold against the ones a multi-node job needs (NERSC's
+    nccl-plugin: without it NCCL in the image has no Slingshot plugin)."""
+    needed = CONFIG["runtime"].get("multinode_modules")
+    if needed:
+        given = (options.get("module") or "").split(",")
+        record({"job": Path(CONFIG["state"]).name, "shifter_modules": [m for m in given if m],
+                "nodes": int(options.get("nodes") or 1)})
 
 
 def sbatch(args: list[str]) -> None:
@@ -375,6 +415,8 @@ def sbatch(args: list[str]) -> None:
     if options.get("image"):  # Shifter's image for the job's `shifter` commands
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     record_memory(listed)
+    record_qos(options)
+    record_shifter_modules(options)
     os.environ.pop("SBATCH_ACCOUNT", None)  # the centre's, checked above
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
@@ -505,8 +547,17 @@ def apptainer_build(image: Path, recipe: Path, build_args: list[str]) -> None:
     write_image(image, GO_ARCH[node_arch()], str(recipe))
 
 
+def check_login_node(command: str) -> None:
+    """What the centre forbids on its login nodes (the twin's [login] forbids, cited) is
+    refused there, naming the centre's rule; in a job it runs."""
+    rule = CONFIG["login"].get("forbids", {}).get(command)
+    if rule and not on_compute():
+        fail(f"twin: {command} on a login node: this centre forbids it there ({rule})", 1)
+
+
 def apptainer(args: list[str]) -> None:
     check_module("apptainer")
+    check_login_node("apptainer")
     action, args = args[0], args[1:]
     flags, i = {}, 0
     while i < len(args) and args[i].startswith("-"):
@@ -656,9 +707,23 @@ def find_edf(name: str) -> Path:
     return path.resolve()
 
 
+def expanded(value):
+    """The EDF with ${VAR} expanded from the environment in every string field, as the CE
+    does (the EDF reference, as issue 60 reports it, read 2026-12-04); an unset name stays
+    as written."""
+    if isinstance(value, dict):
+        return {key: expanded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [expanded(item) for item in value]
+    if isinstance(value, str):
+        return re.sub(r"\$\{(\w+)\}", lambda found: os.environ.get(found.group(1),
+                                                                 found.group(0)), value)
+    return value
+
+
 def ce_task(args: list[str]) -> None:
     """In the step, on the node: the EDF's image, mounts, workdir and env."""
-    edf = tomllib.loads(Path(args[0]).read_text())
+    edf = expanded(tomllib.loads(Path(args[0]).read_text()))
     image = site_path(edf["image"])
     if not image.is_file():
         fail(f"error: container-engine: the EDF's image {edf['image']} ({args[0]}) does not "
@@ -668,7 +733,12 @@ def ce_task(args: list[str]) -> None:
         source = mount.split(":")[0]
         if not site_path(source).exists():
             fail(f"error: container-engine: mount source {source} does not exist")
-    env = dict(os.environ) | {k: str(v) for k, v in edf.get("env", {}).items()}
+    # The image's variables win over the host's (the CE is a customised pyxis, with
+    # pyxis's rule: issue 60's reading of CSCS's run page, 2026-12-04), the EDF's env over
+    # both (the EDF reference).
+    image_env = json.loads(image.read_text()).get("env", {})
+    env = pyxis_env({}, image_env, args[2:], "set it in the EDF's [env]") | {
+        k: str(v) for k, v in edf.get("env", {}).items()}
     if "workdir" in edf:
         os.chdir(site_path(edf["workdir"]))
     if edf.get("entrypoint"):
@@ -731,10 +801,12 @@ def pyxis_task(args: list[str]) -> None:
     if image_arch(image) != GO_ARCH[node_arch()]:
         fail(f"slurmstepd: error: pyxis: {args[2]}: exec format error (an "
              f"{image_arch(image)} image on an {GO_ARCH[node_arch()]} node)")
-    mounts = [m.split(":")[0] for m in (options.get("container-mounts") or "").split(",") if m]
-    for source in mounts:
+    # --container-mounts=SRC[:DST[:FLAGS]],... (pyxis's README): DST is SRC where not given.
+    listed = [m.split(":") for m in (options.get("container-mounts") or "").split(",") if m]
+    for source, *_ in listed:
         if not Path(source).exists():
             fail(f"slurmstepd: error: pyxis: [ERROR] No such file or directory: {source}")
+    mounts = [parts[1] if len(parts) > 1 else parts[0] for parts in listed]
     # The site's file systems are not in the container but where mounted; the image's
     # WORKDIR (/workspace) is a folder of the twin's, thrown away with the container.
     workdir = options.get("container-workdir")
@@ -743,13 +815,16 @@ def pyxis_task(args: list[str]) -> None:
         if not any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts):
             fail(f"pyxis twin: {path}: No such file or directory in the container (not "
                  "under --container-mounts)")
+    if not workdir and trains(args[2:]):
+        record({"step": " ".join(args[2:5]), "pyxis_workdir": "the image's"})
     inside = Path(CONFIG["state"]) / "workspace"
     inside.mkdir(exist_ok=True)
     os.chdir(workdir or inside)
     run_in_image(args[2:], "", pyxis_env(options, json.loads(image.read_text())["env"], args[2:]))
 
 
-def pyxis_env(options: dict, image_env: dict[str, str], command: list[str]) -> dict[str, str]:
+def pyxis_env(options: dict, image_env: dict[str, str], command: list[str],
+              fix: str = "name it in --container-env") -> dict[str, str]:
     """pyxis's environment rule (its README, --container-env): the host's exported
     variables are set in the container, but a value the image sets takes precedence, but
     for the names --container-env gives. A host value the image overrides is recorded:
@@ -761,7 +836,7 @@ def pyxis_env(options: dict, image_env: dict[str, str], command: list[str]) -> d
             continue
         if env.get(name) not in (None, value):
             record({"step": " ".join(command[:3]), "image_wins": name, "host": env[name],
-                    "image": value})
+                    "image": value, "fix": fix})
         env[name] = value
     return env
 

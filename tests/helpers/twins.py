@@ -161,12 +161,28 @@ def shown_values(values: dict) -> str:
     return " ".join(f"{name}={value}" for name, value in values.items())
 
 
+def memory_fault(share: float | str | None, bundle: int) -> str | None:
+    """A job's memory a GPU against the most the centre gives one (its bundle): all of a
+    node's (--mem=0) for part of its GPUs, none asked, or more than the bundle."""
+    if share == "node":
+        shown = "all of the node's (--mem=0)"
+    elif share is None:
+        shown = "no memory of its own (none asked)"
+    elif share > bundle:
+        shown = f"{share:g} GiB"
+    else:
+        return None
+    return f"memory a GPU: the job gives a GPU {shown}, the centre's bundle is {bundle} GiB"
+
+
 def centre_faults(site: str, result: Result) -> list[str]:
     """What the page's steps and jobs ask against the centre's own figures (the twin's,
     each cited): every training rank gets the CPUs the centre gives a GPU (its node's
     cores over its GPUs, or the cpus_per_gpu it publishes), and every GPU the host memory
-    the centre gives one, where it publishes that (mem_per_gpu_gib). One line a fault."""
-    compute = twin_data(site)["compute"]
+    the centre gives one at most, where it publishes that (mem_per_gpu_gib: a job may ask
+    less, as Fir's recommended 280 of its 288). One line a fault."""
+    data = twin_data(site)
+    compute, slurm, runtime = data["compute"], data["slurm"], data["runtime"]
     per_gpu = compute.get("cpus_per_gpu", compute["cpus"] // compute["gpus"])
     memory = compute.get("mem_per_gpu_gib")
     faults = []
@@ -174,7 +190,7 @@ def centre_faults(site: str, result: Result) -> list[str]:
         if "image_wins" in entry:
             faults.append(f"host variable: {entry['image_wins']}={entry['host']} is set on the "
                           f"host, but `{entry['step']}` sees the image's {entry['image']}: "
-                          "pyxis keeps the image's value (name it in --container-env)")
+                          f"the runtime keeps the image's value ({entry['fix']})")
         if "entrypoint_sets" in entry:
             faults.append(f"entrypoint: `{entry['step']}` started the container with the "
                           "image's entrypoint (the EDF's entrypoint = true), run once a node, "
@@ -183,11 +199,26 @@ def centre_faults(site: str, result: Result) -> list[str]:
         if entry.get("cpus_per_rank", per_gpu) != per_gpu:
             faults.append(f"CPUs a rank: a rank of `{entry['step']}` gets "
                           f"{entry['cpus_per_rank']} CPUs, the centre gives a GPU {per_gpu}")
-        if memory and entry.get("mem_per_gpu_gib", memory) != memory:
-            shown = ("all of the node's (--mem=0)" if entry["mem_per_gpu_gib"] == "node"
-                     else f"{entry['mem_per_gpu_gib']} GiB")
-            faults.append(f"memory a GPU: the job gives a GPU {shown}, the centre's share "
-                          f"is {memory} GiB")
+        if "pyxis_workdir" in entry:
+            faults.append(f"pyxis: `{entry['step']}` starts in the image's WORKDIR (no "
+                          "--container-workdir): what it writes by a relative path (runs/...) "
+                          "is gone with the container")
+        missing = [name for name in runtime.get("multinode_modules", [])
+                   if entry.get("nodes", 1) > 1 and name not in entry.get("shifter_modules",
+                                                                          [name])]
+        if missing:
+            faults.append(f"Shifter modules: a {entry['nodes']}-node job with --module="
+                          f"{','.join(entry['shifter_modules'])} has no {', '.join(missing)}: "
+                          "NCCL in the image falls back to TCP sockets without a word "
+                          f"(--module={','.join(entry['shifter_modules'] + missing)})")
+        if entry.get("qos") in slurm.get("no_production", []):
+            faults.append(f"QOS: a training job runs in {entry['qos']}"
+                          + ("" if entry.get("named") else " (the default: it names none)")
+                          + ", where the centre does not permit production runs "
+                          "(-q regular)")
+        if memory and "mem_per_gpu_gib" in entry and memory_fault(entry["mem_per_gpu_gib"],
+                                                                   memory):
+            faults.append(memory_fault(entry["mem_per_gpu_gib"], memory))
     return faults
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from workload.doctor import ranks
+from workload.launch import nccl_net
 
 PREFIX = "nid001:51234:51290 [0] NCCL INFO "
 SOCKET_LOG = [PREFIX + line for line in (
@@ -46,7 +47,7 @@ def sys_class(tmp_path, **devices):
     (OFI_LOG, "AWS Libfabric", ["NET/AWS Libfabric"], "cxi"),
 ])
 def test_nccl_log_names_network_and_channel_transports(log, network, transports, provider):
-    assert ranks.parse_nccl_log(log) == dict(network=network, transports=transports,
+    assert nccl_net.parse_nccl_log(log) == dict(network=network, transports=transports,
                                              ofi_provider=provider)
 
 
@@ -55,8 +56,8 @@ def test_nccl_log_names_network_and_channel_transports(log, network, transports,
     ({"cxi": ["cxi0", "cxi1"]}, ["NCCL_NET='AWS Libfabric'", "FI_PROVIDER=cxi"]),
 ])
 def test_sockets_next_to_a_fabric_warn_with_the_fix(tmp_path, devices, fix_words):
-    found = ranks.fabric_devices(sys_class(tmp_path, **devices))
-    finding = ranks.transport_finding("nccl", ranks.parse_nccl_log(SOCKET_LOG), found, 2)
+    found = nccl_net.fabric_devices(sys_class(tmp_path, **devices))
+    finding = ranks.transport_finding("nccl", nccl_net.parse_nccl_log(SOCKET_LOG), found, 2)
     assert finding.status == "warn" and "fell back to TCP sockets" in finding.detail
     for word in fix_words:
         assert word in finding.fix
@@ -70,21 +71,64 @@ def test_sockets_next_to_a_fabric_warn_with_the_fix(tmp_path, devices, fix_words
      {"infiniband": ["mlx5_0"]}, 1),                 # one node: data moves over P2P
 ])
 def test_no_warning_when_the_fabric_is_used_or_absent(tmp_path, log, devices, nodes):
-    found = ranks.fabric_devices(sys_class(tmp_path, **devices))
-    assert ranks.transport_finding("nccl", ranks.parse_nccl_log(log), found, nodes).status == "ok"
+    found = nccl_net.fabric_devices(sys_class(tmp_path, **devices))
+    finding = ranks.transport_finding("nccl", nccl_net.parse_nccl_log(log), found, nodes)
+    assert finding.status == "ok"
 
 
 def test_gloo_says_tcp_and_one_process_says_no_collective(tmp_path):
-    found = ranks.fabric_devices(sys_class(tmp_path, cxi=["cxi0"]))
-    gloo = ranks.transport_finding("gloo", ranks.parse_nccl_log([]), found, 2)
+    found = nccl_net.fabric_devices(sys_class(tmp_path, cxi=["cxi0"]))
+    gloo = ranks.transport_finding("gloo", nccl_net.parse_nccl_log([]), found, 2)
     assert gloo.status == "info" and "TCP" in gloo.detail and "Slingshot (cxi0)" in gloo.detail
     assert ranks.transport_finding(None, {}, {}, 1).status == "info"
 
 
 def test_nccl_log_goes_to_a_private_file_unless_the_user_chose(tmp_path):
     env = {}
-    path = ranks.capture_nccl_log(tmp_path, env)
+    path = nccl_net.capture_nccl_log(tmp_path, env)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
     assert path.parent == tmp_path
     mine = {"NCCL_DEBUG": "WARN"}
-    assert ranks.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
+    assert nccl_net.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
+
+
+def nccl_info(backend: str, nodes: int, local_rank: int = 0):
+    import torch
+
+    from workload.distributed import DistInfo
+    from workload.launch.script import Launch
+    launch = Launch(local_rank, local_rank, 4 * nodes, 4, 0, "cuda")
+    return DistInfo(launch, torch.device("cpu"), backend)
+
+
+@pytest.mark.parametrize("log, devices, warned", [
+    (SOCKET_LOG, {"cxi": ["cxi0"]}, True),       # TCP next to Slingshot: said
+    (OFI_LOG, {"cxi": ["cxi0"]}, False),         # the plugin's network: nothing to say
+    (SOCKET_LOG, {}, False),                     # no faster fabric on the node
+])
+def test_train_says_in_its_log_when_nccl_took_tcp_next_to_a_fabric(tmp_path, caplog, log,
+                                                                  devices, warned):
+    """Item 8 of issue 60: train's first-step hook runs the doctor's transport check on
+    the NCCL log its process wrote, and warns with the doctor's fix, once a node."""
+    from workload.training.run import nccl_transport_warning
+    nccl_log = tmp_path / "nccl.log"
+    nccl_log.write_text("\n".join(log) + "\n")
+    fabric = sys_class(tmp_path / "sys", **devices)
+    fabric.mkdir(exist_ok=True)
+    with caplog.at_level("WARNING", logger="workload"):
+        nccl_transport_warning(nccl_info("nccl", 2), nccl_log, fabric)()
+        nccl_transport_warning(nccl_info("nccl", 2, local_rank=1), nccl_log, fabric)()
+    said = [r.getMessage() for r in caplog.records if "fell back to TCP" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), caplog.text
+    assert not warned or "FI_PROVIDER=cxi" in said[0], said
+
+
+def test_train_sends_nccl_info_to_a_private_file_for_one_run(tmp_path):
+    env = {}
+    with nccl_net.nccl_log_for_one_run(env) as path:
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
+        assert oct(path.parent.stat().st_mode & 0o777) == oct(0o700)
+    assert env == {}
+    mine = {"NCCL_DEBUG": "WARN"}  # the user's choice of NCCL's log is kept, not read
+    with nccl_net.nccl_log_for_one_run(mine) as path:
+        assert path is None and mine == {"NCCL_DEBUG": "WARN"}

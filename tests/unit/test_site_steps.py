@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import re
+import tomllib
 
 from tests.helpers import REPO
 from tests.helpers.steps import page_steps, unmarked_blocks
@@ -148,3 +149,26 @@ def test_each_page_continues_a_run_as_its_twin_cites_the_centre(site):
     script = re.search(r"jobs/\S+\.sbatch", steps[-1].text).group()
     requeues = "\n#SBATCH --requeue\n" in (REPO / script).read_text()
     assert requeues == table["requeue"], (site, script)
+
+
+OUR_FILES = re.compile(r"(?<![\w./:-])(docs|jobs)/[\w./-]+")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_no_twin_value_comes_from_our_pages(site):
+    """A twin holds the centre's rules (issue 60): every `source` names the centre's pages
+    (or says NOT CONFIRMED), never a file of this project, and past the header that names
+    the page the twin runs, no comment gives one of our pages as where a value comes from
+    ("as docs/sites/X.md states it")."""
+    text = (TWINS / f"{site}.toml").read_text()
+
+    def sources(table) -> list[str]:
+        if isinstance(table, dict):
+            own = table.get("source", [])
+            return [*own, *(s for key, value in table.items() if key != "source"
+                            for s in sources(value))]
+        return []
+    named = [source for source in sources(tomllib.loads(text)) if OUR_FILES.search(source)]
+    assert not named, (site, named)
+    body = re.split(r"\n(?:page|base) = .*\n", text, maxsplit=1)[1]  # past the header
+    assert not OUR_FILES.search(body), (site, OUR_FILES.search(body).group())

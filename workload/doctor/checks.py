@@ -3,7 +3,6 @@ local findings, joining the process group, the all-reduce probe, consistency of 
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from workload import distributed
 from workload.doctor import driver, local, mpi, nvml, pairs, ranks, storage, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
+from workload.launch import nccl_net
 
 
 def local_findings(args, info) -> list[Finding]:
@@ -70,8 +70,8 @@ def run_checks(args) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
-    with tempfile.TemporaryDirectory(prefix="doctor-") as folder:
-        return check_ranks(args, ranks.capture_nccl_log(Path(folder)))
+    with nccl_net.nccl_log_for_one_run() as nccl_log:
+        return check_ranks(args, nccl_log)
 
 
 def check_ranks(args, nccl_log: Path | None) -> dict:
@@ -90,8 +90,8 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
     readings = [r["nvml"] for r in everyone]
     gpus = nvml.nvml_findings(readings, [p["node"] for p in rank_map])
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
-    transport = ranks.transport_finding(info.backend, ranks.read_nccl_log(nccl_log),
-                                        ranks.fabric_devices(),
+    transport = ranks.transport_finding(info.backend, nccl_net.read_nccl_log(nccl_log),
+                                        nccl_net.fabric_devices(),
                                         len({place["node"] for place in rank_map}))
     return dict(world_size=info.world_size, backend=info.backend, is_main=info.is_main,
                 ranks=rank_map, allreduce=result, versions=[r["versions"] for r in everyone],

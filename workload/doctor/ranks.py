@@ -5,16 +5,14 @@ Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / time, and for
 all-reduce busbw = algbw * 2(n-1)/n, the rate each link must sustain in a ring, which
 is comparable across world sizes and with the hardware's link speed.
 
-NCCL names its network in its INFO log ("Using network IB", "via NET/Socket/0"). The doctor
-turns that log on for its own run (NCCL_DEBUG=INFO into a private NCCL_DEBUG_FILE) unless
-the user already set NCCL_DEBUG, then reads it back after the probe, and warns when NCCL
-used TCP on a machine with a faster fabric it did not use.
+The network NCCL chose: its INFO log, read as workload/launch/nccl_net.py reads it (the
+one home `train` shares), turned into the doctor's finding, a warning when NCCL used TCP
+on a machine with a faster fabric it did not use.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch.distributed as dist
 
 from workload.distributed import DistInfo
 from workload.doctor.findings import INFO, OK, WARN, Finding, cpu_ranges
+from workload.launch.nccl_net import FABRIC_FIX, FABRICS, fallback_fabric
 from workload.launch.variables import node_name
 
 
@@ -139,73 +138,6 @@ def allreduce_is_correct(info: DistInfo) -> bool:
     return value.item() == info.world_size * (info.world_size - 1) / 2
 
 
-# ---------------------------------------------------------------- the network NCCL chose
-SYS_CLASS = Path("/sys/class")
-# Slingshot NICs appear as cxi devices; InfiniBand (and RoCE) HCAs under infiniband.
-FABRICS = {"infiniband": "InfiniBand", "cxi": "Slingshot"}
-FABRIC_FIX = {
-    "infiniband": "check NCCL_IB_DISABLE is unset, the container sees /dev/infiniband "
-                  "(apptainer exec --nv binds it on most sites; docker run --device "
-                  "/dev/infiniband --cap-add IPC_LOCK), and NCCL_IB_HCA if you set it",
-    "cxi": "use the aws-ofi-nccl plugin: export NCCL_NET='AWS Libfabric' FI_PROVIDER=cxi "
-           "and bind the site's plugin and libfabric into the container (jobs/ presets)",
-}
-NETWORK_LINE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
-CHANNEL_LINE = re.compile(r"NCCL INFO Channel .* via (.+?)\s*$")
-OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\w+)")
-
-
-def fabric_devices(sys_class: Path = SYS_CLASS) -> dict[str, list[str]]:
-    """Fabric devices the kernel shows, e.g. {"infiniband": ["mlx5_0"], "cxi": []}."""
-    return {kind: sorted(p.name for p in (sys_class / kind).glob("*"))
-            for kind in FABRICS if (sys_class / kind).is_dir()}
-
-
-def transport_name(via: str) -> str:
-    """"NET/IB/0/GDRDMA" -> "NET/IB", "P2P/CUMEM/read" -> "P2P", "SHM/direct/direct" -> "SHM"."""
-    parts = via.split("/")
-    return "/".join(parts[:2]) if parts[0] == "NET" and len(parts) > 1 else parts[0]
-
-
-def parse_nccl_log(lines) -> dict:
-    """The network and the per-channel transports named in NCCL INFO lines."""
-    network = None
-    provider = None
-    transports = set()
-    for line in lines:
-        if match := NETWORK_LINE.search(line):
-            network = match.group(1)
-        elif match := CHANNEL_LINE.search(line):
-            transports.add(transport_name(match.group(1)))
-        if match := OFI_PROVIDER.search(line):
-            provider = match.group(1)
-    return dict(network=network, ofi_provider=provider, transports=sorted(transports))
-
-
-def capture_nccl_log(folder: Path, env=os.environ) -> Path | None:
-    """Send this process's NCCL INFO log to a file we can read (not if the user chose one)."""
-    if "NCCL_DEBUG" in env or "NCCL_DEBUG_FILE" in env:
-        return None
-    env["NCCL_DEBUG"] = "INFO"
-    env["NCCL_DEBUG_SUBSYS"] = env.get("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    path = folder / f"nccl.{os.getpid()}.log"
-    env["NCCL_DEBUG_FILE"] = str(path)
-    return path
-
-
-def read_nccl_log(path: Path | None) -> dict:
-    if path is None or not path.is_file():
-        return dict(network=None, ofi_provider=None, transports=[])
-    return parse_nccl_log(path.read_text(errors="replace").splitlines())
-
-
-def uses_sockets(nccl: dict, num_nodes: int) -> bool:
-    """Data really crosses TCP: a channel via NET/Socket, or the Socket network between nodes
-    (within one node NCCL names a network but moves data over P2P or SHM)."""
-    return "NET/Socket" in nccl.get("transports", []) or (
-        nccl.get("network") == "Socket" and num_nodes > 1)
-
-
 def transport_finding(backend: str | None, nccl: dict, devices: dict, num_nodes: int,
                       env=os.environ) -> Finding:
     """The chosen transport, and a warning when NCCL uses TCP next to a faster fabric."""
@@ -220,8 +152,9 @@ def transport_finding(backend: str | None, nccl: dict, devices: dict, num_nodes:
     detail = (f"NCCL network {network}" + (f" (OFI provider {nccl['ofi_provider']})"
               if nccl.get("ofi_provider") else "") + f", channels via "
               f"{', '.join(nccl.get('transports') or ['?'])}; fabric devices: {seen}")
-    if present and uses_sockets(nccl, num_nodes):
-        kind = next(iter(present))
+    kind = fallback_fabric(nccl, devices, num_nodes)
+    if kind:
         return Finding("transport", WARN, detail + f": NCCL fell back to TCP sockets on a "
                        f"machine with {FABRICS[kind]}", FABRIC_FIX[kind])
     return Finding("transport", OK, detail)
+

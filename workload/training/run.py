@@ -14,6 +14,7 @@ from workload.checkpoint import Checkpointer
 from workload.config import TrainConfig, describe_stem
 from workload.data import build_data, stage_data, write_shards
 from workload.distributed import DistInfo
+from workload.launch.nccl_net import SYS_CLASS, nccl_log_for_one_run, tcp_fallback_warning
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch import PreemptionFlag
@@ -43,15 +44,19 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     clock = StartupClock(folder.diagnostics / record_name())
     clock.mark("imports")
     # Before the process group forms: torch reads the flight recorder's variables then.
+    # NCCL's INFO log, to a private file, before any communicator forms: which network it
+    # took, checked after the first step (nccl_transport_warning).
     with (held_for_the_run(folder.diagnostics) as diagnostics,
           defaults_for_one_run(os.environ, diagnostics),
+          nccl_log_for_one_run(os.environ) as nccl_log,
           start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
         clock.mark("process group")
-        return run_in_process(cfg, info, precision, flag, started, clock)
+        return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
 
 
 def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
-                   flag: PreemptionFlag | None, started: float, clock: StartupClock) -> dict:
+                   flag: PreemptionFlag | None, started: float, clock: StartupClock,
+                   nccl_log: Path | None = None) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
     if cfg.data.shards:
         return shards_written(cfg, info)
@@ -63,7 +68,7 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
     clock.mark("data")
     folder = RunFolder(prepare_output_dir(cfg.logging.output_dir))
     with checkpoint.lock_run_folder(folder.root, info):  # one writer: before anything is written
-        summary = train_in(folder, cfg, info, data, precision, flag, clock)
+        summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
             write_summary(folder, summary)
@@ -71,14 +76,15 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
 
 
 def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precision: str,
-             flag: PreemptionFlag | None, clock: StartupClock) -> dict:
+             flag: PreemptionFlag | None, clock: StartupClock,
+             nccl_log: Path | None = None) -> dict:
     """Build and resume the state, choose what runs beside the loop, fit: the summary."""
     previous = previous_startup(folder) if info.is_main else None
     state = training_state(folder, cfg, info, data, precision, clock)
     wings = Wings(Checkpointer(cfg, info, state, folder.root, len(data.train),
                                flag or PreemptionFlag(), data.num_classes),
                   compile_cache(cfg, info, folder.root), StepProbe(state.step, info.device),
-                  state.parts["energy"], FirstStep(clock, info, previous))
+                  state.parts["energy"], FirstStep(clock, info, previous), nccl_log)
     wings.energy.probe = wings.probe  # the images its per-image energy divides by
     watchdog = stall_watchdog(cfg, info, folder, wings.probe)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
@@ -121,6 +127,7 @@ class Wings:
     probe: StepProbe
     energy: EnergyAccount
     first_step: FirstStep
+    nccl_log: Path | None = None  # NCCL's INFO log of this process (nccl_log_for_one_run)
 
     def facts(self) -> dict:
         """summary.json's fields of the wings: the compile cache, the start-up."""
@@ -135,7 +142,8 @@ def choose_hooks(cfg: TrainConfig, info: DistInfo, folder: RunFolder, steps_per_
     checkpointer = wings.checkpointer
     bar = TerminalBar(steps_per_epoch, info.is_main)
     return Hooks(after_step=[first_step_only(wings.first_step), checkpointer.after_step,
-                             shorten_timeout(cfg, info), *map(first_step_only, packs)],
+                             shorten_timeout(cfg, info), *map(first_step_only, packs),
+                             first_step_only(nccl_transport_warning(info, wings.nccl_log))],
                  after_epoch=[*epoch_records(cfg, info, folder, board),
                               checkpointer.after_epoch, *packs],
                  progress=[*progress_hooks(cfg, info, folder, steps_per_epoch, wings), bar],
@@ -215,6 +223,19 @@ def watching(watchdog: StallWatchdog):
         yield watchdog
     finally:
         watchdog.__exit__(None, None, None)
+
+
+def nccl_transport_warning(info: DistInfo, nccl_log: Path | None, sys_class: Path = SYS_CLASS):
+    """The hook that, after this process's first step (its collectives have run), warns
+    in the log when NCCL took TCP sockets on a node with a faster fabric: the doctor's
+    transport check (workload/doctor/ranks.py), said once a node (its local rank 0)."""
+    def warn() -> None:
+        if info.local_rank != 0:
+            return
+        warning = tcp_fallback_warning(info.backend, nccl_log, info.num_nodes, sys_class)
+        if warning:
+            logger.warning(f"transport: {warning}")
+    return warn
 
 
 def shorten_timeout(cfg: TrainConfig, info: DistInfo):
