@@ -312,6 +312,7 @@ OLIVIA_SINGLE = ("https://documentation.sigma2.no/code_development/guides/pytorc
 ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_scheduling"
                     "#Ratios_in_bundles")
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
+FIR_POLICIES = "https://docs.alliancecan.ca/wiki/Fir, Site-specific policies"
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -323,10 +324,10 @@ VARIANTS = [
             f"{ALLIANCE_BUNDLES}, {ISSUE_60}"),
     Variant("alliance: Fir's longest job, 7 days", "alliance",
             (("--time=01:00:00 --cpus-per-task=1", "--time=7-00:00:00 --cpus-per-task=1"),),
-            f"https://docs.alliancecan.ca/wiki/Fir, {ISSUE_60}"),
+            f"{FIR_POLICIES}, read 2026-12-04"),
     Variant("alliance: Fir's shortest job, 1 hour", "alliance",
             (("--time=01:00:00 --cpus-per-task=4", "--time=1:00:00 --cpus-per-task=4"),),
-            f"https://docs.alliancecan.ca/wiki/Fir, {ISSUE_60}"),
+            f"{FIR_POLICIES}, read 2026-12-04"),
     Variant("olivia: the multi-node guide's module purge and NCCL/2.26.6", "sigma2-olivia",
             (("module reset\nmodule load NRIS/GPU\nmodule load NCCL/2.29.2-GCCcore-14.3.0-"
               "CUDA-12.9.1\nsource", "module purge\nmodule load NRIS/GPU\nmodule load "
@@ -365,7 +366,7 @@ VARIANTS = [
     # (NERSC's three are made on the job line one after another, in this order.)
     Variant("nersc: --qos=regular, the long form", "nersc-perlmutter",
             ((NERSC_JOB, "```bash\n   sbatch --qos=regular --account"),),
-            "https://docs.nersc.gov/jobs/policy/, " + ISSUE_60),
+            "https://docs.nersc.gov/jobs/policy/, read 2026-12-04"),
     Variant("nersc: NERSC's header options again on the sbatch line", "nersc-perlmutter",
             (("--qos=regular --account=<project> --image", "--qos=regular --account=<project> "
               "-C gpu --module=gpu,nccl-plugin --image"),),
