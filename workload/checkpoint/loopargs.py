@@ -73,12 +73,12 @@ def keep_count(keep) -> int:
 
 def step_count(step) -> int:
     """The step a save records, as an int: a whole number a checkpoint holds."""
-    from workload.checkpoint.content import MAX_COUNT
+    from workload.config import MAX_COUNT
 
     count = whole(step)
-    if count is None or not 0 <= count < MAX_COUNT:
-        beyond = (" (a checkpoint holds steps below 2^62)"
-                  if count is not None and count >= MAX_COUNT else "")
+    if count is None or not 0 <= count <= MAX_COUNT:
+        beyond = (" (a checkpoint holds steps up to 2^62)"
+                  if count is not None and count > MAX_COUNT else "")
         raise UsageError(f"Checkpoints.save: step {shown(step)} is not a whole number of 0 "
                          f"or more{beyond}; pass the optimizer steps done so far (step + 1 "
                          "after the step with index `step`), the number resume() returns")
