@@ -309,3 +309,15 @@ def test_a_save_before_resume_or_of_an_earlier_step_is_refused(tmp_path):
         refused(lambda: second.save(3, **parts()), "step 3 is before step 4")
         second.save(5, **parts())
     assert [step for step, _ in complete_steps(tmp_path / "checkpoints")] == [4, 5]
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"seen": {1: "done"}}, "extra['seen'] has the key 1 (int), which JSON gives back as "
+                            "the string '1'"),
+    ({"position": (3, 7)}, "extra['position'] is a tuple, which JSON gives back as a list"),
+    ({"done": [0, {"at": (1,)}]}, "extra['done'][1]['at'] is a tuple")])
+def test_an_extra_json_would_give_back_changed_is_refused_naming_where(ckpt, extra, named):
+    """M2 (issue 59): integer keys came back as strings and tuples as lists, silently."""
+    refused(lambda: ckpt.save(1, **parts(), extra=extra), named,
+            "a resume would not give `extra` back as saved")
+    assert not ckpt.root.exists() or not any(ckpt.root.iterdir())

@@ -121,11 +121,34 @@ def json_extra(extra) -> dict:
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is not JSON-able "
                          f"({str(error)[:200]}); pass only {JSON_VALUES}, e.g. "
                          "the epoch and the batch within it") from None
+    if changed := json_change(extra, "extra"):
+        raise UsageError(f"Checkpoints.save: {changed}, so a resume would not give `extra` "
+                         "back as saved; pass only JSON's own kinds (string keys, lists, not "
+                         "tuples), e.g. extra={'epoch': epoch, 'batch': i}")
     if too_deep_to_read(value, EXTRA_DEPTH):
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is nested too deeply for "
                          "a checkpoint to read back; keep it a few levels deep (the epoch, "
                          "the batch within it, a few counters)")
     return value
+
+
+def json_change(value, where: str) -> str:
+    """What JSON would give back otherwise than `value` holds it ("" when nothing): a
+    key that is not a string (1 comes back "1"), a tuple (it comes back a list)."""
+    if isinstance(value, tuple):
+        return f"{where} is a tuple, which JSON gives back as a list"
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                back = next(iter(json.loads(json.dumps({key: 0}))))
+                return (f"{where} has the key {shown(key, 40)} ({type(key).__name__}), "
+                        f"which JSON gives back as the string {shown(back, 40)}")
+            if changed := json_change(inner, f"{where}[{key!r}]"):
+                return changed
+    if isinstance(value, list):
+        return next((changed for index, inner in enumerate(value)
+                     if (changed := json_change(inner, f"{where}[{index}]"))), "")
+    return ""
 
 
 # --- `extra` in the trainer state: each rank's ---------------------------------------------
