@@ -321,3 +321,26 @@ def test_an_extra_json_would_give_back_changed_is_refused_naming_where(ckpt, ext
     refused(lambda: ckpt.save(1, **parts(), extra=extra), named,
             "a resume would not give `extra` back as saved")
     assert not ckpt.root.exists() or not any(ckpt.root.iterdir())
+
+
+def test_a_resume_over_an_edited_optimizer_setting_says_so_one_line_each(ckpt, caplog):
+    """M1 (issue 59): resume silently put the checkpoint's learning rate and betas back
+    over the ones the loop was edited to between jobs."""
+    saved = parts()
+    ckpt.save(1, **saved)
+    edited = parts()
+    edited["optimizer"].param_groups[0].update(lr=0.05, betas=(0.8, 0.99))
+    with caplog.at_level("WARNING"):
+        assert ckpt.resume(**edited) == 1
+    lines = [r.getMessage() for r in caplog.records if "Checkpoints.resume" in r.getMessage()]
+    assert lines == [
+        "Checkpoints.resume: the optimizer's betas is (0.8, 0.99) in this loop (group 0) and "
+        "(0.9, 0.999) in step-000000001: the checkpoint's is restored; to train on with the "
+        "loop's, set it after resume(), e.g. optimizer.param_groups[0]['betas'] = (0.8, 0.99)",
+        "Checkpoints.resume: the optimizer's lr is 0.05 in this loop (group 0) and 0.01 in "
+        "step-000000001: the checkpoint's is restored; to train on with the loop's, set it "
+        "after resume(), e.g. optimizer.param_groups[0]['lr'] = 0.05"]
+    assert edited["optimizer"].param_groups[0]["lr"] == 0.01
+    caplog.clear()
+    ckpt.resume(**parts())  # as saved: nothing to say
+    assert not [r for r in caplog.records if "Checkpoints.resume" in r.getMessage()]

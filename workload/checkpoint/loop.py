@@ -126,7 +126,11 @@ class Checkpoints:
         snapshot = snapshot or _read(path)
         _same_loop(snapshot.config, current, path)
         _fits(snapshot, state, path)
+        edited = _hyperparameters(optimizer)
         restore(snapshot, state, self.info.rank, self.info.world_size)
+        if self.info.is_main:
+            for line in _hyperparameter_lines(edited, _hyperparameters(optimizer), path):
+                logger.warning(line)
         self.extra = rank_extra(snapshot.trainer, self.info.rank)
         self._last = state.step
         return state.step
@@ -298,6 +302,36 @@ def _differences(saved: dict, current: dict) -> list[str]:
         found.append(f"its optimizer steps {shown(saved['optimized'])} parameters (per "
                      f"group), this one {current['optimized']} (a layer frozen or thawed?)")
     return found
+
+
+def _hyperparameters(optimizer) -> list[dict]:
+    """Each parameter group's settings (lr, momentum, ...), without its parameters."""
+    return [{key: value for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups]
+
+
+def _hyperparameter_lines(loop: list[dict], restored: list[dict], path: Path) -> list[str]:
+    """One line per setting of the loop's optimizer that the resume put back otherwise
+    (torch's load_state_dict restores the checkpoint's lr, momentum, ...): a loop edited
+    between jobs learns that its edit did not take, and how to make it take."""
+    lines = []
+    for index, (mine, theirs) in enumerate(zip(loop, restored)):
+        for key in sorted(set(mine) & set(theirs)):
+            if not _same(mine[key], theirs[key]):
+                lines.append(
+                    f"Checkpoints.resume: the optimizer's {key} is {shown(mine[key])} in this "
+                    f"loop (group {index}) and {shown(theirs[key])} in {path.name}: the "
+                    f"checkpoint's is restored; to train on with the loop's, set it after "
+                    f"resume(), e.g. optimizer.param_groups[{index}][{key!r}] = "
+                    f"{shown(mine[key])}")
+    return lines
+
+
+def _same(one, other) -> bool:
+    try:
+        return bool(one == other)
+    except (RuntimeError, TypeError, ValueError):  # tensors of several numbers
+        return repr(one) == repr(other)
 
 
 def _same_loop(saved: dict, current: dict, path: Path) -> None:
