@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workload.checkpoint.lock import lock_run_folder
+from workload.checkpoint.meeting import Meeting
 from workload.checkpoint.loopargs import (check_parts, every_rank_extra, extra_problem,
                                           folder_path, json_extra, keep_count, make_folder,
                                           rank_extra, step_count, switch)
@@ -95,6 +96,7 @@ class Checkpoints:
         self.root = checkpoints_dir(self.folder)
         self.info = DistInfo.of_group()
         self._saves = _saves(self.info, self.async_save)
+        self._meeting = Meeting(self.folder, self.info.rank, self.info.world_size)
         self.extra: dict = {}
         self._last: int | None = None  # the step of the last resume or save (None: neither)
         if self.info.is_main:
@@ -138,16 +140,18 @@ class Checkpoints:
     def save(self, step: int, model, optimizer, scheduler=None, scaler=None,
              extra: dict | None = None) -> Path:
         """Save the loop's state as of `step` (the optimizer steps done: what resume
-        returns); every rank calls it. It returns once the checkpoint is complete on disk,
-        or with `async_save` once the state is copied (the save before it committed
-        first). `extra`: JSON data of the loop's own (its position in the data); each
-        rank's is kept."""
+        returns); every rank calls it (a collective: the ranks meet first, and a rank
+        that does not come is named within seconds: workload.checkpoint.meeting). It
+        returns once the checkpoint is complete on disk, or with `async_save` once the
+        state is copied (the save before it committed first). `extra`: JSON data of the
+        loop's own (its position in the data); each rank's is kept."""
         from workload.checkpoint.snapshot import is_sharded, take_snapshot
 
         self._open("save")
         step = step_count(step)
         check_parts("save", model, optimizer, scheduler, scaler)
         extra = json_extra(extra)
+        self._meeting.meet(step)  # every rank here, before the save's first collective
         self._saves.settle()
         self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
