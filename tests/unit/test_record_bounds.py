@@ -48,6 +48,16 @@ def startup(tmp_path, key, value):
     return str(skipped.value)
 
 
+def flight(tmp_path, key, value):
+    from workload.diagnose.records import Skipped, flight
+
+    entry = {"collective_seq_id": value, "profiling_name": "gloo:all_reduce",
+             "retired": False}
+    with pytest.raises(Skipped) as skipped:
+        flight(json.dumps({"entries": [entry]}).encode(), 0)
+    return str(skipped.value)
+
+
 def model_card() -> dict:
     return {"format": "hpc-train-model", "format_version": 1, "weights": "model.safetensors",
             "model": "wrn", "arguments": {"width": 8, "blocks_per_stage": 1, "dropout": 0.01,
@@ -146,6 +156,7 @@ READERS = {
     "diagnose: heartbeat-<N>.json": (heartbeat, ("time", "step", "world_size", "pid",
                                                   "median_step_s", "attempt"), True),
     "diagnose: startup-rank-<N>.json": (startup, ("at",), True),
+    "diagnose: fr-rank-<N>.json": (flight, ("collective_seq_id",), False),
     "predict, evaluate: model.json arguments": (
         model_json, ("width", "blocks_per_stage", "dropout", "image_size", "num_classes"),
         True),

@@ -67,6 +67,7 @@ RECORD_BOUNDS: dict[str, Bound] = {
     "step": _COUNT, "world_size": Bound(True, Range(1, MAX_RANKS)),
     "pid": Bound(True, Range(1, MAX_PID)),
     "median_step_s": Bound(False, Range(0.0, 7 * DAY_S), null=True),
+    "collective_seq_id": Bound(True, Range(0, MAX_COUNT), null=True),  # fr-rank-<N>.json
     # metrics.jsonl, summary.json
     "epoch": Bound(True, Range(0, 10**9)),
     "train_loss": Bound(False, Range(0.0, FLOAT32_MAX), null=True),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workload.config import record_problem
+from workload.config import out_of_range, record_problem
 from workload.files import strict_json
 from workload.launch.diagnostics import STALL_MARK, STARTUP_PHASES
 
@@ -109,6 +109,6 @@ def _is_entry(entry: object) -> bool:
         return False
     seq, name, retired = (entry.get(key) for key in ("collective_seq_id", "profiling_name",
                                                       "retired"))
-    return ((seq is None or isinstance(seq, int) and not isinstance(seq, bool))
+    return (not out_of_range("collective_seq_id", seq)
             and (name is None or isinstance(name, str))
             and (retired is None or isinstance(retired, bool)))
