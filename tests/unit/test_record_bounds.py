@@ -137,6 +137,16 @@ def trainer_state(tmp_path, key, value):
     return str(refused.value)
 
 
+def resumed_metrics(tmp_path, key, value):
+    from workload.checkpoint.resuming import trim_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({key: 1}) + "\n" + json.dumps({key: value}) + "\n")
+    trim_metrics(path, epochs_done=1)
+    assert path.read_text() == json.dumps({key: 1}) + "\n"
+    return "dropped"
+
+
 def previous_startup(tmp_path, key, value):
     from workload.training.startup import slower_phases
 
@@ -168,6 +178,7 @@ READERS = {
     "train: shard manifest.json": (shard_manifest, ("samples", "bytes"), True),
     "resume: checkpoint trainer.json": (trainer_state, ("step", "epoch", "batch",
                                                         "world_size"), True),
+    "train --resume: metrics.jsonl rewritten": (resumed_metrics, ("epoch",), False),
     "train: the previous job's summary.json start-up": (previous_startup, ("phase_s",),
                                                         False),
     "train, Checkpoints: the run folder's lock": (lock_holder, ("pid",), False),
@@ -203,7 +214,7 @@ def test_every_field_of_the_table_has_a_reader_here():
 WALKED = {"workload/diagnose/records.py", "workload/models/description.py",
           "workload/report.py", "workload/data/shardformat.py",
           "workload/checkpoint/content.py", "workload/checkpoint/lock.py",
-          "workload/training/run.py"}
+          "workload/training/run.py", "workload/checkpoint/resuming.py"}
 # Modules that parse JSON and need no bound, with why.
 NO_NUMBER_USED = {
     "workload/config/sources.py": "a --config file: every value goes through validate(), "
@@ -216,8 +227,6 @@ NO_NUMBER_USED = {
     "workload/checkpoint/formats.py": "a part's data goes to check_fits against the live "
                                       "objects",
     "workload/checkpoint/store.py": "a manifest's sizes are compared with the files'",
-    "workload/checkpoint/resuming.py": "metrics.jsonl's epochs are compared with the "
-                                       "checkpoint's; a line past it is dropped",
     "workload/checkpoint/writer.py": "its own safetensors header and the loop's requests "
                                      "over a pipe",
     "workload/checkpoint/background.py": "the writer process's replies over a pipe",
