@@ -5,6 +5,7 @@ fresh objects. (Two gloo ranks, kill -9 and preemption: tests/e2e/test_checkpoin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -344,3 +345,52 @@ def test_a_resume_over_an_edited_optimizer_setting_says_so_one_line_each(ckpt, c
     caplog.clear()
     ckpt.resume(**parts())  # as saved: nothing to say
     assert not [r for r in caplog.records if "Checkpoints.resume" in r.getMessage()]
+
+
+def test_a_collective_call_on_one_rank_only_is_named_not_waited_for(monkeypatch, caplog):
+    """H2 (issue 59), the kind: every collective call of Checkpoints meets the others'
+    through the store first (torch's own HashStore here, two ranks as two threads): the
+    same call is waited for, another call at the same place is refused at once on both
+    ranks, and a call the other rank never makes is named by rank 0 within SAY_AFTER_S
+    and raised at the store's (the process group's) timeout."""
+    from datetime import timedelta
+
+    from torch.distributed import HashStore
+
+    from workload.checkpoint import meeting
+
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=1.5))
+    ranks = [meeting.Meeting("runs/mine", rank, 2, store) for rank in (0, 1)]
+    ranks[1].prefix = ranks[0].prefix  # one object per rank, each in its own process
+
+    def on_both(zero, one) -> list:
+        found = [None, None]
+
+        def call(rank, how):
+            try:
+                how(ranks[rank])
+            except UsageError as error:
+                found[rank] = str(error)
+        threads = [threading.Thread(target=call, args=pair) for pair in ((0, zero), (1, one))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return found
+
+    assert on_both(lambda m: m.meet("save", "of step 2"),
+                   lambda m: m.meet("save", "of step 2")) == [None, None]
+    zero, one = on_both(lambda m: m.meet("save", "of step 4"), lambda m: m.meet("wait"))
+    assert zero == ("Checkpoints.save: rank 1 called wait() where rank 0 called save(): save "
+                    "is a collective: call it on every rank, in the same order (not under "
+                    "`if rank == 0:`)")
+    assert one.startswith("Checkpoints.wait: rank 0 called save() where rank 1 called wait()")
+    monkeypatch.setattr(meeting, "SAY_AFTER_S", 0.5)
+    with caplog.at_level("WARNING"):
+        zero, _ = on_both(lambda m: m.meet("save", "of step 6"), lambda m: None)
+    assert re.search(r"Checkpoints\.save: save is a collective: call it on every rank \(not "
+                     r"under `if rank == 0:`\); rank 0 has waited [01] s in the save of step 6 "
+                     r"for rank 1 to call it too", caplog.text), caplog.text
+    assert zero.startswith("Checkpoints.save: save is a collective") and zero.endswith(
+        "gave up after the process group's timeout (2 s)")

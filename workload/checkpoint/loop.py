@@ -116,6 +116,7 @@ class Checkpoints:
 
         self._open("resume")
         check_parts("resume", model, optimizer, scheduler, scaler)
+        self._meeting.meet("resume")
         self._saves.settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
@@ -140,8 +141,9 @@ class Checkpoints:
     def save(self, step: int, model, optimizer, scheduler=None, scaler=None,
              extra: dict | None = None) -> Path:
         """Save the loop's state as of `step` (the optimizer steps done: what resume
-        returns); every rank calls it (a collective: the ranks meet first, and a rank
-        that does not come is named within seconds: workload.checkpoint.meeting). It
+        returns); every rank calls it (a collective, as resume, wait and close are: the
+        ranks meet first, and a rank that does not come is named within seconds,
+        workload.checkpoint.meeting). It
         returns once the checkpoint is complete on disk, or with `async_save` once the
         state is copied (the save before it committed first). `extra`: JSON data of the
         loop's own (its position in the data); each rank's is kept."""
@@ -151,7 +153,7 @@ class Checkpoints:
         step = step_count(step)
         check_parts("save", model, optimizer, scheduler, scaler)
         extra = json_extra(extra)
-        self._meeting.meet(step)  # every rank here, before the save's first collective
+        self._meeting.meet("save", f"of step {step}")  # before the save's first collective
         self._saves.settle()
         self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
@@ -165,6 +167,7 @@ class Checkpoints:
         """Until the save in flight is committed (every rank calls it); its error, if it
         failed, is raised here."""
         self._open("wait")
+        self._meeting.meet("wait")
         self._saves.settle()
 
     def preempted(self, flag) -> bool:
@@ -214,6 +217,7 @@ class Checkpoints:
         atexit.unregister(self._at_exit)
         try:
             if agree:
+                self._meeting.meet("close")
                 self._saves.settle()
             else:
                 self._saves.wait_quietly()

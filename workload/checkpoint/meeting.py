@@ -1,12 +1,16 @@
-"""Every rank's call of `Checkpoints.save` met first through the process group's store,
-before any collective of the save: a loop that saves on rank 0 only (`if rank == 0:`, the
-habit of `torch.save` loops) left rank 0 in the save's first collective and the others in
-their next step's, both silent until the process group's timeout. Here rank 0 waits for
-every rank's mark of the same save, not in a collective, and says within seconds that
-save is a collective; past the process group's timeout it raises that line.
+"""Every rank's call of a collective of `Checkpoints` (resume, save, wait, close) met
+first through the process group's store, before any collective of the call: a loop that
+saves on rank 0 only (`if rank == 0:`, the habit of `torch.save` loops) left rank 0 in the
+save's first collective and the others in their next step's, both silent until the
+process group's timeout. Here each rank marks its n-th call with the call's name; rank 0
+waits for every rank's n-th mark, the others for rank 0's, not in a collective. Marks of
+other calls (rank 0's save where rank 1 waits) are refused at once in one line; marks that
+do not come are named by rank 0 within seconds (`SAY_AFTER_S`), and at the process
+group's timeout the line is raised.
 
-Each rank sets one key per save (its own, the one before deleted), rank 0 asks for every
-rank's in one round trip per look: a handful of store operations per save, none per step.
+Each rank sets one key per call (its own, the one before deleted) and rank 0 asks for
+every rank's in one round trip per look: a handful of store operations per call, none per
+step (`preempted` is not met: it runs every step, and its all-reduce is the loop's own).
 Torch is imported by the calls only.
 """
 
@@ -27,33 +31,42 @@ _OPENED = itertools.count()  # Checkpoints objects made in this process, the sam
 
 
 class Meeting:
-    """The save marks of one Checkpoints object of a group of `world_size` ranks."""
+    """The marks of one Checkpoints object of a group of `world_size` ranks; `store`:
+    the process group's (default), or one given."""
 
-    def __init__(self, folder, rank: int, world_size: int):
+    def __init__(self, folder, rank: int, world_size: int, store=None):
         self.rank = rank
         self.world_size = world_size
         name = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
         self.prefix = f"{PREFIX}/{name}-{next(_OPENED)}"
         self.count = 0
+        self.store = store
 
     def key(self, index: int, rank: int) -> str:
-        return f"{self.prefix}/save-{index}/rank-{rank}"
+        return f"{self.prefix}/call-{index}/rank-{rank}"
 
-    def meet(self, step: int) -> None:
-        """Mark this rank's save and wait, not in a collective, for the others': rank 0
-        for every rank's (and says which have not come), the others for rank 0's."""
-        store = _store() if self.world_size > 1 else None
+    def meet(self, call: str, what: str = "") -> None:
+        """Mark this rank's call (`call`: its name; `what`: the words after it, e.g.
+        "of step 8") and wait for the others' marks of the same call."""
+        store = self.store or (_store() if self.world_size > 1 else None)
         if store is None:
             return
         self.count += 1
-        store.set(self.key(self.count, self.rank), str(step))
+        store.set(self.key(self.count, self.rank), call)
         if self.count > 1:
             store.delete_key(self.key(self.count - 1, self.rank))
         others = [r for r in (range(self.world_size) if self.rank == 0 else [0])
                   if r != self.rank]
-        self._wait(store, others, step)
+        self._wait(store, others, call, what)
+        for rank in others:
+            theirs = store.get(self.key(self.count, rank)).decode()
+            if theirs != call:
+                raise UsageError(f"Checkpoints.{call}: rank {rank} called {theirs}() where "
+                                 f"rank {self.rank} called {call}(): {call} is a collective: "
+                                 "call it on every rank, in the same order (not under `if "
+                                 "rank == 0:`)")
 
-    def _wait(self, store, others: list[int], step: int) -> None:
+    def _wait(self, store, others: list[int], call: str, what: str) -> None:
         keys = [self.key(self.count, rank) for rank in others]
         started = time.monotonic()
         say_at = SAY_AFTER_S
@@ -64,7 +77,7 @@ class Meeting:
             # Rank 0 says it; the others wait for rank 0, as in a collective, silently.
             if waited >= limit or (self.rank == 0 and waited >= say_at):
                 missing = [rank for rank, key in zip(others, keys) if not store.check([key])]
-                line = _line(self.rank, missing, step, waited)
+                line = _line(self.rank, missing, call, what, waited)
                 if waited >= limit:
                     raise UsageError(line + f"; gave up after the process group's timeout "
                                             f"({limit:.0f} s)")
@@ -74,12 +87,12 @@ class Meeting:
             pause = min(pause * 2, LOOK_S[1])
 
 
-def _line(rank: int, missing: list[int], step: int, waited: float) -> str:
+def _line(rank: int, missing: list[int], call: str, what: str, waited: float) -> str:
     ranks = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
     who = f"rank{'s' if len(missing) > 1 else ''} {ranks}"
-    return (f"Checkpoints.save: save is a collective: call it on every rank (not under "
-            f"`if rank == 0:`); rank {rank} has waited {waited:.0f} s in the save of step "
-            f"{step} for {who} to call it too")
+    return (f"Checkpoints.{call}: {call} is a collective: call it on every rank (not under "
+            f"`if rank == 0:`); rank {rank} has waited {waited:.0f} s in the {call}"
+            f"{' ' + what if what else ''} for {who} to call it too")
 
 
 def _store():
