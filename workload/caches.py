@@ -17,7 +17,9 @@ choose, at start and before torch is imported, a folder for each one the user di
 
 Never under $HOME, and never on a shared file system: the compile caches are thousands of
 small files (an inode quota on Lustre/GPFS; stale handles on NFS). A value the user set
-wins and is only checked (`user_cache_problems`; `doctor` reports it). The folder chosen is
+wins and is only checked (`user_cache_problems`; `doctor` reports it), but one torch would
+fail to make as it is imported (Inductor's: FATAL_CACHES) ends a command before any work
+with its one line and status 2, where it was a traceback. The folder chosen is
 exported as HPC_TRAIN_CACHE_ROOT, so the processes a command starts (torchrun's workers, a
 script after entrypoint.sh) know those values are the package's, not the user's, and keep
 them. A folder on a shared file system (NFS, Lustre, GPFS, ... read from /proc/self/mounts)
@@ -32,6 +34,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workload.errors import UsageError
 from workload.files import private_folder_problem as own_private_folder
 from workload.files import unwritable_reason
 from workload.logs import warn
@@ -43,6 +46,10 @@ CACHE_FOLDERS = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "induc
                  "MPLCONFIGDIR": "matplotlib", "PIP_CACHE_DIR": "pip"}
 # The caches torch.compile fills with a file per kernel: never on a shared file system.
 COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# torch creates its inductor cache folder when torchvision (or torch._dynamo) is imported:
+# a folder there that cannot be made ends a command at its first line. The other caches
+# only matter for downloads or compiling.
+FATAL_CACHES = ("TORCHINDUCTOR_CACHE_DIR",)
 ROOT_VARIABLE = "HPC_TRAIN_CACHE_ROOT"
 # Shared (network or parallel) file systems, by their /proc/mounts type.
 NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs",
@@ -215,9 +222,16 @@ def user_cache_problems(env: MutableMapping[str, str] | None = None) -> dict[str
 
 
 def use_private_caches(source: str, env: MutableMapping[str, str] | None = None,
-                       quiet: bool = False) -> CachePlan:
-    """choose_caches at a command's start, each folder passed over said on stderr."""
+                       quiet: bool = False, refuse_fatal: bool = True) -> CachePlan:
+    """choose_caches at a command's start, each folder passed over said on stderr; with
+    `refuse_fatal` (a command about to import torch), a folder of the user's that torch
+    would fail to make on import (FATAL_CACHES) is a UsageError of its one line, before
+    any work, where it was a warning and then a traceback."""
     plan = choose_caches(env)
     for note in () if quiet else plan.notes:
         warn(source, note)
+    problems = user_cache_problems(env)
+    for variable in FATAL_CACHES if refuse_fatal else ():
+        if variable in problems:
+            raise UsageError(problems[variable])
     return plan

@@ -324,3 +324,28 @@ def _to_cpu(value):
     if isinstance(value, list):
         return [_to_cpu(v) for v in value]
     return value
+
+
+# An allocator's failure, as torch words it: CUDA's OutOfMemoryError, the CPU's message.
+_NO_MEMORY = ("can't allocate memory", "out of memory")
+
+
+@contextmanager
+def batch_that_fits(batch_size: int, image_size: int, device: torch.device):
+    """A forward pass over a batch whose memory this device may not have (a model.json
+    of image_size 2048, within train's bounds, at predict's batch of 64 asks the CPU for
+    gigabytes): the allocator's failure becomes one UsageError naming the batch and the
+    fix, never a traceback."""
+    try:
+        yield
+    except RuntimeError as error:  # torch.OutOfMemoryError is one
+        text = str(error)
+        if not any(words in text for words in _NO_MEMORY):
+            raise
+        asked = text.split("tried to allocate ", 1)[-1].split(" bytes", 1)[0]
+        need = (f" (it asked for {int(asked) / 2**20:,.0f} MiB more)" if asked.isdigit()
+                else "")
+        raise UsageError(f"a batch of {batch_size} images of {image_size}x"
+                         f"{image_size} pixels does not fit in the memory of {device}{need}; "
+                         f"pass a smaller --batch-size, e.g. --batch-size "
+                         f"{max(1, batch_size // 16)}") from None

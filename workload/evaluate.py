@@ -26,7 +26,8 @@ from pathlib import Path
 
 from workload.caches import use_private_caches
 from workload.commands import command_parser, main_of
-from workload.config import TrainConfig, add_flags, given, read_config_file, validate
+from workload.config import (TrainConfig, add_flags, given, image_size_of, read_config_file,
+                             validate)
 from workload.errors import UsageError
 from workload.files import output_file_problem
 from workload.models import ModelDescription, ModelFiles, locate, read_description
@@ -101,6 +102,7 @@ def evaluate_in_process(cfg: TrainConfig, files: ModelFiles, description: ModelD
     import torch
 
     from workload.data import build_data
+    from workload.distributed import batch_that_fits
     from workload.training.trainer import evaluate_model
 
     data = build_data(cfg, info.device, info.rank, info.world_size, info.local_world_size,
@@ -109,7 +111,8 @@ def evaluate_in_process(cfg: TrainConfig, files: ModelFiles, description: ModelD
     model = model.to(info.device)
     if cfg.hardware.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    result = evaluate_model(model, data.test, precision, info.device)
+    with batch_that_fits(cfg.training.batch_size, image_size_of(cfg), info.device):
+        result = evaluate_model(model, data.test, precision, info.device)
     return dict(accuracy=result.accuracy, loss=result.loss, images=result.images,
                 correct=result.correct, model=str(files.description),
                 dataset=cfg.data.dataset, batch_size=cfg.training.batch_size,

@@ -111,7 +111,7 @@ def predict(args: argparse.Namespace) -> None:
     files, description, paths = checked(args)
     use_private_caches(PROG)  # before torch is imported
     from workload.data import Normalizer, eval_transform
-    from workload.distributed import resolve_device
+    from workload.distributed import batch_that_fits, resolve_device
     from workload.files import json_text
     from workload.models import load_described
 
@@ -123,9 +123,10 @@ def predict(args: argparse.Namespace) -> None:
     start_up_over()
     for start in range(0, len(paths), args.batch_size):
         chunk = paths[start:start + args.batch_size]
-        tensors, errors = read_batch(chunk, transform)
-        tops = iter(predict_batch(model, normalize, description, tensors, args.top_k, device)
-                    if tensors else [])
+        with batch_that_fits(args.batch_size, description.image_size, device):
+            tensors, errors = read_batch(chunk, transform)
+            tops = iter(predict_batch(model, normalize, description, tensors, args.top_k,
+                                      device) if tensors else [])
         for path in chunk:
             line = (dict(file=str(path), error=errors[path]) if path in errors
                     else dict(file=str(path), top=next(tops)))

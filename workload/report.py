@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
+from workload.config import out_of_range, record_problem
 from workload.errors import UsageError
 from workload.files import (read_json_file, read_jsonl_lines, read_jsonl_records, replacing,
                             unwritable_reason)
@@ -49,10 +50,9 @@ PROG = "report"
 # on PyPI, so an install of the extra by the package's name would find nothing or a stranger's.
 INSTALL_HINT = "pip install matplotlib tensorboard"
 WORLD_SIZE_KEYS = ("world_size", "num_devices", "devices")
-# What every epoch line of metrics.jsonl carries for the figures, and the largest epoch
-# drawn (beyond any run: a larger one is a damaged line that would break the axes).
+# What every epoch line of metrics.jsonl carries for the figures (each within the
+# package's bounds, workload.config.bounds: a damaged line would break the axes).
 EPOCH_FIELDS = ("train_loss", "accuracy", "images_per_second")
-MAX_EPOCH = 10**9
 # The most bytes report reads of one file: a run of a million log intervals writes a few
 # hundred MB of steps.jsonl; a larger file is no run's, and would be held in memory whole.
 MAX_FILE_BYTES = 1 << 30
@@ -92,16 +92,12 @@ def _number(value) -> bool:
 
 def epoch_problem(record) -> str | None:
     """Why a metrics.jsonl record cannot be drawn, or None."""
-    epoch = record.get("epoch")
-    if not (_number(epoch) and epoch == epoch and float(epoch).is_integer()
-            and 0 <= epoch <= MAX_EPOCH):
-        return f"epoch {epoch!r} is not a whole number in 0-{MAX_EPOCH:,}"[:120]
-    for key in (*EPOCH_FIELDS, *(["test_loss"] if "test_loss" in record else [])):
+    for key in ("epoch", *EPOCH_FIELDS, *(["test_loss"] if "test_loss" in record else [])):
         if key not in record:
             return f"no {key}"
         if not _number(record[key]):
             return f"{key} {record[key]!r} is not a number"[:120]
-    return None
+    return record_problem(record) or None
 
 
 def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list[dict]:
@@ -122,11 +118,21 @@ def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list
 
 def read_summary(run_dir: Path) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
+    path = RunFolder(run_dir).summary
     try:
-        summary = read_json_file(RunFolder(run_dir).summary, MAX_FILE_BYTES)
+        summary = read_json_file(path, MAX_FILE_BYTES)
     except (OSError, ValueError):
         return {}
-    return summary if isinstance(summary, dict) else {}
+    return within_bounds(path, summary) if isinstance(summary, dict) else {}
+
+
+def within_bounds(path: Path, record: dict) -> dict:
+    """`record` without its fields out of the package's bounds, each named in a warning."""
+    kept = dict(record)
+    while problem := record_problem(kept):
+        warn(PROG, f"left out of {path}: {problem}")
+        kept.pop(next(key for key in kept if out_of_range(key, kept[key])))
+    return kept
 
 
 @dataclass(frozen=True)
@@ -146,9 +152,13 @@ def _world_size(*sources: dict) -> int:
 
 
 def _results(node, name: str = ""):
-    """(name, result) for every dict that carries a numeric images_per_second."""
+    """(name, result) for every dict that carries an images_per_second (and an
+    images_per_second_total, where it has one) within the package's bounds."""
     if isinstance(node, dict):
-        if isinstance(node.get("images_per_second"), (int, float)):
+        rates = [node.get(key) for key in ("images_per_second", "images_per_second_total")
+                 if key in node]
+        if "images_per_second" in node and not any(out_of_range("images_per_second", rate)
+                                                   for rate in rates):
             yield name, node
         for key, value in node.items():
             if key != "fingerprint":
@@ -218,10 +228,15 @@ def step_records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     try:
-        return read_jsonl_records(path, MAX_FILE_BYTES)[0]
+        records = read_jsonl_records(path, MAX_FILE_BYTES)[0]
     except OSError as error:
         raise UsageError(f"{path} cannot be read ({error.strerror}); pass a run folder "
                          "you can read") from None
+    problems = [problem for record in records if (problem := record_problem(record))]
+    if problems:
+        warn(PROG, f"left out {len(problems)} lines of {path} with a value out of its "
+                   f"bounds (the first: {problems[0]})")
+    return [record for record in records if not record_problem(record)]
 
 
 def rank_times(path: Path) -> list[dict]:

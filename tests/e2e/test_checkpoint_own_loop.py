@@ -419,3 +419,32 @@ def test_a_save_keeps_a_step_left_off_the_timeline_it_would_replace(six_steps, t
     [kept] = (run / "checkpoints").glob("step-000000006.abandoned-*")
     assert (kept / "MANIFEST.json").read_bytes() == manifest and left.is_dir()
     assert latest_step(run / "checkpoints") == 6
+
+
+def test_a_save_on_rank_0_only_is_named_within_seconds(tmp_path):
+    """H2 (issue 59): `if rank == 0: ckpt.save(...)`, a torch.save habit, hung both ranks
+    silently until the process group's timeout. Rank 0 now says that save is a collective
+    within seconds (10 s), and at the group's timeout raises that line."""
+    logs = tmp_path / "logs"
+    loop = TESTS / "helpers" / "own_loop_rank0_save.py"
+    procs = start_logged_ranks([sys.executable, str(loop), str(tmp_path / "run"), "15"], logs)
+    said = ("Checkpoints.save: save is a collective: call it on every rank (not under `if "
+            "rank == 0:`); rank 0 has waited 10 s in the save of step 2 for rank 1 to call "
+            "it too")
+    try:
+        deadline = time.monotonic() + 120
+        while "saving step 2" not in output(logs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        saved_at = time.monotonic()
+        while said not in output(logs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert said in output(logs), output(logs)[-4000:]
+        assert time.monotonic() - saved_at < 20  # within seconds, not at the timeout
+        procs[0].wait(timeout=60)  # at the group's timeout: the line, raised
+        assert procs[0].returncode != 0
+        assert ("UsageError: Checkpoints.save: save is a collective: call it on every rank"
+                in output(logs)), output(logs)[-4000:]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

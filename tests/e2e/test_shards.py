@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -33,10 +34,10 @@ TRAIN = [*TINY, "--dataset", "shards", "--image-size", "8", "--epochs", "2", "--
          "--workers", "1", "--precision", "fp32"]
 
 
-def write_shards_cli(source: Path, dest: Path) -> str:
+def write_shards_cli(source: Path, dest: Path, size: int = 25) -> str:
     done = subprocess.run([sys.executable, "-m", "workload.train", "--dataset", "imagefolder",
                            "--data-dir", str(source), "--prepare-data", "--shards", str(dest),
-                           "--shard-size", "25"], capture_output=True, text=True, env=ENV,
+                           "--shard-size", str(size)], capture_output=True, text=True, env=ENV,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
@@ -49,6 +50,21 @@ def shards(shard_source, tmp_path_factory) -> Path:
     log = write_shards_cli(shard_source, dest)
     assert "images/s, about" in log and "in 10 shards" in log
     return dest
+
+
+def test_a_rewrite_keeps_the_users_dali_indexes_and_says_what_it_removed(shards, shard_source,
+                                                                         tmp_path):
+    """D5 (issue 59): `wds2idx train-000000.tar train-000000.idx` (the docs' example) beside
+    the shards was deleted without a word by a rewrite with another --shard-size."""
+    dest = tmp_path / "shards"
+    shutil.copytree(shards, dest)
+    indexes = [dest / shard.with_suffix(".idx").name for shard in sorted(dest.glob("*.tar"))]
+    for index in indexes:
+        index.write_text(f"v1.2 {index.name}: DALI's index\n")
+    log = write_shards_cli(shard_source, dest, 50)
+    assert all(i.read_text() == f"v1.2 {i.name}: DALI's index\n" for i in indexes)
+    assert ("removed the 4 shards of an earlier write that its index listed "
+            "(train-000003.tar, train-000004.tar, val-000003.tar, ...)") in log
 
 
 def in_one_process(shards: Path, batch_size: int, epoch: int) -> list[str]:

@@ -289,3 +289,30 @@ def test_predict_gives_an_image_that_decodes_too_large_its_own_error_line(digits
     bomb, small = (json.loads(line) for line in done.stdout.splitlines())
     assert "8000 x 8000 pixels" in bomb["error"] and "top" not in bomb, bomb
     assert small["top"] and "error" not in small
+
+
+def test_a_batch_the_memory_cannot_hold_is_one_line_naming_the_fix(digits_run, tmp_path):
+    """T3 (issue 59): model.json's image_size 2048 is within train's bounds, and predict's
+    batch of 64 such images asked the CPU for gigabytes: an allocation traceback. Under a
+    memory limit (a job's, here 6 GiB of address space) it is one line with the fix."""
+    import resource
+
+    from PIL import Image
+
+    run, images = tmp_path / "run", tmp_path / "images"
+    shutil.copytree(digits_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    edit_card(run, lambda c: (c["arguments"].update(image_size=2048),
+                              c["input"].update(image_size=2048)))
+    images.mkdir()
+    for number in range(64):
+        Image.new("RGB", (16, 16), "white").save(images / f"{number}.png")
+    limit = 6 << 30
+    done = subprocess.run([str(Path(sys.executable).with_name("predict")), str(run),
+                           str(images)], capture_output=True, text=True, timeout=300,
+                          env=clean_env(), preexec_fn=lambda: resource.setrlimit(
+                              resource.RLIMIT_AS, (limit, limit)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.startswith("predict: error: a batch of 64 images of 2048x2048 pixels "
+                                  "does not fit in the memory of cpu"), done.stderr
+    assert done.stderr.strip().endswith("pass a smaller --batch-size, e.g. --batch-size 4")
+    assert done.stderr.count("\n") == 1

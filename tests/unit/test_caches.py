@@ -195,3 +195,25 @@ def test_every_start_chooses_before_torch_is_imported(command, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", [["train", "--dataset", "digits", "--device", "cpu",
+                                      "--output-dir", "run"],
+                                     ["bench", "input", "--device", "cpu"]])
+def test_an_inductor_cache_folder_torch_cannot_make_is_one_line_and_status_2(command,
+                                                                             tmp_path):
+    """T2 (issue 59): torch makes TORCHINDUCTOR_CACHE_DIR when torchvision is imported; one
+    of the user's that cannot be made was warned about, then every train ended in a
+    NotADirectoryError traceback. Refused before any work now (predict and evaluate too)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(blocker / "inductor"),
+           "TMPDIR": str(shared_tmp(tmp_path))}
+    done = subprocess.run([str(Path(sys.executable).with_name(command[0])), *command[1:]],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr == (f"{command[0]}: error: TORCHINDUCTOR_CACHE_DIR={blocker}/inductor "
+                           f"is not writable ({blocker}/inductor: Not a directory): set it to "
+                           "a folder you can write, or unset it to let hpc-train use a "
+                           "node-local one\n")
+    assert not (tmp_path / "run").exists()

@@ -5,6 +5,7 @@ fresh objects. (Two gloo ranks, kill -9 and preemption: tests/e2e/test_checkpoin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -254,7 +255,7 @@ def test_what_no_resume_could_read_is_refused_at_the_save(ckpt):
     refused(lambda: ckpt.save(1, **parts(), extra={"deep": nested(30)}),
             "is nested too deeply for a checkpoint to read back")
     refused(lambda: ckpt.save(2**70, **parts()), "step 1180591620717411303424 is not a "
-            "whole number", "below 2^62")
+            "whole number", "up to 2^62")
     assert not ckpt.root.exists() or not any(ckpt.root.iterdir())
     ckpt.save(1, **parts(), extra={"deep": nested(20)})
     assert ckpt.resume(**parts()) == 1 and ckpt.extra == {"deep": nested(20)}
@@ -309,3 +310,87 @@ def test_a_save_before_resume_or_of_an_earlier_step_is_refused(tmp_path):
         refused(lambda: second.save(3, **parts()), "step 3 is before step 4")
         second.save(5, **parts())
     assert [step for step, _ in complete_steps(tmp_path / "checkpoints")] == [4, 5]
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"seen": {1: "done"}}, "extra['seen'] has the key 1 (int), which JSON gives back as "
+                            "the string '1'"),
+    ({"position": (3, 7)}, "extra['position'] is a tuple, which JSON gives back as a list"),
+    ({"done": [0, {"at": (1,)}]}, "extra['done'][1]['at'] is a tuple")])
+def test_an_extra_json_would_give_back_changed_is_refused_naming_where(ckpt, extra, named):
+    """M2 (issue 59): integer keys came back as strings and tuples as lists, silently."""
+    refused(lambda: ckpt.save(1, **parts(), extra=extra), named,
+            "a resume would not give `extra` back as saved")
+    assert not ckpt.root.exists() or not any(ckpt.root.iterdir())
+
+
+def test_a_resume_over_an_edited_optimizer_setting_says_so_one_line_each(ckpt, caplog):
+    """M1 (issue 59): resume silently put the checkpoint's learning rate and betas back
+    over the ones the loop was edited to between jobs."""
+    saved = parts()
+    ckpt.save(1, **saved)
+    edited = parts()
+    edited["optimizer"].param_groups[0].update(lr=0.05, betas=(0.8, 0.99))
+    with caplog.at_level("WARNING"):
+        assert ckpt.resume(**edited) == 1
+    lines = [r.getMessage() for r in caplog.records if "Checkpoints.resume" in r.getMessage()]
+    assert lines == [
+        "Checkpoints.resume: the optimizer's betas is (0.8, 0.99) in this loop (group 0) and "
+        "(0.9, 0.999) in step-000000001: the checkpoint's is restored; to train on with the "
+        "loop's, set it after resume(), e.g. optimizer.param_groups[0]['betas'] = (0.8, 0.99)",
+        "Checkpoints.resume: the optimizer's lr is 0.05 in this loop (group 0) and 0.01 in "
+        "step-000000001: the checkpoint's is restored; to train on with the loop's, set it "
+        "after resume(), e.g. optimizer.param_groups[0]['lr'] = 0.05"]
+    assert edited["optimizer"].param_groups[0]["lr"] == 0.01
+    caplog.clear()
+    ckpt.resume(**parts())  # as saved: nothing to say
+    assert not [r for r in caplog.records if "Checkpoints.resume" in r.getMessage()]
+
+
+def test_a_collective_call_on_one_rank_only_is_named_not_waited_for(monkeypatch, caplog):
+    """H2 (issue 59), the kind: every collective call of Checkpoints meets the others'
+    through the store first (torch's own HashStore here, two ranks as two threads): the
+    same call is waited for, another call at the same place is refused at once on both
+    ranks, and a call the other rank never makes is named by rank 0 within SAY_AFTER_S
+    and raised at the store's (the process group's) timeout."""
+    from datetime import timedelta
+
+    from torch.distributed import HashStore
+
+    from workload.checkpoint import meeting
+
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=1.5))
+    ranks = [meeting.Meeting("runs/mine", rank, 2, store) for rank in (0, 1)]
+    ranks[1].prefix = ranks[0].prefix  # one object per rank, each in its own process
+
+    def on_both(zero, one) -> list:
+        found = [None, None]
+
+        def call(rank, how):
+            try:
+                how(ranks[rank])
+            except UsageError as error:
+                found[rank] = str(error)
+        threads = [threading.Thread(target=call, args=pair) for pair in ((0, zero), (1, one))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return found
+
+    assert on_both(lambda m: m.meet("save", "of step 2"),
+                   lambda m: m.meet("save", "of step 2")) == [None, None]
+    zero, one = on_both(lambda m: m.meet("save", "of step 4"), lambda m: m.meet("wait"))
+    assert zero == ("Checkpoints.save: rank 1 called wait() where rank 0 called save(): save "
+                    "is a collective: call it on every rank, in the same order (not under "
+                    "`if rank == 0:`)")
+    assert one.startswith("Checkpoints.wait: rank 0 called save() where rank 1 called wait()")
+    monkeypatch.setattr(meeting, "SAY_AFTER_S", 0.5)
+    with caplog.at_level("WARNING"):
+        zero, _ = on_both(lambda m: m.meet("save", "of step 6"), lambda m: None)
+    assert re.search(r"Checkpoints\.save: save is a collective: call it on every rank \(not "
+                     r"under `if rank == 0:`\); rank 0 has waited [01] s in the save of step 6 "
+                     r"for rank 1 to call it too", caplog.text), caplog.text
+    assert zero.startswith("Checkpoints.save: save is a collective") and zero.endswith(
+        "gave up after the process group's timeout (2 s)")

@@ -65,7 +65,7 @@ def test_a_fifo_and_a_huge_world_size_do_not_hang_it(folder):
     assert done.returncode == 1, done.stdout + done.stderr
     for name in ("heartbeat-1.json", "rank-1.txt", "fr-rank-1.json"):
         assert f"skipped: {name}: a FIFO, not a regular file" in done.stdout
-    assert "skipped: heartbeat-0.json: world size 1000000000000 or step 8 out of range" \
+    assert "skipped: heartbeat-0.json: world_size 1000000000000 is not from 1 to 1048576" \
         in done.stdout
 
 
@@ -142,3 +142,14 @@ def test_a_folder_without_diagnostics_is_a_usage_error(tmp_path, folder):
     assert "has no diagnostics folder" in done.stderr and "run folders inside it: run" \
         in done.stderr
     assert diagnose(folder).returncode == 0  # the diagnostics folder itself is fine
+
+
+def test_a_start_up_time_no_clock_shows_is_one_skipped_line(folder):
+    """T5 (issue 59): a start-up record at 1e20 s ended diagnose in an OverflowError."""
+    beat(folder, 0)
+    (folder / "startup-rank-1.json").write_text(json.dumps({"last_phase": "data", "at": 1e20}))
+    done = diagnose(folder.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skipped: startup-rank-1.json: at 1e+20 is not from 0.0 to 7258118400.0" \
+        in done.stdout
+    assert "verdict: rank 1 " in done.stdout  # the other files still count

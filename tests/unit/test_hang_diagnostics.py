@@ -223,6 +223,10 @@ def test_a_hung_write_holds_back_neither_the_stall_line_nor_the_looks(tmp_path, 
         dog.check(start + 1.0)
         dog.check(start + 12.0)  # returns: nothing here waits for the file system
         assert "no step done for" in caplog.text
+        # M3 (issue 59): one process has no collective whose timeout would end it.
+        assert "collective timeout run" not in caplog.text
+        assert (f"one process: no collective timeout will end it; if it does not go on, "
+                f"stop it (Ctrl-C, scancel) and run: diagnose {tmp_path}") in caplog.text
         dog.check(time.monotonic() + HUNG_WRITE_S)
         assert f"a write into {tmp_path} has hung for" in caplog.text
         assert not (tmp_path / "rank-0.txt").exists()

@@ -38,6 +38,20 @@ def test_a_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
     assert "torn" in caplog.text
 
 
+def test_a_resume_says_which_lines_its_rewrite_of_the_metrics_drops(tmp_path, caplog):
+    """Issue 59 section 5: a rewrite says what it removes: the epochs after the
+    checkpoint (run again), and lines without an epoch train writes (epoch 1e30)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epoch": 3}\n{"epoch": 1e30}\n')
+    with caplog.at_level("INFO"):
+        trim_metrics(path, epochs_done=1)
+    assert path.read_text() == '{"epoch": 1}\n'
+    assert (f"{path}: dropping the lines of 2 epochs after epoch 1, where the checkpoint "
+            "stands (this run writes them again)") in caplog.text
+    assert (f"{path}: dropping 1 lines without an epoch train writes (epoch 1e+30 is not a "
+            "whole number)") in caplog.text
+
+
 def test_a_complete_line_that_is_not_a_record_is_dropped_too(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"epoch": 1}\nNaN garbage\n[1]\n{"epoch": 2}\n')

@@ -99,14 +99,21 @@ def test_a_write_with_another_shard_size_keeps_no_shard_of_the_old_size(shard_so
     assert train.counts == [50, 50, 20]
 
 
-def test_a_folder_of_the_first_format_loses_its_per_shard_indexes(shard_source, shard_folder,
-                                                                  tmp_path):
+def test_a_rewrite_keeps_dalis_indexes_and_names_what_it_removed(shard_source, shard_folder,
+                                                                tmp_path):
+    """D5 (issue 59): the docs' own `wds2idx train-000000.tar train-000000.idx` beside the
+    shards was deleted, without a word, by a rewrite with another --shard-size."""
     dest = tmp_path / "dest"
     shutil.copytree(shard_folder, dest)
-    for name in ("train-000000.idx.json", "train-000000.idx", "val-000004.idx.json"):
-        (dest / name).write_text("{}")  # format 1: two index files beside each shard
-    write_shards(shard_source, dest, shard_size=25)
-    assert contents(dest) == contents(shard_folder)
+    users = {name: f"{name}: the user's DALI index\n" for name in
+             ("train-000000.idx", "train-000004.idx", "val-000004.idx.json")}
+    for name, text in users.items():
+        (dest / name).write_text(text)
+    said = write_shards(shard_source, dest, shard_size=50)
+    assert all((dest / name).read_text() == text for name, text in users.items())
+    assert ("removed the 4 shards of an earlier write that its index listed "
+            "(train-000003.tar, train-000004.tar, val-000003.tar, ...)") in said
+    assert not (dest / "train-000003.tar").exists()
 
 
 def test_a_rewrite_removes_only_files_it_wrote(shard_source, shard_folder, tmp_path, caplog):
@@ -123,7 +130,8 @@ def test_a_rewrite_removes_only_files_it_wrote(shard_source, shard_folder, tmp_p
     assert (dest / "train-000004.tar").is_symlink() and elsewhere.read_bytes() == b"the user's own"
     assert (dest / "train-000001.notes.txt").read_text() == "a member's notes"
     assert not (dest / "train-000003.tar").exists(), "its own stale shard removed"
-    assert f"left {dest / 'train-000004.tar'} in place: it is a symbolic link" in caplog.text
+    assert (f"left {dest / 'train-000004.tar'} in place: it is not a shard this folder's "
+            "index lists with these bytes (a symbolic link)") in caplog.text
 
 
 def test_a_folder_of_another_dataset_or_of_other_files_is_refused(shard_source, shard_folder,

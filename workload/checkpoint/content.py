@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from workload.checkpoint.durable import read_json
+from workload.config import out_of_range
 from workload.checkpoint.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
 from workload.distributed import unwrap
 from workload.logs import shown
@@ -28,8 +29,6 @@ from workload.logs import shown
 # The trainer state's keys and their types (what `restore` reads).
 TRAINER_KEYS = dict(schedule=dict, scaler=dict, epoch=int, batch=int, step=int,
                     accuracies=list, world_size=int)
-# Counts the ranks agree on travel in an int64 tensor: anything near its end is no step.
-MAX_COUNT = 2**62
 # (FSDP's shards are checked as they are joined: workload.checkpoint.snapshot.)
 
 
@@ -73,13 +72,13 @@ def _check_counts(path: Path, trainer: dict, manifest: dict) -> None:
     """Step, epoch, batch and world size in range, and as the manifest and the folder's
     name say: every epoch took a step at least, and so did every batch of one."""
     step = trainer["step"]
-    for key, low, high in (("step", 0, MAX_COUNT), ("epoch", 0, step), ("batch", 0, step),
-                           ("world_size", 1, MAX_COUNT)):
+    for key in ("step", "epoch", "batch", "world_size"):
         value = trainer[key]
-        if not low <= value <= high:
-            most = "2^62" if high == MAX_COUNT else f"{high} (the step)"
-            raise _bad(path, "trainer.json", f"`{key}` is {shown(value)}, expected {low} "
-                       f"to {most}")
+        if problem := out_of_range(key, value):  # the package's bounds of every record
+            raise _bad(path, "trainer.json", problem)
+        if key in ("epoch", "batch") and value > step:
+            raise _bad(path, "trainer.json", f"`{key}` is {shown(value)}, after the step "
+                       f"{step}")
         if key in manifest and manifest[key] != value:
             raise _bad(path, "trainer.json", f"`{key}` is {shown(value)}, {MANIFEST} "
                        f"says {shown(manifest[key])}")

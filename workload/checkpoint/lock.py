@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from workload.config import out_of_range
 from workload.errors import UsageError
 from workload.files import open_regular, proc_stat_fields, set_mode, umask_mode
 from workload.logs import logger
@@ -93,7 +94,7 @@ def stale_reason(path: Path, holder: dict, mtime: float) -> str | None:
     mine = me()
     if holder.get("host") == mine["host"] and holder.get("pid_ns") == mine["pid_ns"]:
         pid = holder.get("pid")
-        running = _start_time(pid) if isinstance(pid, int) else None
+        running = None if out_of_range("pid", pid) else _start_time(pid)
         if running is None or (holder.get("pid_start") not in (None, running)):
             return f"process {pid} no longer runs on {mine['host']}"
         return None
@@ -105,7 +106,7 @@ def stale_reason(path: Path, holder: dict, mtime: float) -> str | None:
 
 def readable(holder: dict) -> bool:
     """Whether the lock file held what `me()` writes (at least who holds it)."""
-    return isinstance(holder.get("host"), str) and isinstance(holder.get("pid"), int)
+    return isinstance(holder.get("host"), str) and not out_of_range("pid", holder.get("pid"))
 
 
 @contextmanager

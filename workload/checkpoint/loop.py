@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workload.checkpoint.lock import lock_run_folder
+from workload.checkpoint.meeting import Meeting
 from workload.checkpoint.loopargs import (check_parts, every_rank_extra, extra_problem,
                                           folder_path, json_extra, keep_count, make_folder,
                                           rank_extra, step_count, switch)
@@ -95,6 +96,7 @@ class Checkpoints:
         self.root = checkpoints_dir(self.folder)
         self.info = DistInfo.of_group()
         self._saves = _saves(self.info, self.async_save)
+        self._meeting = Meeting(self.folder, self.info.rank, self.info.world_size)
         self.extra: dict = {}
         self._last: int | None = None  # the step of the last resume or save (None: neither)
         if self.info.is_main:
@@ -114,6 +116,7 @@ class Checkpoints:
 
         self._open("resume")
         check_parts("resume", model, optimizer, scheduler, scaler)
+        self._meeting.meet("resume")
         self._saves.settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
@@ -126,7 +129,11 @@ class Checkpoints:
         snapshot = snapshot or _read(path)
         _same_loop(snapshot.config, current, path)
         _fits(snapshot, state, path)
+        edited = _hyperparameters(optimizer)
         restore(snapshot, state, self.info.rank, self.info.world_size)
+        if self.info.is_main:
+            for line in _hyperparameter_lines(edited, _hyperparameters(optimizer), path):
+                logger.warning(line)
         self.extra = rank_extra(snapshot.trainer, self.info.rank)
         self._last = state.step
         return state.step
@@ -134,16 +141,19 @@ class Checkpoints:
     def save(self, step: int, model, optimizer, scheduler=None, scaler=None,
              extra: dict | None = None) -> Path:
         """Save the loop's state as of `step` (the optimizer steps done: what resume
-        returns); every rank calls it. It returns once the checkpoint is complete on disk,
-        or with `async_save` once the state is copied (the save before it committed
-        first). `extra`: JSON data of the loop's own (its position in the data); each
-        rank's is kept."""
+        returns); every rank calls it (a collective, as resume, wait and close are: the
+        ranks meet first, and a rank that does not come is named within seconds,
+        workload.checkpoint.meeting). It
+        returns once the checkpoint is complete on disk, or with `async_save` once the
+        state is copied (the save before it committed first). `extra`: JSON data of the
+        loop's own (its position in the data); each rank's is kept."""
         from workload.checkpoint.snapshot import is_sharded, take_snapshot
 
         self._open("save")
         step = step_count(step)
         check_parts("save", model, optimizer, scheduler, scaler)
         extra = json_extra(extra)
+        self._meeting.meet("save", f"of step {step}")  # before the save's first collective
         self._saves.settle()
         self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
@@ -157,6 +167,7 @@ class Checkpoints:
         """Until the save in flight is committed (every rank calls it); its error, if it
         failed, is raised here."""
         self._open("wait")
+        self._meeting.meet("wait")
         self._saves.settle()
 
     def preempted(self, flag) -> bool:
@@ -206,6 +217,7 @@ class Checkpoints:
         atexit.unregister(self._at_exit)
         try:
             if agree:
+                self._meeting.meet("close")
                 self._saves.settle()
             else:
                 self._saves.wait_quietly()
@@ -298,6 +310,36 @@ def _differences(saved: dict, current: dict) -> list[str]:
         found.append(f"its optimizer steps {shown(saved['optimized'])} parameters (per "
                      f"group), this one {current['optimized']} (a layer frozen or thawed?)")
     return found
+
+
+def _hyperparameters(optimizer) -> list[dict]:
+    """Each parameter group's settings (lr, momentum, ...), without its parameters."""
+    return [{key: value for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups]
+
+
+def _hyperparameter_lines(loop: list[dict], restored: list[dict], path: Path) -> list[str]:
+    """One line per setting of the loop's optimizer that the resume put back otherwise
+    (torch's load_state_dict restores the checkpoint's lr, momentum, ...): a loop edited
+    between jobs learns that its edit did not take, and how to make it take."""
+    lines = []
+    for index, (mine, theirs) in enumerate(zip(loop, restored)):
+        for key in sorted(set(mine) & set(theirs)):
+            if not _same(mine[key], theirs[key]):
+                lines.append(
+                    f"Checkpoints.resume: the optimizer's {key} is {shown(mine[key])} in this "
+                    f"loop (group {index}) and {shown(theirs[key])} in {path.name}: the "
+                    f"checkpoint's is restored; to train on with the loop's, set it after "
+                    f"resume(), e.g. optimizer.param_groups[{index}][{key!r}] = "
+                    f"{shown(mine[key])}")
+    return lines
+
+
+def _same(one, other) -> bool:
+    try:
+        return bool(one == other)
+    except (RuntimeError, TypeError, ValueError):  # tensors of several numbers
+        return repr(one) == repr(other)
 
 
 def _same_loop(saved: dict, current: dict, path: Path) -> None:

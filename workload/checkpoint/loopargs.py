@@ -73,12 +73,12 @@ def keep_count(keep) -> int:
 
 def step_count(step) -> int:
     """The step a save records, as an int: a whole number a checkpoint holds."""
-    from workload.checkpoint.content import MAX_COUNT
+    from workload.config import MAX_COUNT
 
     count = whole(step)
-    if count is None or not 0 <= count < MAX_COUNT:
-        beyond = (" (a checkpoint holds steps below 2^62)"
-                  if count is not None and count >= MAX_COUNT else "")
+    if count is None or not 0 <= count <= MAX_COUNT:
+        beyond = (" (a checkpoint holds steps up to 2^62)"
+                  if count is not None and count > MAX_COUNT else "")
         raise UsageError(f"Checkpoints.save: step {shown(step)} is not a whole number of 0 "
                          f"or more{beyond}; pass the optimizer steps done so far (step + 1 "
                          "after the step with index `step`), the number resume() returns")
@@ -121,11 +121,34 @@ def json_extra(extra) -> dict:
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is not JSON-able "
                          f"({str(error)[:200]}); pass only {JSON_VALUES}, e.g. "
                          "the epoch and the batch within it") from None
+    if changed := json_change(extra, "extra"):
+        raise UsageError(f"Checkpoints.save: {changed}, so a resume would not give `extra` "
+                         "back as saved; pass only JSON's own kinds (string keys, lists, not "
+                         "tuples), e.g. extra={'epoch': epoch, 'batch': i}")
     if too_deep_to_read(value, EXTRA_DEPTH):
         raise UsageError(f"Checkpoints.save: extra={shown(extra)} is nested too deeply for "
                          "a checkpoint to read back; keep it a few levels deep (the epoch, "
                          "the batch within it, a few counters)")
     return value
+
+
+def json_change(value, where: str) -> str:
+    """What JSON would give back otherwise than `value` holds it ("" when nothing): a
+    key that is not a string (1 comes back "1"), a tuple (it comes back a list)."""
+    if isinstance(value, tuple):
+        return f"{where} is a tuple, which JSON gives back as a list"
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                back = next(iter(json.loads(json.dumps({key: 0}))))
+                return (f"{where} has the key {shown(key, 40)} ({type(key).__name__}), "
+                        f"which JSON gives back as the string {shown(back, 40)}")
+            if changed := json_change(inner, f"{where}[{key!r}]"):
+                return changed
+    if isinstance(value, list):
+        return next((changed for index, inner in enumerate(value)
+                     if (changed := json_change(inner, f"{where}[{index}]"))), "")
+    return ""
 
 
 # --- `extra` in the trainer state: each rank's ---------------------------------------------

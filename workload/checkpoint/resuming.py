@@ -21,7 +21,7 @@ from workload.checkpoint.local import bind_to_run, local_root, promote_newer, re
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
                                        old_format_message)
-from workload.config import MAY_CHANGE_ON_RESUME, flag_of
+from workload.config import MAY_CHANGE_ON_RESUME, flag_of, out_of_range
 from workload.errors import UsageError
 from workload.files import json_text, path_kind, read_jsonl_records, replace_file
 from workload.logs import logger
@@ -215,6 +215,15 @@ def trim_metrics(path: Path, epochs_done: int) -> None:
     records, dropped = read_jsonl_records(path)
     for why in dropped:
         logger.warning(f"{path}: {why}; dropping it")
-    kept = [r for r in records if isinstance(r.get("epoch"), int) and r["epoch"] <= epochs_done]
+    epochs = [r for r in records if not out_of_range("epoch", r.get("epoch"))]
+    if len(epochs) < len(records):
+        first = next(r for r in records if out_of_range("epoch", r.get("epoch")))
+        logger.warning(f"{path}: dropping {len(records) - len(epochs)} lines without an "
+                       f"epoch train writes ({out_of_range('epoch', first.get('epoch'))})")
+    kept = [r for r in epochs if r["epoch"] <= epochs_done]
+    later = len(epochs) - len(kept)
+    if later:  # a rewrite says what it removes
+        logger.info(f"{path}: dropping the lines of {later} epochs after epoch {epochs_done}, "
+                    "where the checkpoint stands (this run writes them again)")
     if dropped or len(kept) != len(records):
         replace_file(path, "".join(json_text(r) + "\n" for r in kept).encode())

@@ -7,6 +7,7 @@ package, not its modules.
                  checkpoint, logging): each field's default, help, bounds and example
     values.py    typed values a flag gives as text (`--checkpoint-every 10m` -> Every)
                  and the Range a number must be in
+    bounds.py    the one table of bounds of what the package reads back from files
     sources.py   argparse groups generated from the fields, and `--config FILE`
     resolve.py   recipes and device defaults for the flags left out (`build_config`),
                  validation (one UsageError naming the first bad value and the fix), and
@@ -16,6 +17,8 @@ The resolved config is written to `<output-dir>/config.json` (flat: key = flag n
 underscores) so a run says exactly what it did.
 """
 
+from workload.config.bounds import (MAX_BYTES, MAX_COUNT, MAX_RANKS, RECORD_BOUNDS,
+                                    out_of_range, record_problem)
 from workload.config.resolve import (DEVICE_DEFAULTS, NATURAL_IMAGE_SIZE, RECIPES,
                                      UNSAFE_LOAD_ENV, build_config, describe_stem,
                                      image_size_of, resolve_stem, stems_of, validate)
@@ -28,7 +31,8 @@ from workload.config.schema import (DATA_BACKENDS, DATASETS, DEVICES, FIELDS, FI
 from workload.config.sources import add_flags, given, read_config_file, repeatable
 from workload.config.values import Every
 
-__all__ = ["DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "FIELDS",
+__all__ = ["MAX_BYTES", "MAX_COUNT", "MAX_RANKS", "RECORD_BOUNDS", "out_of_range", "record_problem",
+           "DATASETS", "DATA_BACKENDS", "DEVICES", "DEVICE_DEFAULTS", "Every", "FIELDS",
            "FILE_DATASETS", "KEYS", "LR_SCALINGS", "MAY_CHANGE_ON_RESUME", "MIN_IMAGE_SIZE",
            "MODELS",
            "NATURAL_IMAGE_SIZE", "ONE_SHOT",

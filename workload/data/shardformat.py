@@ -29,7 +29,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from workload.config import FIELDS
+from workload.config import FIELDS, MAX_BYTES, out_of_range
 from workload.errors import UsageError
 from workload.files import open_regular, read_json_file, strict_json
 
@@ -48,12 +48,11 @@ MAX_CLASS_TEXT = 16  # bytes of a .cls member: a decimal class number
 # it: past these a number is damage, not data (else a MemoryError or an OverflowError).
 MAX_MANIFEST_BYTES = 256 << 20  # a million shards' entries take about 200 MB
 MAX_CLASSES = FIELDS["num_classes"].metadata["bounds"].high  # a model's, as --num-classes
-MAX_SHARD_SAMPLES = FIELDS["shard_size"].metadata["bounds"].high  # --shard-size's most
 # 7 times ImageNet-21k; each process holds an epoch's order, a list of them.
 MAX_SPLIT_SAMPLES = 100_000_000
 MAX_ROW_BYTES = 128  # an index row, [key, ext, offset, size, class], takes about 40
 INDEX_LINE_BYTES = 1024  # an index line's fields besides its rows take about 200
-MAX_OFFSET = 1 << 50  # a byte offset in a file (1 PiB), far inside the kernel's off_t
+MAX_OFFSET = MAX_BYTES  # a byte offset in a file, far inside the kernel's off_t
 
 
 def shard_name(split: str, number: int) -> str:
@@ -169,9 +168,9 @@ def entry_problem(entry, split: str) -> str | None:
         return f"a shard entry without a name like {shard_name(split, 0)}"
     if not str(entry["name"]).startswith(split + "-"):
         return f"{entry['name']} listed under {split}"
-    for field, most in (("samples", MAX_SHARD_SAMPLES), ("bytes", MAX_OFFSET)):
-        if not isinstance(entry.get(field), int) or not 0 <= entry[field] <= most:
-            return f"{entry['name']}: {field} is not a count from 0 to {most}"
+    for field in ("samples", "bytes"):
+        if problem := out_of_range(field, entry.get(field)):
+            return f"{entry['name']}: {problem}"
     if not re.fullmatch(r"[0-9a-f]{64}", str(entry.get("sha256"))):
         return f"{entry['name']}: no sha256"
     at = entry.get("index")

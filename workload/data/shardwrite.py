@@ -15,7 +15,10 @@ shard whose line is there and whose bytes still match the sha256 it records is k
 other is written again (to a hidden partial file first, renamed when complete). At a
 split's end its index file is rewritten with one line per shard in order, and
 `manifest.json`, which says where each line is, is written last: a folder without it was
-never finished.
+never finished. A rewrite with another `--shard-size` removes the earlier write's shards
+past the new count, only those its index lists with their bytes (the list the writer
+keeps), and says which; nothing else in the folder is removed (DALI's `wds2idx` indexes
+beside the shards included).
 """
 
 from __future__ import annotations
@@ -75,11 +78,14 @@ def write_shards(source: Path, dest: Path, shard_size: int = SHARD_SIZE) -> str:
     try:
         splits = {}
         kept = 0
+        removed: list[str] = []
         progress = Progress(len(train.samples) + len(val.samples))
         for split, folder in (("train", train), ("val", val)):
-            entries, kept_here = write_split(dest, split, folder.samples, shard_size, progress)
+            entries, kept_here, gone = write_split(dest, split, folder.samples, shard_size,
+                                                   progress)
             splits[split] = dict(samples=sum(e["samples"] for e in entries), shards=entries)
             kept += kept_here
+            removed += gone
         progress.add(0, force=True)
         write_json(dest / MANIFEST, dict(format=FORMAT, format_version=FORMAT_VERSION,
                                          source=str(source), identity=key,
@@ -88,10 +94,13 @@ def write_shards(source: Path, dest: Path, shard_size: int = SHARD_SIZE) -> str:
         if lock is not None:
             os.close(lock)
     count = sum(len(s["shards"]) for s in splits.values())
+    gone = (f"; removed the {len(removed)} shards of an earlier write that its index "
+            f"listed ({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})"
+            if removed else "")
     return (f"shards of {source} in {dest}: {splits['train']['samples']} training and "
             f"{splits['val']['samples']} validation images in {count} shards ({kept} "
-            f"complete ones kept from an earlier run); train from them with --dataset "
-            f"shards --data-dir {dest}")
+            f"complete ones kept from an earlier run{gone}); train from them with "
+            f"--dataset shards --data-dir {dest}")
 
 
 def claim(source: Path, dest: Path, key: str) -> int | None:
@@ -125,8 +134,9 @@ def claim(source: Path, dest: Path, key: str) -> int | None:
 
 
 def write_split(dest: Path, split: str, samples: list, shard_size: int,
-                progress: Progress) -> tuple[list[dict], int]:
-    """The shards of one split: their manifest entries and how many were kept."""
+                progress: Progress) -> tuple[list[dict], int, list[str]]:
+    """The shards of one split: their manifest entries, how many were kept, and the
+    stale shards of an earlier write removed."""
     index = dest / index_name(split)
     earlier = ({line.get("shard"): line for line in read_jsonl_records(index)[0]}
                if index.is_file() else {})
@@ -147,8 +157,8 @@ def write_split(dest: Path, split: str, samples: list, shard_size: int,
                 os.fsync(journal.fileno())
             lines.append(line)
             progress.add(len(chunk))
-    remove_stale(dest, split, len(lines))
-    return rewrite_index(index, lines), kept
+    removed = remove_stale(dest, split, len(lines), earlier)
+    return rewrite_index(index, lines), kept, removed
 
 
 def json_line(line: dict) -> bytes:
@@ -172,37 +182,48 @@ def rewrite_index(index: Path, lines: list[dict]) -> list[dict]:
     return entries
 
 
-def remove_stale(dest: Path, split: str, count: int) -> None:
-    """What no reader would ever open: the shards of this split past `count` that an
-    earlier write (another --shard-size) left, and the per-shard index files of the
-    first format. Only files this code wrote are removed: those exact names, regular
-    files of this user's own. A shard folder may be a project's, and a file another
-    member (or a link someone) put at such a name is theirs: named and left."""
-    for path in sorted(dest.glob(f"{split}-*")):
-        stem = path.name.split(".")[0]
-        if not SHARD_NAME.fullmatch(stem + ".tar"):
+def remove_stale(dest: Path, split: str, count: int, recorded: dict) -> list[str]:
+    """Remove this split's shards past `count` that an earlier write (another
+    --shard-size) left, and only those it can prove it wrote: a name its index file
+    lists (`recorded`, the list the writer keeps: every shard it wrote has its line
+    there, with its size and sha256), holding those bytes, a regular file of this
+    user's own. A shard folder may be a project's, and a file at any other name (DALI's
+    `wds2idx` indexes, a member's notes) is never touched; one at a shard's name that the
+    index does not prove is named and left. The names removed, for the summary line."""
+    removed = []
+    for path in sorted(dest.glob(f"{split}-*.tar")):
+        if not SHARD_NAME.fullmatch(path.name) or int(path.stem.split("-")[1]) < count:
             continue
-        old_index = path.name in (stem + ".idx.json", stem + ".idx")
-        if old_index or (path.name == stem + ".tar" and int(stem.split("-")[1]) >= count):
-            remove_own(path)
+        if proven_own(path, recorded.get(path.name)):
+            path.unlink()
+            removed.append(path.name)
+        else:
+            logger.warning(f"left {path} in place: it is not a shard this folder's index "
+                           f"lists with these bytes ({why_not_own(path)}); no reader opens "
+                           "it, remove it if no one needs it")
+    return removed
 
 
-def remove_own(path: Path) -> None:
-    """Unlink `path` when it is a regular file of this user's (lstat: a link is judged
-    itself, never its target), else say why it stays. The name is unlinked after the
+def proven_own(path: Path, line: dict | None) -> bool:
+    """Whether `path` is a regular file of this user's (lstat: a link is judged itself,
+    never its target) whose bytes are those its index line records. Unlinked after the
     look: only someone who may write the folder could swap it in between, and a name is
     all unlink takes from them."""
     info = path.lstat()
-    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
-        path.unlink()
-        return
-    whose = (mode_kind(info.st_mode) if not stat.S_ISREG(info.st_mode)
-             else f"a file of uid {info.st_uid}")
-    logger.warning(f"left {path} in place: it is {whose}, not a file this user's train "
-                   "--shards wrote; no reader opens it, remove it if no one needs it")
+    return (stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+            and complete(path.parent, line, line.get("planned") if line else None))
 
 
-def complete(dest: Path, line: dict | None, planned: list[int]) -> bool:
+def why_not_own(path: Path) -> str:
+    info = path.lstat()
+    if not stat.S_ISREG(info.st_mode):
+        return mode_kind(info.st_mode)
+    if info.st_uid != os.getuid():
+        return f"a file of uid {info.st_uid}"
+    return "a file the index has no line of, or other bytes"
+
+
+def complete(dest: Path, line: dict | None, planned: list[int] | None) -> bool:
     """Whether the shard of an index line an earlier run appended holds the `planned`
     images (first position, count) and its bytes still match."""
     try:

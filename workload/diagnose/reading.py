@@ -15,8 +15,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workload.diagnose.records import (MAX_RANKS, Skipped, flight, heartbeat, last_dump,
-                                       shown, startup)
+from workload.config import MAX_RANKS
+from workload.diagnose.records import Skipped, flight, heartbeat, last_dump, shown, startup
 from workload.errors import UsageError
 from workload.launch.diagnostics import DIAGNOSTICS, FR_PREFIX, STARTUP_PREFIX
 from workload.runfolder import RunFolder

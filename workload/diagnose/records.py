@@ -1,16 +1,17 @@
 """What each file of a diagnostics folder says, checked: a heartbeat's fields by type and
-range, a stack dump's last dump, a flight recorder record's collectives. Whatever comes
-out is safe to print (shown()); a file that fails raises Skipped naming why."""
+range (the package's one table of bounds: workload.config.bounds), a stack dump's last
+dump, a flight recorder record's collectives. Whatever comes out is safe to print
+(shown()); a file that fails raises Skipped naming why."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from workload.config import out_of_range, record_problem
 from workload.files import strict_json
 from workload.launch.diagnostics import STALL_MARK, STARTUP_PHASES
 
-MAX_RANKS = 1 << 20          # a world size or rank beyond this is not a real job's
 TEXT_CHARS = 120             # a printed string is at most this long
 _FRAME = re.compile(r'File "(.+)", line ([0-9]+) in (\S+)', re.ASCII)
 _NUMBER = (int, float)
@@ -55,8 +56,8 @@ def heartbeat(data: bytes, rank: int) -> dict:
             raise Skipped(f"no {key}")
     if beat.get("rank", rank) != rank:
         raise Skipped(f"it says rank {beat['rank']}, its name rank {rank}")
-    if beat["step"] < 0 or not 0 < beat["world_size"] <= MAX_RANKS:
-        raise Skipped(f"world size {beat['world_size']} or step {beat['step']} out of range")
+    if problem := record_problem(beat, HEARTBEAT_KEYS):
+        raise Skipped(shown(problem))
     if rank >= beat["world_size"]:
         raise Skipped(f"rank {rank} is not below its world size {beat['world_size']}")
     return {key: shown(beat[key]) if isinstance(beat[key], str) else beat[key]
@@ -71,6 +72,8 @@ def startup(data: bytes, rank: int) -> dict:
     if (last not in (None, *STARTUP_PHASES) or not isinstance(at, _NUMBER)
             or isinstance(at, bool)):
         raise Skipped("not a start-up record (last_phase or at)")
+    if problem := record_problem(record, ("at",)):
+        raise Skipped(shown(problem))
     return {"startup_last": last, "startup_at": at}
 
 
@@ -106,6 +109,6 @@ def _is_entry(entry: object) -> bool:
         return False
     seq, name, retired = (entry.get(key) for key in ("collective_seq_id", "profiling_name",
                                                       "retired"))
-    return ((seq is None or isinstance(seq, int) and not isinstance(seq, bool))
+    return (not out_of_range("collective_seq_id", seq)
             and (name is None or isinstance(name, str))
             and (retired is None or isinstance(retired, bool)))

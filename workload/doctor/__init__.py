@@ -107,7 +107,8 @@ def pair_rounds(value: str) -> int | None:
 
 def doctor(args) -> None:
     check_flags(args)
-    use_private_caches(PROG)  # the folders it reports are the ones train would use
+    # The folders it reports are the ones train would use, an unusable one included.
+    use_private_caches(PROG, refuse_fatal=False)
     from workload.doctor.checks import run_checks
     from workload.doctor.findings import FAIL, print_report, worst, write_json_report
 

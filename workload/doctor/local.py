@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from workload.caches import CACHE_FOLDERS, COMPILE_CACHES, is_chosen_value
+from workload.caches import CACHE_FOLDERS, COMPILE_CACHES, FATAL_CACHES, is_chosen_value
 from workload.launch.devices import default_workers
 from workload.files import unwritable_reason
 from workload.launch import nccl
@@ -242,11 +242,6 @@ def output_dir_check(path: str) -> Finding:
                        "pass train --output-dir a folder you can write to, e.g. "
                        "$SCRATCH/runs/NAME (and bind it into the container)")
     return Finding("output-dir", OK, f"{path} is writable")
-
-
-# torch creates its inductor cache folder when torchvision is imported: if that fails,
-# train stops at its first line. The other caches only matter for downloads or compiling.
-FATAL_CACHES = {"TORCHINDUCTOR_CACHE_DIR"}
 
 
 def cache_checks() -> list[Finding]:

@@ -168,7 +168,7 @@ def cache_lines(command: str | None) -> str:
     if Path(command or "").name in OWN_COMMANDS:
         return ""
     env = dict(os.environ)
-    plan = use_private_caches("launch", env)
+    plan = use_private_caches("launch", env, refuse_fatal=False)  # the command's own rules
     chosen = {**plan.chosen, ROOT_VARIABLE: str(plan.root)} if plan.chosen else {}
     return "".join(env_line(key, value) + "\n" for key, value in chosen.items())
 

@@ -98,7 +98,7 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
     """
     own = env is None or env is os.environ
     env = os.environ if env is None else env
-    use_private_caches("launch", env, quiet)  # before _cuda() imports torch
+    use_private_caches("launch", env, quiet, refuse_fatal=False)  # before _cuda() imports torch
     cuda = _cuda()
     visible = cuda.count if cuda is not None else visible_gpu_count(env)
     res = resolve(env, visible_gpus=visible)

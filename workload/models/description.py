@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.config import (DATASETS, FIELDS, MIN_IMAGE_SIZE, STEMS, TrainConfig,
-                             image_size_of, out_of_bounds, resolve_stem)
+from workload.config import (DATASETS, STEMS, TrainConfig, image_size_of, out_of_range,
+                             resolve_stem)
 from workload.errors import UsageError
 from workload.files import strict_json
 from workload.runfolder import WEIGHTS, RunFolder
@@ -153,7 +153,7 @@ def _checked(data) -> ModelDescription:
     mean = tuple(_numbers(given["mean"], "mean", MEAN_BOUNDS))
     std = tuple(_numbers(given["std"], "std", STD_BOUNDS))
     return ModelDescription(_text(data, "model"), _arguments(data["arguments"]), num_classes,
-                            classes, _image_size(_int(given, "image_size"), "input."),
+                            classes, _int(given, "image_size", "input."),
                             mean, std, given["resize"], dataset, weights)
 
 
@@ -167,11 +167,9 @@ def _arguments(args) -> dict:
     for key in ("width", "blocks_per_stage"):
         if key in args:
             _int(args, key, "arguments.")
-    if "dropout" in args:
-        _number(args["dropout"], "arguments.dropout")
-        _within("dropout", args["dropout"], "arguments.")
-    if "image_size" in args:
-        _image_size(_int(args, "image_size", "arguments."), "arguments.")
+    for key in ("dropout", "image_size"):
+        if key in args:
+            _within(key, args[key], "arguments.")
     if "stem" in args and args["stem"] not in STEMS:
         raise ValueError(f"arguments.stem must be one of {', '.join(STEMS)}, got "
                          f"{args['stem']!r}")
@@ -199,16 +197,10 @@ def _int(data: dict, name: str, where: str = "") -> int:
 
 
 def _within(key: str, value, where: str):
-    """Within the bounds of the config field of the same name (schema.py)."""
-    problem = out_of_bounds(key, value) if key in FIELDS else ""
-    if problem:
-        raise ValueError(f"{where}{key} {problem}")
-    return value
-
-
-def _image_size(value: int, where: str) -> int:
-    if value < MIN_IMAGE_SIZE:
-        raise ValueError(f"{where}image_size must be {MIN_IMAGE_SIZE} or more, got {value}")
+    """Within the package's bounds of the field (workload.config.bounds: a train
+    setting's are its config field's)."""
+    if problem := out_of_range(key, value):
+        raise ValueError(f"{where}{problem}")
     return value
 
 

@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from workload.config import out_of_range
 from workload.files import proc_stat_fields, write_json
 from workload.held import let_go
 from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX, hold_diagnostics
@@ -235,7 +236,7 @@ def slower_phases(phases: dict[str, float], previous: dict | None) -> list[str]:
     lines = []
     for name, seconds in phases.items():
         usual = before.get(name) if isinstance(before, dict) else None
-        if (isinstance(usual, (int, float)) and not isinstance(usual, bool)
+        if (usual is not None and not out_of_range("phase_s", usual)
                 and seconds > SLOWER_FACTOR * usual and seconds - usual > SLOWER_BY_S):
             lines.append(f"start-up: {name} took {seconds:.1f}s, "
                          f"{seconds / max(usual, 0.1):.0f}x the {usual:.1f}s of this run's "

@@ -215,10 +215,14 @@ class StallWatchdog:
     def what_to_do(self) -> str:
         """The stall line's advice: a collective's timeout ends a rank that waits for
         another, but not one that waits for its own checkpoint writer (a stopped or hung
-        process), which is named instead."""
+        process), which is named instead, nor a run of one process, which has no
+        collective to time out (a hung file system holds it for as long as it hangs)."""
         writer = waited_writer()
         if writer is not None:
             return f"waiting for {writer.waiting()}"
+        if self.world_size == 1:
+            return ("one process: no collective timeout will end it; if it does not go on, "
+                    "stop it (Ctrl-C, scancel) and run: " + dump_command(self.folder))
         return f"after the collective timeout run: {dump_command(self.folder)}"
 
     def name_hung_write(self, now: float) -> None:
