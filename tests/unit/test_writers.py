@@ -77,6 +77,8 @@ WRITERS = {
         "inside the private partial copy (mkdtemp) in the user's own staging folder",
     ("workload.data.stagefiles", "unpack_tar", ".extract"):
         "into the private partial copy, with tarfile's data filter (safe_member)",
+    ("workload.launch.nccl_net", "nccl_log_for_one_run", "tempfile.TemporaryDirectory"):
+        "a private (0700) folder of a name no one can foresee, for NCCL's own log by path",
     ("workload.data.staging", "_stage_anew", "tempfile.mkdtemp"):
         "the private partial copy, a name no one can foresee, in the user's own folder",
     ("workload.data.staging", "_stage_anew", "os.rename"):
@@ -84,8 +86,6 @@ WRITERS = {
         "(staging.own_folder refuses any other)",
     ("workload.data.staging", "own_folder", "tempfile.mkdtemp"):
         "a private (0700) folder of a name no one can foresee, in a sticky folder",
-    ("workload.doctor.checks", "run_checks", "tempfile.TemporaryDirectory"):
-        "a private (0700) folder of a name no one can foresee",
     ("workload.launch.__main__", "flight_recorder_lines", ".mkdir"):
         "./diagnostics of the working folder of the user's own script (exist_ok); torch "
         "writes there by the path the user's environment names",
