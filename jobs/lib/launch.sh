@@ -21,8 +21,12 @@
 #   LAUNCH_CHECK   1: run `python -m workload.launch check` in the layout instead
 #   JOBS_DIR       this jobs/ folder (default: found from this file)
 #   CONTINUE       requeueable launches: requeue (default) | chain (the next job of a
-#                  chain, for sites that forbid --requeue); MAX_TIME_LIMIT_RESTARTS,
-#                  MAX_PREEMPTIONS, TRAIN_RUN_ID, TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
+#                  chain, for sites that forbid --requeue); MAX_ATTEMPTS_WITHOUT_PROGRESS,
+#                  MIN_NODES, MAX_TIME_LIMIT_RESTARTS, MAX_PREEMPTIONS, TRAIN_RUN_ID,
+#                  TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
+#   TRAIN_RUN_DIR  requeueable launches: the run folder the decision after each step reads
+#                  and records in (docs/failures.md); default: train's --output-dir; a
+#                  SCRIPT's run has none unless this names it (its --output-dir)
 #   SCRIPT         launch_script: your training script (a path the image sees)
 #   FORM           launch_script: per-task (default, through entrypoint.sh) | torchrun |
 #                  no-entrypoint (the script calls workload.launch.setup(), your-script.md)
@@ -76,27 +80,45 @@ print_step() {
   exit 2
 }
 
+# print_step's command (its arguments after the array's name) into the array NAME;
+# a bad setting ends the job with print_step's status.
+listed_command() {
+  local name=$1 listing status=0
+  shift
+  listing=$(mktemp)
+  print_step "$@" >"${listing}" || status=$?
+  mapfile -d '' -t "${name}" <"${listing}"
+  rm -f "${listing}"
+  ((status == 0)) || exit "${status}"
+}
+
+# The step's command into STEP, on the nodes NODES of the allocation (jobs/lib/requeue.sh
+# calls it when the decision moves the step: a restart on a spare, a shrink).
+step_for_nodes() {
+  export STEP_NODES=$1
+  job_err "the step goes on on ${STEP_NODES}"
+  listed_command STEP "${STEP_WHAT[@]}"
+}
+
 # Runs the step; MODE requeueable runs it under jobs/lib/requeue.sh, which gets the srun
 # command itself (not a function in a background subshell), so the signals it passes on
-# reach srun, which sends them to every task.
+# reach srun, which sends them to every task, and runs the decision (DECIDE: diagnose in
+# the image, on the run folder) after each step.
 launch_step() {
-  local mode=$1 listing status=0
-  local -a step
+  local mode=$1
   shift
   LAYOUT=${LAYOUT:-per-task}
   export LAYOUT
   load_preset
-  listing=$(mktemp)
-  print_step "$@" >"${listing}" || status=$?
-  mapfile -d '' -t step <"${listing}"
-  rm -f "${listing}"
-  ((status == 0)) || exit "${status}"
+  STEP_WHAT=("$@")
+  listed_command STEP "$@"
   if [[ ${mode} == requeueable ]]; then
+    listed_command DECIDE decide "$@"
     # shellcheck source=jobs/lib/requeue.sh
     source "$(jobs_dir)/lib/requeue.sh"
-    run_requeueable "${step[@]}"
+    run_requeueable "${STEP[@]}"
   else
-    "${step[@]}"
+    "${STEP[@]}"
   fi
 }
 

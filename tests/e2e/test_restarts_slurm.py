@@ -1,0 +1,147 @@
+"""The decision after each step of a job script (docs/failures.md), on the private SLURM
+cluster: jobs/own-script.sbatch (RUNTIME=none, a script of a few lines and no torch, so
+each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
+
+- A run that fails at the same step every time is restarted inside the allocation (no
+  queue) until three attempts in a row wrote no new checkpoint, then stops with one line
+  (the last step, the attempts, the last failure) and a non-zero status.
+- A run whose every job ends at a time limit with a new checkpoint is never stopped: a
+  chain of five jobs (more than the former fixed cap of 3 time limits) ends COMPLETED,
+  even with MAX_ATTEMPTS_WITHOUT_PROGRESS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, job_field, sbatch, wait_for, wait_until_ended
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# The run's "training": `fail` checkpoints step 5 and fails after it, every time;
+# `drain` (its first time) checkpoints step 1, then its node is drained, as a health check
+# drains a node it finds broken, and it fails; then it finishes; `time-limits` asks the
+# batch shell for its time-limit signal (as --signal=B:USR2@N sends it), checkpoints the
+# next step when the signal comes through srun and asks for the requeue as train does,
+# until step 4, where it finishes.
+SCRIPT = """import os, pathlib, signal, subprocess, sys, time
+mode, run = sys.argv[1], pathlib.Path(sys.argv[2])
+(run / "checkpoints").mkdir(parents=True, exist_ok=True)
+latest = run / "checkpoints" / "latest"
+step = int(latest.read_text()[5:]) if latest.exists() else 0
+print("attempt on", os.environ["SLURMD_NODENAME"], "from step", step, flush=True)
+if mode == "fail":
+    latest.write_text("step-000000005\\n")
+    sys.exit("failed at step 6")
+if mode == "drain" and step == 0:
+    latest.write_text("step-000000001\\n")
+    subprocess.run(["scontrol", "update", "NodeName=" + os.environ["SLURMD_NODENAME"],
+                    "State=DRAIN", "Reason=health check failed"], check=True)
+    sys.exit("the GPU fell off the bus")
+if mode == "drain":
+    sys.exit(0)
+if step >= 4:
+    sys.exit(0)
+got = []
+signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+subprocess.run(["scancel", "--batch", "--signal=USR2", os.environ["SLURM_JOB_ID"]], check=True)
+while not got:
+    time.sleep(0.05)
+latest.write_text(f"step-{step + 1:09d}\\n")
+pathlib.Path(os.environ["TRAIN_REQUEUE_FILE"]).write_text(f"preempted by SIGUSR2 at step {step + 1}")
+sys.exit(75)
+"""
+
+
+def job_script(folder: Path) -> Path:
+    """jobs/own-script.sbatch without its GPU request and with 1 CPU (the test cluster's
+    nodes have 2): in its header, which a chain's next job reads again."""
+    text = (REPO / "jobs" / "own-script.sbatch").read_text()
+    lines = [line.replace("--cpus-per-task=32", "--cpus-per-task=1")
+             for line in text.splitlines() if not line.startswith("#SBATCH --gpus")]
+    script = folder / "own-script.sbatch"
+    script.write_text("\n".join(lines) + "\n")
+    (folder / "step.py").write_text(SCRIPT)
+    return script
+
+
+def submit(cluster, folder: Path, mode: str, *options: str,
+           **settings: str) -> tuple[int, Path, Path]:
+    run, log = folder / "run", folder / "job.log"
+    env = {**cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+           "FORM": "no-entrypoint", "GPUS_PER_NODE": "1", "SCRIPT": str(folder / "step.py"),
+           "TRAIN_RUN_DIR": str(run), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **settings}
+    job = sbatch(cluster, [*options, f"--output={log}", str(job_script(folder)), mode, str(run)],
+                 env=env, cwd=folder)
+    return job, run, log
+
+
+def attempts(run: Path) -> list[dict]:
+    path = run / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_run_failing_at_the_same_step_restarts_here_then_stops(slurm_cluster, tmp_path):
+    job, run, log = submit(slurm_cluster, tmp_path, "fail")
+    assert wait_until_ended(slurm_cluster, job, log) == "FAILED", log.read_text()[-3000:]
+    text = log.read_text()
+    assert job_field(slurm_cluster, job, "ExitCode") == "1:0"
+    assert job_field(slurm_cluster, job, "Restarts") == "0"  # never through the queue
+    assert text.count("decision: restart on ") == 3, text[-3000:]
+    assert ("decision: stop: no new checkpoint in 3 attempt(s) in a row (last checkpoint: "
+            "step 5); last failure: status 1") in text
+    records = attempts(run)
+    assert [(r["action"], r["without_progress"]) for r in records] == [
+        ("restart", 0), ("restart", 1), ("restart", 2), ("stop", 3)]
+    shown = slurm_cluster.run([str(Path(sys.executable).parent / "diagnose"), str(run)]).stdout
+    assert "attempts: 4; the last decision: job" in shown and "stop: no new checkpoint" in shown
+
+
+def test_a_time_limit_chain_that_progresses_is_never_stopped(slurm_cluster, tmp_path):
+    job, run, log = submit(slurm_cluster, tmp_path, "time-limits", CONTINUE="chain",
+                           MAX_ATTEMPTS_WITHOUT_PROGRESS="1")
+
+    def finished() -> bool:
+        records = attempts(run)
+        return bool(records) and records[-1]["action"] in ("done", "stop")
+
+    wait_for(finished, "the chain to end", log, timeout=300)
+    records = attempts(run)
+    assert [(r["ending"], r["action"], r["checkpointed"]) for r in records] == [
+        *[("time-limit", "requeue", step) for step in range(1, 5)], ("finished", "done", 4)]
+    jobs = [int(r["job"]) for r in records]
+    assert jobs[0] == job and len(set(jobs)) == 5  # a new job of the chain each time
+    last_log = tmp_path / f"hpc-train-own-script-{jobs[-1]}.out"
+    assert wait_until_ended(slurm_cluster, jobs[-1], last_log) == "COMPLETED"
+
+
+def test_a_requeued_job_never_starts_on_the_node_left_behind(slurm_cluster, tmp_path):
+    """A one-node job whose node is drained as its step fails: the decision records the
+    node, sets the job's ExcNodeList and requeues it (no spare in the allocation). The
+    node is put back in service at once, so only the exclusion keeps the requeued job
+    off it."""
+    job, run, log = submit(slurm_cluster, tmp_path, "drain", "--nodes=1")
+    try:
+        wait_for(lambda: (run / "bad-nodes.jsonl").exists(), "the bad node's record", log)
+        wait_for(lambda: job_field(slurm_cluster, job, "Restarts") == "1", "the requeue", log)
+    finally:  # the session's cluster: every node back in service for the later tests
+        for node in slurm_cluster.nodes:
+            slurm_cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+    bad = json.loads((run / "bad-nodes.jsonl").read_text())["node"]
+    assert wait_until_ended(slurm_cluster, job, log) == "COMPLETED", log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"leaving {bad} behind: excluded from the requeued job" in text
+    assert job_field(slurm_cluster, job, "ExcNodeList") == bad, text[-3000:]
+    ran_on = re.findall(r"^attempt on (\S+) from step (\d+)$", text, re.M)
+    assert ran_on[0] == (bad, "0") and ran_on[1][0] != bad, text[-3000:]
+    assert [r["action"] for r in attempts(run)] == ["requeue", "done"]
+    listed = slurm_cluster.run([str(Path(sys.executable).parent / "diagnose"), str(run),
+                                "--bad-nodes"]).stdout
+    assert listed.startswith(f"bad node: {bad}: SLURM says it is down (job {job}, ")
