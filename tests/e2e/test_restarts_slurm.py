@@ -54,7 +54,8 @@ subprocess.run(["scancel", "--batch", "--signal=USR2", os.environ["SLURM_JOB_ID"
 while not got:
     time.sleep(0.05)
 latest.write_text(f"step-{step + 1:09d}\\n")
-pathlib.Path(os.environ["TRAIN_REQUEUE_FILE"]).write_text(f"preempted by SIGUSR2 at step {step + 1}")
+request = pathlib.Path(os.environ["TRAIN_REQUEUE_FILE"])
+request.write_text(f"preempted by SIGUSR2 at step {step + 1}")
 sys.exit(75)
 """
 
