@@ -24,6 +24,9 @@
 #                  chain, for sites that forbid --requeue); MAX_ATTEMPTS_WITHOUT_PROGRESS,
 #                  MIN_NODES, MAX_TIME_LIMIT_RESTARTS, MAX_PREEMPTIONS, TRAIN_RUN_ID,
 #                  TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
+#   SPARE_NODES    requeueable launches: nodes of the allocation kept out of the first
+#                  step, to restart a failed step on in the same job (sbatch --nodes=N+S
+#                  --no-kill; default 0; docs/failures.md)
 #   TRAIN_RUN_DIR  requeueable launches: the run folder the decision after each step reads
 #                  and records in (docs/failures.md); default: train's --output-dir; a
 #                  SCRIPT's run has none unless this names it (its --output-dir)
@@ -100,6 +103,26 @@ step_for_nodes() {
   listed_command STEP "${STEP_WHAT[@]}"
 }
 
+# With SPARE_NODES=S, the first step runs on the allocation's first N-S nodes (STEP_NODES):
+# the last S are the spares a failed step restarts on (the job needs --no-kill, or SLURM
+# ends it with its first lost node).
+keep_spares() {
+  local spares=${SPARE_NODES:-0}
+  local -a nodes
+  [[ ${spares} =~ ^[0-9]{1,4}$ ]] || {
+    job_err "SPARE_NODES=${spares@Q}: expected a whole number of nodes, such as 1"; exit 2; }
+  ((spares > 0)) || return 0
+  mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
+  if ((${#nodes[@]} <= spares)); then
+    job_err "SPARE_NODES=${spares}: the job has ${#nodes[@]} node(s), none left to train on;" \
+      "ask for more (sbatch --nodes=N+${spares} --no-kill)"
+    exit 2
+  fi
+  STEP_NODES=$(IFS=,; printf '%s' "${nodes[*]:0:${#nodes[@]}-spares}")
+  export STEP_NODES
+  job_err "spare node(s) kept for a restart: ${nodes[*]: -spares}"
+}
+
 # Runs the step; MODE requeueable runs it under jobs/lib/requeue.sh, which gets the srun
 # command itself (not a function in a background subshell), so the signals it passes on
 # reach srun, which sends them to every task, and runs the decision (DECIDE: diagnose in
@@ -111,6 +134,7 @@ launch_step() {
   export LAYOUT
   load_preset
   STEP_WHAT=("$@")
+  [[ ${mode} == requeueable ]] && keep_spares
   listed_command STEP "$@"
   if [[ ${mode} == requeueable ]]; then
     listed_command DECIDE decide "$@"

@@ -177,15 +177,20 @@ submit_successor() {
 # 22.05), and a requeued job is pending at once (while it completes, this shell still
 # alive: SLURM's SIGTERM is trapped here, SIGKILL comes KillWait later) and held back for
 # the credential lifetime before it may start: so requeue first, then exclude.
+# The job turns pending a moment after `scontrol requeue` returns: tried for 5 s.
 requeue_job() {
+  local try
   scontrol requeue "${SLURM_JOB_ID}"
-  if [[ -n ${EXCLUDE:-} ]]; then
-    if scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${EXCLUDE}"; then
+  [[ -n ${EXCLUDE:-} ]] || return 0
+  for try in {1..20}; do
+    if scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${EXCLUDE}" 2>/dev/null; then
       requeue_log "leaving ${EXCLUDE} behind: excluded from the requeued job"
-    else
-      requeue_log "scontrol update ExcNodeList=${EXCLUDE} failed: the job may land there again"
+      return 0
     fi
-  fi
+    sleep 0.25
+  done
+  requeue_log "scontrol update ExcNodeList=${EXCLUDE} failed ${try} times: the requeued" \
+    "job may land there again"
 }
 
 # Continue the run within the cap of its kind, by requeue or by the next job.
@@ -313,7 +318,11 @@ obey_decision() {
     ACTION=requeue  # the allocation is ending: a restart here would be cut short
   fi
   case ${ACTION} in
-    restart | shrink) next_step; return 0 ;;
+    restart | shrink)
+      # The step before ended: its run lock (on a node lost, maybe) is stale.
+      export TRAIN_PREVIOUS_STEP_ENDED=1
+      next_step
+      return 0 ;;
     requeue) (( status == REQUEUE_EXIT_STATUS )) || [[ -n ${ASKED} ]] || ACTION_KIND=failure
              continue_run ;;
     stop) requeue_log "stopped: not continued (diagnose ${TRAIN_RUN_DIR:-RUN_DIR} shows" \

@@ -5,6 +5,11 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
 - A run that fails at the same step every time is restarted inside the allocation (no
   queue) until three attempts in a row wrote no new checkpoint, then stops with one line
   (the last step, the attempts, the last failure) and a non-zero status.
+- A training of two nodes and a spare (three nodes, --no-kill) loses a node mid-run (its
+  slurmd stopped, its rank killed, the node set DOWN): the step restarts on the spare in
+  the same job and the run ends with the weights of an uninterrupted one.
+- A one-node job whose node is drained as its step fails is requeued with the node
+  excluded, and starts elsewhere although the node is back in service.
 - A run whose every job ends at a time limit with a new checkpoint is never stopped: a
   chain of five jobs (more than the former fixed cap of 3 time limits) ends COMPLETED,
   even with MAX_ATTEMPTS_WITHOUT_PROGRESS=1.
@@ -12,15 +17,18 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, job_field, sbatch, wait_for, wait_until_ended
+from tests.helpers import (REPO, TINY, job_field, sbatch, step_pids, stop_step, wait_for,
+                           wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -134,7 +142,7 @@ def test_a_requeued_job_never_starts_on_the_node_left_behind(slurm_cluster, tmp_
         wait_for(lambda: job_field(slurm_cluster, job, "Restarts") == "1", "the requeue", log)
     finally:  # the session's cluster: every node back in service for the later tests
         for node in slurm_cluster.nodes:
-            slurm_cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+            slurm_cluster.back_in_service(node)
     bad = json.loads((run / "bad-nodes.jsonl").read_text())["node"]
     assert wait_until_ended(slurm_cluster, job, log) == "COMPLETED", log.read_text()[-3000:]
     text = log.read_text()
@@ -146,3 +154,71 @@ def test_a_requeued_job_never_starts_on_the_node_left_behind(slurm_cluster, tmp_
     listed = slurm_cluster.run([str(Path(sys.executable).parent / "diagnose"), str(run),
                                 "--bad-nodes"]).stdout
     assert listed.startswith(f"bad node: {bad}: SLURM says it is down (job {job}, ")
+
+
+# The training of the lost-node test: 2 ranks, 3 epochs of 24 steps each, a checkpoint
+# every 4 steps (jobs/requeue.sbatch's train, RUNTIME=none, one process per node).
+TRAIN_ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "768", "--image-size", "16",
+              "--num-classes", "4", "--batch-size", "16", "--epochs", "3", "--seed", "4",
+              "--precision", "fp32", "--checkpoint-every", "4", "--dist-timeout", "120"]
+
+
+def train_job(cluster, folder: Path, *options: str, **settings: str) -> tuple[int, Path, Path]:
+    """jobs/requeue.sbatch (RUNTIME=none) without its GPU request, 2 CPUs a task, run
+    from `folder`: its run folder is folder/runs/<job id>."""
+    folder.mkdir(exist_ok=True)
+    text = (REPO / "jobs" / "requeue.sbatch").read_text()
+    script = folder / "requeue.sbatch"
+    script.write_text("\n".join(line.replace("--cpus-per-task=32", "--cpus-per-task=2")
+                                for line in text.splitlines()
+                                if not line.startswith("#SBATCH --gpus")) + "\n")
+    log = folder / "job.log"
+    env = {**cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
+           "GPUS_PER_NODE": "1", "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **settings}
+    job = sbatch(cluster, [*options, f"--output={log}", str(script), *TRAIN_ARGS], env=env,
+                 cwd=folder)
+    return job, folder / "runs" / str(job), log
+
+
+def lose_node(cluster, job: int, node: str) -> None:
+    """The node lost as it happens: its slurmd stops answering, its rank dies (SIGKILL),
+    and SLURM marks it DOWN."""
+    ranks = step_pids(cluster, job, node)
+    assert ranks, f"no process of job {job}'s step on {node}"
+    cluster.stop_node(node)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    done = cluster.run(["scontrol", "update", f"NodeName={node}", "State=DOWN",
+                        "Reason=lost in a test"])
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp_path):
+    job, run, log = train_job(slurm_cluster, tmp_path / "lost", "--partition=spares",
+                              "--nodes=3", "--no-kill", SPARE_NODES="1")
+    latest = run / "checkpoints" / "latest"
+    lost = slurm_cluster.nodes[1]
+    try:
+        wait_for(latest.exists, "the first checkpoint", log, poll=0.05)
+        stop_step(slurm_cluster, job, slurm_cluster.nodes[0])  # held: it cannot finish first
+        lose_node(slurm_cluster, job, lost)
+        assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
+            log.read_text()[-4000:]
+    finally:  # the session's cluster: the node back for the later tests
+        slurm_cluster.start_node(lost)
+        slurm_cluster.back_in_service(lost)
+    text = log.read_text()
+    assert f"spare node(s) kept for a restart: {slurm_cluster.spare}" in text
+    assert (f"decision: restart on {slurm_cluster.nodes[0]},{slurm_cluster.spare}, leaving "
+            f"{lost} behind") in text, text[-4000:]
+    assert job_field(slurm_cluster, job, "Restarts") == "0"  # the same job, no queue
+    assert re.search(rf"resumed from \S*runs/{job}/checkpoints/step-\d+", text)
+    assert [r["action"] for r in attempts(run)] == ["restart", "done"]
+    ref, ref_run, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=2")
+    assert wait_until_ended(slurm_cluster, ref, ref_log, timeout=300) == "COMPLETED"
+    resumed = json.loads((run / "summary.json").read_text())
+    reference = json.loads((ref_run / "summary.json").read_text())
+    assert resumed["world_size"] == reference["world_size"] == 2
+    assert resumed["model_sha256"] == reference["model_sha256"]

@@ -6,14 +6,11 @@ leaves behind in the run folder, and `diagnose RUN_DIR` printing the same decisi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import run_diagnose as diagnose
 from workload.diagnose.decision import (DONE, REQUEUE, RESTART, SHRINK, STOP, Ending, Nodes,
                                         Progress, decide)
 
@@ -84,14 +81,6 @@ def test_the_stop_line_names_the_last_step_the_attempts_and_the_failure():
     assert decision.line() == (
         "stop: no new checkpoint in 3 attempt(s) in a row (last checkpoint: step 40); "
         f"last failure: status 1; diagnose: {HANG}")
-
-
-def diagnose(run: Path, *flags: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "workload.diagnose", str(run), *flags],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
 
 
 def checkpointed(run: Path, step: int) -> None:

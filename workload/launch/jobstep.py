@@ -62,7 +62,7 @@ DOCKER_PASSES = (
     "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST_HET_GROUP_0",
     "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-    "TRAIN_REQUEUE_FILE")
+    "TRAIN_REQUEUE_FILE", "TRAIN_PREVIOUS_STEP_ENDED")
 # The option each runtime mounts DATA_DIR (and the job's folder) with, and the characters
 # it splits mounts on (--bind src[:dest[:opts]][,...], -v src:dest, the same for pyxis).
 MOUNT_SYNTAX = {"apptainer": ("--bind", ",:"), "docker": ("-v", ":"),
