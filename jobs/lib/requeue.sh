@@ -232,7 +232,7 @@ decide_without_command() {
   if [[ -n ${ASKED} ]] || (( status == REQUEUE_EXIT_STATUS )); then
     ACTION=requeue
   elif (( status == 0 )); then
-    ACTION=done
+    ACTION="done"
   fi
 }
 
@@ -272,10 +272,11 @@ decide_after_step() {
   fi
   [[ ${BATCH_SIGNAL} == USR2 ]] && seen+=(--time-limit)
   answer=$(mktemp)
-  if "${DECIDE[@]}" --after-step "${status}" --job "${SLURM_JOB_ID:-local}" \
-    --requeue-asked "${ASKED}" "${seen[@]}" --allocation "${SLURM_JOB_NODELIST:-}" \
-    --step-nodes "${STEP_NODES:-}" --down "$(down_nodes)" --min-nodes "${MIN_NODES}" \
-    --max-without-progress "${MAX_ATTEMPTS_WITHOUT_PROGRESS}" >"${answer}" &&
+  # NAME=VALUE: a value that starts with '-' is still the value.
+  if "${DECIDE[@]}" --after-step="${status}" --job="${SLURM_JOB_ID:-local}" \
+    --requeue-asked="${ASKED}" "${seen[@]}" --allocation="${SLURM_JOB_NODELIST:-}" \
+    --step-nodes="${STEP_NODES:-}" --down="$(down_nodes)" --min-nodes="${MIN_NODES}" \
+    --max-without-progress="${MAX_ATTEMPTS_WITHOUT_PROGRESS}" >"${answer}" &&
     read_decision "${answer}"; then
     rm -f "${answer}"
     return
@@ -325,8 +326,8 @@ obey_decision() {
       return 0 ;;
     requeue) (( status == REQUEUE_EXIT_STATUS )) || [[ -n ${ASKED} ]] || ACTION_KIND=failure
              continue_run ;;
-    stop) requeue_log "stopped: not continued (diagnose ${TRAIN_RUN_DIR:-RUN_DIR} shows" \
-            "the attempts)"
+    stop) requeue_log "stopped: not continued (${DECIDE[*]:-diagnose RUN_DIR} shows the" \
+            "attempts)"
           exit $(( status == 0 ? 1 : status )) ;;
     done) rm -f "${CONTINUATIONS_FILE}"; FINAL_STATUS=0 ;;
     *) FINAL_STATUS=${status} ;;  # no decision: a failure passes through

@@ -308,8 +308,8 @@ DECIDE = "apptainer exec --nv --bind /data /images/hpc-train.sif diagnose runs/7
 
 
 def decision(status: int) -> str:
-    return (f"{DECIDE} --after-step {status} --job 77 --requeue-asked  --allocation  "
-            "--step-nodes  --down  --min-nodes 0 --max-without-progress 3")
+    return (f"{DECIDE} --after-step={status} --job=77 --requeue-asked= --allocation= "
+            "--step-nodes= --down= --min-nodes=0 --max-without-progress=3")
 
 
 def test_requeueable_launch_requeues_on_status_75(stubs):

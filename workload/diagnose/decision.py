@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DONE, RESTART, SHRINK, REQUEUE, STOP = "done", "restart", "shrink", "requeue", "stop"
+DONE = "done"
+RESTART = "restart"
+SHRINK = "shrink"
+REQUEUE = "requeue"
+STOP = "stop"
 ACTIONS = (DONE, RESTART, SHRINK, REQUEUE, STOP)
 USAGE_STATUS = 2  # workload.errors: a refusal before any work
 REQUEUE_STATUS = 75  # workload.launch.preemption.REQUEUE_EXIT_STATUS: "requeue me"
