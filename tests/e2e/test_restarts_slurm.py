@@ -8,6 +8,8 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
 - A training of two nodes and a spare (three nodes, --no-kill) loses a node mid-run (its
   slurmd stopped, its rank killed, the node set DOWN): the step restarts on the spare in
   the same job and the run ends with the weights of an uninterrupted one.
+- A hang on one node of such a job (its processes frozen): the stall watchdog's dumps
+  name it, the collective timeout ends the step, and the step restarts without it.
 - A one-node job whose node is drained as its step fails is requeued with the node
   excluded, and starts elsewhere although the node is back in service.
 - A run whose every job ends at a time limit with a new checkpoint is never stopped: a
@@ -163,7 +165,8 @@ TRAIN_ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "768", "--ima
               "--precision", "fp32", "--checkpoint-every", "4", "--dist-timeout", "120"]
 
 
-def train_job(cluster, folder: Path, *options: str, **settings: str) -> tuple[int, Path, Path]:
+def train_job(cluster, folder: Path, *options: str, args: tuple[str, ...] = (),
+              **settings: str) -> tuple[int, Path, Path]:
     """jobs/requeue.sbatch (RUNTIME=none) without its GPU request, 2 CPUs a task, run
     from `folder`: its run folder is folder/runs/<job id>."""
     folder.mkdir(exist_ok=True)
@@ -176,8 +179,8 @@ def train_job(cluster, folder: Path, *options: str, **settings: str) -> tuple[in
     env = {**cluster.env, "JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
            "GPUS_PER_NODE": "1", "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **settings}
-    job = sbatch(cluster, [*options, f"--output={log}", str(script), *TRAIN_ARGS], env=env,
-                 cwd=folder)
+    job = sbatch(cluster, [*options, f"--output={log}", str(script), *TRAIN_ARGS, *args],
+                 env=env, cwd=folder)
     return job, folder / "runs" / str(job), log
 
 
@@ -222,3 +225,25 @@ def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp
     reference = json.loads((ref_run / "summary.json").read_text())
     assert resumed["world_size"] == reference["world_size"] == 2
     assert resumed["model_sha256"] == reference["model_sha256"]
+
+
+def test_a_hang_on_one_node_is_left_behind_and_the_run_continues(slurm_cluster, tmp_path):
+    job, run, log = train_job(slurm_cluster, tmp_path, "--partition=spares", "--nodes=3",
+                              "--no-kill", args=("--stall-timeout", "3", "--dist-timeout", "20"),
+                              SPARE_NODES="1")
+    hung = slurm_cluster.nodes[1]
+    # Rank 1's node (the second) freezes once a checkpoint is there: every process of
+    # its step there stopped, until the collective timeout ends the step.
+    wait_for((run / "checkpoints" / "latest").exists, "a checkpoint", log, poll=0.05)
+    stop_step(slurm_cluster, job, hung)
+    assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
+        log.read_text()[-4000:]
+    text = log.read_text()
+    assert (f"decision: restart on {slurm_cluster.nodes[0]},{slurm_cluster.spare}, leaving "
+            f"{hung} behind") in text, text[-4000:]
+    records = attempts(run)
+    assert [r["action"] for r in records] == ["restart", "done"]
+    assert records[0]["verdict"] == "rank 1 wrote no stall dump while the others did"
+    bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
+    assert [(b["node"], b["why"].split(":")[0]) for b in bad] == [(hung, "diagnose")]
+    assert job_field(slurm_cluster, job, "Restarts") == "0"

@@ -122,6 +122,26 @@ def test_a_hang_records_its_node_and_the_step_restarts_on_the_spare(tmp_path):
     assert diagnose(run, "--bad-nodes").stdout == "bad nodes: none\n"
 
 
+def test_a_hang_the_steps_end_cleared_in_the_heartbeats_still_names_its_node(tmp_path):
+    """The collective timeout ended the step, and SLURM's SIGCONT let the frozen rank take
+    a last step: both heartbeats say finished, not stalled; rank 0's stall dump of this
+    attempt is still there, rank 1 has none."""
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    hung_rank(run, 4e9)
+    for rank in (0, 1):
+        path = run / "diagnostics" / f"heartbeat-{rank}.json"
+        path.write_text(path.read_text().replace('"stalled": true', '"stalled": false')
+                        .replace('"attempt": 1.0', '"attempt": 1796430500.0'))
+    (run / "diagnostics" / "rank-0.txt").write_text(
+        "stalled: no step done for 3 s; rank 0 on nid001, pid 1, step 6, phase "
+        "forward/backward, at 2026-12-05T00:29:39+0000\n")
+    assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
+                             "exclude": "nid002"}
+    assert "nid002: diagnose: rank 1 wrote no stall dump while the others did" in \
+        diagnose(run, "--bad-nodes").stdout
+
+
 def test_an_earlier_attempts_hang_names_no_node_again(tmp_path):
     run = tmp_path / "run"
     checkpointed(run, 4)

@@ -11,18 +11,23 @@ without evaluating them, and the decision's line on stderr, into the job's log.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from datetime import datetime
 
 from workload.checkpoint import checkpoints_dir, latest_step
 from workload.diagnose.attempts import (attempts, bad_nodes, is_node_name, record_attempt,
                                         record_bad_nodes)
 from workload.diagnose.decision import (DEFAULT_MAX_WITHOUT_PROGRESS, Decision, Ending, Nodes,
                                         Progress, decide)
-from workload.diagnose.verdict import diagnosis, is_stalled
+from workload.diagnose.verdict import diagnosis, is_stalled, rank_list
 from workload.errors import LaunchError, UsageError
 from workload.files import unwritable_reason
 from workload.launch.variables import expand_nodes
 from workload.runfolder import RunFolder
+
+# The time at the end of a stall dump's header (workload/training/watchdog.py).
+_DUMPED_AT = re.compile(r" at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[+-][0-9]{4})$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,14 +85,38 @@ def this_attempts_diagnosis(run: RunFolder, since: float) -> dict | None:
     return found if newest > since else None
 
 
+def stalled_this_attempt(record: dict, attempt: float) -> bool:
+    """The rank's stall watchdog fired in this attempt: its heartbeat says so, or its last
+    stall dump is dated after the attempt began. The heartbeat's flag alone is not enough:
+    it is cleared once a step is done again, and the signals that end a step after a
+    collective timeout (SLURM's SIGCONT with its SIGTERM) let a frozen rank finish one."""
+    if is_stalled(record):
+        return True
+    match = _DUMPED_AT.search(record.get("header", ""))
+    if not match:
+        return False
+    when = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    return when >= attempt - 1  # the dump's time is in whole seconds
+
+
 def named_nodes(found: dict | None) -> dict[str, str]:
-    """The nodes diagnose names, node -> why: the hosts of the suspect ranks when the
-    stall watchdog fired on this attempt (a crash alone names no node: the ranks a
-    failed rank's srun killed are no suspects of a hang)."""
-    if not found or not any(map(is_stalled, found["ranks"].values())):
+    """The nodes diagnose names, node -> why, when the stall watchdog fired in this
+    attempt: the hosts of the ranks that wrote no stall dump while others did, else of
+    the verdict's suspects (a crash alone names no node: the ranks a failed rank's srun
+    killed are no suspects of a hang)."""
+    if not found:
         return {}
-    hosts = {found["ranks"].get(str(rank), {}).get("host") for rank in found["suspect_ranks"]}
-    return {host: f"diagnose: {found['verdict']}" for host in hosts if is_node_name(host)}
+    ranks = found["ranks"]
+    attempt = max((r.get("attempt", 0) for r in ranks.values()), default=0)
+    dumped = {rank for rank, r in ranks.items() if stalled_this_attempt(r, attempt)}
+    if not dumped:
+        return {}
+    silent = sorted(set(ranks) - dumped, key=int)
+    why = (f"diagnose: {rank_list([int(rank) for rank in silent])} wrote no stall dump "
+           "while the others did" if silent else f"diagnose: {found['verdict']}")
+    named = silent or [str(rank) for rank in found["suspect_ranks"]]
+    hosts = {ranks.get(rank, {}).get("host") for rank in named}
+    return {host: why for host in hosts if is_node_name(host)}
 
 
 def progress_of(run: RunFolder, history: list[dict]) -> Progress:
@@ -116,15 +145,16 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
     step = node_list("--step-nodes", args.step_nodes) or allocation
     history, _ = attempts(run)
     found = this_attempts_diagnosis(run, history[-1]["time"] if history else 0.0)
-    named = named_nodes(found)
-    named.update({node: "SLURM says it is down" for node in node_list("--down", args.down)})
-    record_bad_nodes(run, named, args.job)
+    hung = named_nodes(found)
+    down = {node: "SLURM says it is down" for node in node_list("--down", args.down)}
+    record_bad_nodes(run, {**hung, **down}, args.job)
     bad = tuple(bad_nodes(run))
     ending = Ending(args.after_step, args.requeue_asked, args.time_limit)
     progress = progress_of(run, history)
     nodes = Nodes(step=step, spares=tuple(n for n in allocation if n not in step), bad=bad,
                   minimum=args.min_nodes)
-    verdict = found["verdict"] if found and found["suspect_ranks"] else ""
+    verdict = (found["verdict"] if found and found["suspect_ranks"]
+               else next((why.removeprefix("diagnose: ") for why in hung.values()), ""))
     decision = decide(ending, verdict, progress, nodes, args.max_without_progress)
     record_attempt(run, dict(job=args.job, status=ending.status, ending=ending.kind(),
                              started_from=progress.started_from,
