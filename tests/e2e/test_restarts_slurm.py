@@ -60,7 +60,9 @@ if step >= 4:
     sys.exit(0)
 got = []
 signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
-subprocess.run(["scancel", "--batch", "--signal=USR2", os.environ["SLURM_JOB_ID"]], check=True)
+# SLURM passes the signal to every process of the step: scancel ignores it (as exec keeps).
+subprocess.run(["scancel", "--batch", "--signal=USR2", os.environ["SLURM_JOB_ID"]], check=True,
+               preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
 while not got:
     time.sleep(0.05)
 latest.write_text(f"step-{step + 1:09d}\\n")
