@@ -288,13 +288,14 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json_text(record) + "\n")
 
 
-def read_jsonl_lines(path: Path, limit: int | None = None
+def read_jsonl_lines(path: Path, limit: int | None = None, follow_links: bool = True
                      ) -> list[tuple[int, dict | None, str]]:
     """Each line of a JSON-lines file that is not blank: (its number, its record, "") or
     (its number, None, why it is left out): a last line without its newline (a torn
     write: a full disk, a node that died), a line that is not UTF-8, not strict JSON
-    (strict_json) or not an object. OSError as read_regular (at most `limit` bytes)."""
-    lines = read_regular(path, limit).split(b"\n")
+    (strict_json) or not an object. OSError as read_regular (at most `limit` bytes;
+    a link not followed without `follow_links`)."""
+    lines = read_regular(path, limit, follow_links).split(b"\n")
     found = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -311,11 +312,11 @@ def read_jsonl_lines(path: Path, limit: int | None = None
     return found
 
 
-def read_jsonl_records(path: Path, limit: int | None = None
+def read_jsonl_records(path: Path, limit: int | None = None, follow_links: bool = True
                        ) -> tuple[list[dict], list[str]]:
     """The records of a JSON-lines file and a description of each line left out
     (read_jsonl_lines)."""
-    found = read_jsonl_lines(path, limit)
+    found = read_jsonl_lines(path, limit, follow_links)
     return ([record for _, record, _ in found if record is not None],
             [f"line {number}: {why}" for number, _, why in found if why])
 

@@ -9,6 +9,9 @@ what a resume reads and trims, and what report, diagnose and evaluate read back.
     checkpoints/         the checkpoints (workload.checkpoint.folder)
     diagnostics/         heartbeats, stacks, the flight recorder, start-up marks
     train.lock           the one writer's lock (workload.checkpoint.lock)
+    attempts.jsonl       a line per job step ended: the decision after it, with its
+                         progress and reasons (workload.diagnose.attempts)
+    bad-nodes.jsonl      the nodes named bad and left behind, and their clearing
 
 Standard library only: the torch-free commands (diagnose, evaluate's checks, report)
 import it as well as train.
@@ -29,6 +32,8 @@ MODEL_JSON = "model.json"
 WEIGHTS = "model.safetensors"
 CHECKPOINTS = "checkpoints"
 LOCK = "train.lock"
+ATTEMPTS = "attempts.jsonl"
+BAD_NODES = "bad-nodes.jsonl"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,14 @@ class RunFolder:
     @property
     def lock(self) -> Path:
         return self.root / LOCK
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / ATTEMPTS
+
+    @property
+    def bad_nodes(self) -> Path:
+        return self.root / BAD_NODES
 
     @property
     def records(self) -> tuple[Path, Path, Path]:

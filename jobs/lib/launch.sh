@@ -21,8 +21,15 @@
 #   LAUNCH_CHECK   1: run `python -m workload.launch check` in the layout instead
 #   JOBS_DIR       this jobs/ folder (default: found from this file)
 #   CONTINUE       requeueable launches: requeue (default) | chain (the next job of a
-#                  chain, for sites that forbid --requeue); MAX_TIME_LIMIT_RESTARTS,
-#                  MAX_PREEMPTIONS, TRAIN_RUN_ID, TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
+#                  chain, for sites that forbid --requeue); MAX_ATTEMPTS_WITHOUT_PROGRESS,
+#                  MIN_NODES, MAX_TIME_LIMIT_RESTARTS, MAX_PREEMPTIONS, TRAIN_RUN_ID,
+#                  TRAIN_REQUEUE_FILE: see jobs/lib/requeue.sh
+#   SPARE_NODES    requeueable launches: nodes of the allocation kept out of the first
+#                  step, to restart a failed step on in the same job (sbatch --nodes=N+S
+#                  --no-kill; default 0; docs/failures.md)
+#   TRAIN_RUN_DIR  requeueable launches: the run folder the decision after each step reads
+#                  and records in (docs/failures.md); default: train's --output-dir; a
+#                  SCRIPT's run has none unless this names it (its --output-dir)
 #   SCRIPT         launch_script: your training script (a path the image sees)
 #   FORM           launch_script: per-task (default, through entrypoint.sh) | torchrun |
 #                  no-entrypoint (the script calls workload.launch.setup(), your-script.md)
@@ -76,27 +83,66 @@ print_step() {
   exit 2
 }
 
+# print_step's command (its arguments after the array's name) into the array NAME;
+# a bad setting ends the job with print_step's status.
+listed_command() {
+  local name=$1 listing status=0
+  shift
+  listing=$(mktemp)
+  print_step "$@" >"${listing}" || status=$?
+  mapfile -d '' -t "${name}" <"${listing}"
+  rm -f "${listing}"
+  ((status == 0)) || exit "${status}"
+}
+
+# The step's command into STEP, on the nodes NODES of the allocation (jobs/lib/requeue.sh
+# calls it when the decision moves the step: a restart on a spare, a shrink).
+step_for_nodes() {
+  export STEP_NODES=$1
+  job_err "the step goes on on ${STEP_NODES}"
+  listed_command STEP "${STEP_WHAT[@]}"
+}
+
+# With SPARE_NODES=S, the first step runs on the allocation's first N-S nodes (STEP_NODES):
+# the last S are the spares a failed step restarts on (the job needs --no-kill, or SLURM
+# ends it with its first lost node).
+keep_spares() {
+  local spares=${SPARE_NODES:-0}
+  local -a nodes
+  [[ ${spares} =~ ^[0-9]{1,4}$ ]] || {
+    job_err "SPARE_NODES=${spares@Q}: expected a whole number of nodes, such as 1"; exit 2; }
+  ((spares > 0)) || return 0
+  mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
+  if ((${#nodes[@]} <= spares)); then
+    job_err "SPARE_NODES=${spares}: the job has ${#nodes[@]} node(s), none left to train on;" \
+      "ask for more (sbatch --nodes=N+${spares} --no-kill)"
+    exit 2
+  fi
+  STEP_NODES=$(IFS=,; printf '%s' "${nodes[*]:0:${#nodes[@]}-spares}")
+  export STEP_NODES
+  job_err "spare node(s) kept for a restart: ${nodes[*]: -spares}"
+}
+
 # Runs the step; MODE requeueable runs it under jobs/lib/requeue.sh, which gets the srun
 # command itself (not a function in a background subshell), so the signals it passes on
-# reach srun, which sends them to every task.
+# reach srun, which sends them to every task, and runs the decision (DECIDE: diagnose in
+# the image, on the run folder) after each step.
 launch_step() {
-  local mode=$1 listing status=0
-  local -a step
+  local mode=$1
   shift
   LAYOUT=${LAYOUT:-per-task}
   export LAYOUT
   load_preset
-  listing=$(mktemp)
-  print_step "$@" >"${listing}" || status=$?
-  mapfile -d '' -t step <"${listing}"
-  rm -f "${listing}"
-  ((status == 0)) || exit "${status}"
+  STEP_WHAT=("$@")
+  [[ ${mode} == requeueable ]] && keep_spares
+  listed_command STEP "$@"
   if [[ ${mode} == requeueable ]]; then
+    listed_command DECIDE decide "$@"
     # shellcheck source=jobs/lib/requeue.sh
     source "$(jobs_dir)/lib/requeue.sh"
-    run_requeueable "${step[@]}"
+    run_requeueable "${STEP[@]}"
   else
-    "${step[@]}"
+    "${STEP[@]}"
   fi
 }
 

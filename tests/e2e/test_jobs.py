@@ -303,11 +303,22 @@ def test_outside_sbatch_the_missing_job_id_is_named(stubs):
 
 # The requeue flow through the helper ----------------------------------------------------
 
+# The decision after each step: `diagnose RUN_DIR --after-step STATUS ...` in the image.
+DECIDE = "apptainer exec --nv --bind /data /images/hpc-train.sif diagnose runs/77"
+
+
+def decision(status: int) -> str:
+    return (f"{DECIDE} --after-step={status} --job=77 --requeue-asked= --allocation= "
+            "--step-nodes= --down= --min-nodes=0 --max-without-progress=3")
+
+
 def test_requeueable_launch_requeues_on_status_75(stubs):
+    """The stub image answers no decision: the step's status decides, as without one."""
     done, [call] = launch(stubs, "--epochs", "5", function="launch_train_requeueable",
                           STUB_STATUS="75", LAYOUT="torchrun")
     assert done.returncode == 0, done.stderr
-    assert other_calls(stubs) == ["scontrol requeue 77"]
+    assert other_calls(stubs) == [decision(75), "scontrol requeue 77"]
+    assert "the step's status decides" in done.stderr
     assert SIGNALS in call["argv"]
     # The step sees the requeue file that train's preempted ranks write.
     assert call["env"]["TRAIN_REQUEUE_FILE"] == str(stubs.parent / ".train-requeue-77")
@@ -315,7 +326,50 @@ def test_requeueable_launch_requeues_on_status_75(stubs):
 
 def test_requeueable_launch_passes_other_statuses_on(stubs):
     done, _ = launch(stubs, function="launch_train_requeueable", STUB_STATUS="3")
-    assert done.returncode == 3 and other_calls(stubs) == []
+    assert done.returncode == 3 and other_calls(stubs) == [decision(3)]
+
+
+def answering(stubs: Path, *answers: str) -> None:
+    """The image's `diagnose` answers each decision with the next of `answers`."""
+    for number, answer in enumerate(answers):
+        (stubs.parent / f"answer-{number}").write_text(answer)
+    (stubs / "apptainer").write_text(
+        RECORD_STUB + 'n=$(grep -c diagnose "${STUB_CALLS}")\n'
+        'cat "$(dirname "${STUB_CALLS}")/answer-$((n - 1))"\n')
+
+
+def test_the_job_runs_what_the_decision_says(stubs):
+    """restart on other nodes: the step again, on those; requeue: the nodes left behind
+    excluded from the requeued job first."""
+    answering(stubs, "action=restart\nnodes=nid001,nid003\nexclude=nid002\n",
+              "action=requeue\nnodes=\nexclude=nid002\n")
+    done, calls = launch(stubs, function="launch_train_requeueable", STUB_STATUS="1",
+                         SLURM_JOB_NODELIST="nid[001-003]", SLURM_NNODES="3")
+    assert done.returncode == 0, done.stderr
+    assert [call["argv"][1:3] for call in calls] == [
+        ["--ntasks=12", "--ntasks-per-node=4"], ["--nodes=2", "--nodelist=nid001,nid003"]]
+    assert calls[1]["argv"][3] == "--ntasks=8"
+    # SLURM takes ExcNodeList only from a pending job: the requeued one.
+    assert other_calls(stubs)[-2:] == ["scontrol requeue 77",
+                                       "scontrol update JobId=77 ExcNodeList=nid002"]
+    assert "leaving nid002 behind" in done.stderr
+
+
+@pytest.mark.parametrize(("status", "ends"), [(3, 3), (0, 1)])
+def test_a_stop_ends_the_job_non_zero_without_a_requeue(stubs, status, ends):
+    answering(stubs, "action=stop\nnodes=\nexclude=\n")
+    done, calls = launch(stubs, function="launch_train_requeueable", STUB_STATUS=str(status))
+    assert done.returncode == ends and len(calls) == 1
+    assert not [call for call in other_calls(stubs) if call.startswith("scontrol")]
+
+
+@pytest.mark.parametrize("answer", ["action=restart; rm -rf /\n", "action=reboot\n",
+                                    "nodes=$(id)\naction=restart\n"])
+def test_an_answer_that_is_not_a_decision_is_not_obeyed(stubs, answer):
+    answering(stubs, answer)
+    done, calls = launch(stubs, function="launch_train_requeueable", STUB_STATUS="3")
+    assert done.returncode == 3 and len(calls) == 1
+    assert "the step's status decides" in done.stderr
 
 
 # A user's own script: the three forms ----------------------------------------------------
@@ -456,3 +510,12 @@ def test_a_preset_is_a_name_in_the_presets_folder_not_a_path(stubs, preset):
     done, calls = launch(stubs, PRESET=preset)
     assert "expected a file name in jobs/presets" in done.stderr, done.stderr
     assert done.returncode == 2 and calls == []
+
+
+def test_the_next_job_of_a_chain_leaves_the_bad_nodes_behind(stubs):
+    answering(stubs, "action=requeue\nnodes=\nexclude=nid002,nid004\n")
+    done, _ = launch(stubs, function="launch_train_requeueable", STUB_STATUS="1",
+                     CONTINUE="chain")
+    assert done.returncode == 0, done.stderr
+    [submitted] = [call for call in other_calls(stubs) if call.startswith("sbatch")]
+    assert submitted.startswith("sbatch --parsable --exclude=nid002,nid004 --dependency=")

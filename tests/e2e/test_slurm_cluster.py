@@ -72,4 +72,4 @@ def test_a_centres_partitions_hold_its_time_limits_and_end_with_its_test(slurm_c
     finally:
         slurm_cluster.reset_centre()
     listed = slurm_cluster.run(["sinfo", "-h", "-o", "%P"]).stdout.split()
-    assert listed == ["debug*", "low", "high"], listed
+    assert listed == ["debug*", "low", "high", "spares"], listed

@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -331,3 +332,13 @@ def writer_of(parent: int) -> int | None:
                 b"workload.checkpoint.writer" in argv:
             return int(proc.name)
     return None
+
+
+def run_diagnose(run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`diagnose RUN_DIR FLAGS...` as users run it (python -m: this checkout's package),
+    its output captured; a traceback fails the test."""
+    done = subprocess.run([sys.executable, "-m", "workload.diagnose", str(run_dir), *flags],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "Traceback" not in done.stderr, done.stderr
+    return done

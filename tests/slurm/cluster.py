@@ -1,4 +1,4 @@
-"""A private SLURM cluster on this machine: munged, slurmctld and two slurmd "nodes".
+"""A private SLURM cluster on this machine: munged, slurmctld and three slurmd "nodes".
 
 Everything lives in one temporary directory (config, keys, sockets, state, logs) and
 uses ports picked free at start, so several clusters (one per helper, per CI run) can
@@ -7,7 +7,8 @@ run side by side on one machine. Clients reach it through ``SLURM_CONF``:
     with SlurmCluster.start(tmp_path) as cluster:
         cluster.run(["srun", "-N2", "-n4", "hostname"])
 
-Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1.
+Node names follow ../../MACHINE.md: nid001 and nid002, both 127.0.0.1, and the spare
+nid003, in the `spares` partition only (the restart tests' third node).
 Partitions: `debug` (the default, both nodes, never preempted), and `low` and `high` on
 nid001 for the preemption tests (SLURM's preempt/partition_prio with PreemptMode=REQUEUE
 and a GraceTime, as sites configure it).
@@ -36,6 +37,10 @@ from pathlib import Path
 from tests.helpers import DRAW, free_ports
 
 NODES = ("nid001", "nid002")
+# A third node, the spare of the restart tests (tests/e2e/test_restarts_slurm.py): in the
+# `spares` partition with the other two, never in `debug`, so the other tests' jobs keep
+# the two nodes they were written for.
+SPARE_NODE = "nid003"
 HOSTS_FILE = Path("/etc/hosts")
 # Generous: slurmctld needs a few seconds to register nodes on a loaded 2-core machine.
 START_TIMEOUT_S = 60.0
@@ -107,6 +112,8 @@ PARTITIONS = (
     "PartitionName=low Nodes={first} MaxTime=INFINITE State=UP PriorityTier=1 "
     "PreemptMode=REQUEUE GraceTime={grace}",
     "PartitionName=high Nodes={first} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+    "PartitionName=spares Nodes={nodes},{spare} MaxTime=INFINITE State=UP OverSubscribe=YES "
+    "PreemptMode=OFF",
 )
 
 
@@ -141,8 +148,14 @@ class SlurmCluster:
     # cluster failed at launch ("Unspecified error"). The spool lives in a short /tmp path.
     spool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slurm-")))
     nodes: tuple[str, ...] = NODES
+    spare: str = SPARE_NODE
     _pid_files: list[Path] = field(default_factory=list)
     _added_partitions: list[str] = field(default_factory=list)
+
+    @property
+    def every_node(self) -> tuple[str, ...]:
+        """The nodes with the spare: each one a slurmd of this cluster."""
+        return (*self.nodes, self.spare)
 
     @property
     def env(self) -> dict[str, str]:
@@ -165,7 +178,7 @@ class SlurmCluster:
     @classmethod
     def start(cls, root: Path) -> SlurmCluster:
         root.mkdir(parents=True, exist_ok=True)
-        ensure_hosts_entries(NODES)
+        ensure_hosts_entries((*NODES, SPARE_NODE))
         cluster = cls(root=root, conf=root / "slurm.conf", munge_socket=root / "munge.sock")
         try:
             cluster._start_munge()
@@ -190,19 +203,20 @@ class SlurmCluster:
             check=True, capture_output=True, text=True, timeout=30)
 
     def _write_conf(self) -> None:
-        ctld_port, *node_ports = free_ports(1 + len(self.nodes))
+        ctld_port, *node_ports = free_ports(1 + len(self.every_node))
         host = socket.gethostname().split(".")[0]
         node_lines = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs=2 RealMemory=10000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE} State=UNKNOWN"
-            for name, port in zip(self.nodes, node_ports))
+            for name, port in zip(self.every_node, node_ports))
         self.conf.write_text(CONF_TEMPLATE.format(
             cluster=f"hpctrain{ctld_port}", first_job_id=first_job_id(),
             host=host, ctld_port=ctld_port,
             munge_socket=self.munge_socket, root=self.root, spool=self.spool,
             node_lines=node_lines,
             partition_lines="\n".join(PARTITIONS).format(
-                nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S)))
+                nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S,
+                spare=self.spare)))
         (self.root / "state").mkdir(exist_ok=True)
         self._write_gres()
         self._write_job_submit()
@@ -217,7 +231,7 @@ class SlurmCluster:
         last = GPUS_PER_NODE - 1
         (self.root / "gres.conf").write_text("AutoDetect=off\n" + "".join(
             f"NodeName={name} Name=gpu Type={GPU_MODEL} File={devices}/nvidia[0-{last}]\n"
-            for name in self.nodes))
+            for name in self.every_node))
 
     def _write_job_submit(self) -> None:
         """job_submit.lua beside slurm.conf (where slurmctld looks for it), reading the
@@ -268,9 +282,32 @@ class SlurmCluster:
     def _start_slurm(self) -> None:
         self._pid_files.append(self.root / "ctld.pid")
         self._daemon(["slurmctld", "-f", str(self.conf)])
-        for name in self.nodes:
+        for name in self.every_node:
             self._pid_files.append(self.root / f"d-{name}.pid")
-            self._daemon(["slurmd", "-f", str(self.conf), "-N", name])
+            self.start_node(name)
+
+    def start_node(self, name: str) -> None:
+        """Start the node's slurmd (again, after stop_node)."""
+        self._daemon(["slurmd", "-f", str(self.conf), "-N", name])
+
+    def back_in_service(self, name: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until the node (its slurmd running) is in service again: a drained one
+        is resumed; a DOWN one comes back as its slurmd registers (ReturnToService=2),
+        and RESUME is refused once it has."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], timeout=30)
+            states = self.run(["sinfo", "-h", "-N", "-n", name, "-o", "%t"], timeout=30)
+            if states.stdout.split()[:1] in (["idle"], ["mix"], ["alloc"]):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"node {name} not back in service after {timeout_s:.0f}s; logs "
+                           f"in {self.root}")
+
+    def stop_node(self, name: str) -> None:
+        """Stop the node's slurmd, as a node lost stops answering (its jobs' processes
+        are the caller's to end)."""
+        _terminate(self.root / f"d-{name}.pid")
 
     def _daemon(self, args: list[str]) -> None:
         """Start a daemon that forks into the background; fail loudly if it cannot."""
@@ -285,7 +322,7 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             done = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=30)
             states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
-            if done.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes):
+            if done.returncode == 0 and all(states.get(n) == "idle" for n in self.every_node):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"SLURM nodes not idle after {START_TIMEOUT_S:.0f}s: "

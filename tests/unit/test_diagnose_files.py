@@ -7,21 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-
-
-def diagnose(run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "workload.diagnose", str(run_dir), *flags],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+from tests.helpers import run_diagnose as diagnose
 
 
 def beat(folder: Path, number: int, **fields) -> None:

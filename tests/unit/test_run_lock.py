@@ -74,6 +74,25 @@ def test_another_host_s_lock_is_stale_only_when_its_heartbeat_stopped(tmp_path):
     lock.release()
 
 
+def test_an_ended_step_of_this_job_holds_no_lock_after_a_restart(tmp_path, monkeypatch):
+    """A step restarted in the allocation after a node was lost: the lost rank 0's lock,
+    on another host, is taken over at once (the job script says the step ended), and
+    only then: a live step of this job or another job's keep theirs."""
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "1")
+    for holder, ended, taken in [(dict(job_id="7", step_id="0"), "1", True),
+                                 (dict(job_id="7", step_id="0"), "", False),
+                                 (dict(job_id="8", step_id="0"), "1", False),
+                                 (dict(job_id="7", step_id="1"), "1", False)]:
+        monkeypatch.setenv("TRAIN_PREVIOUS_STEP_ENDED", ended)
+        write_lock(tmp_path, host="lost-node", pid=1, **holder)
+        lock = RunLock(tmp_path)
+        assert (lock.acquire() is None) == taken, holder
+        if taken:
+            lock.release()
+        (tmp_path / LOCK_NAME).unlink(missing_ok=True)
+
+
 def test_the_holder_refreshes_its_heartbeat(tmp_path, monkeypatch):
     monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
     lock = RunLock(tmp_path)

@@ -45,7 +45,7 @@ import importlib
 _HOMES = {
     "Checkpoints": "loop",
     "check_local": "local",
-    "checkpoints_dir": "folder", "step_name": "folder",
+    "checkpoints_dir": "folder", "latest_step": "folder", "step_name": "folder",
     "lock_run_folder": "lock",
     "prepare": "resuming", "resume": "resuming",
     "Checkpointer": "saving", "Preempted": "saving",

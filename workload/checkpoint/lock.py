@@ -15,7 +15,9 @@ A lock left by a process that died is stale and taken over (with a warning):
   - another host: the holder refreshes the file's mtime every HEARTBEAT_S seconds; a lock
     not refreshed for STALE_AFTER_S seconds is stale. Its age is measured against the file
     server's clock (the mtime of a file just created beside it), so clock skew between
-    nodes does not matter.
+    nodes does not matter;
+  - an earlier step of this SLURM job, when the job script says that step ended
+    (TRAIN_PREVIOUS_STEP_ENDED=1, a restart inside the allocation: docs/failures.md).
 A stale lock is renamed away (atomic) before a new one is created, so two processes that
 judge it stale at once cannot both end up holding it.
 """
@@ -65,9 +67,15 @@ def _pid_namespace() -> str:
         return ""
 
 
+# Set by jobs/lib/requeue.sh for a step it starts after an earlier step of the same job
+# ended (a restart inside the allocation): that step's lock is stale wherever it was.
+PREVIOUS_STEP_ENDED = "TRAIN_PREVIOUS_STEP_ENDED"
+
+
 def me() -> dict:
     return dict(host=socket.gethostname(), pid=os.getpid(),
                 job_id=os.environ.get("SLURM_JOB_ID", ""),
+                step_id=os.environ.get("SLURM_STEP_ID", ""),
                 started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 pid_start=_start_time(os.getpid()), pid_ns=_pid_namespace(),
                 token=uuid.uuid4().hex)
@@ -92,6 +100,9 @@ def stale_reason(path: Path, holder: dict, mtime: float) -> str | None:
     """Why the lock at `path` (last refreshed at `mtime`) is stale, or None while its
     holder may still run."""
     mine = me()
+    if ended_step_of_this_job(holder, mine):
+        return (f"it is step {holder['step_id']}'s of this job ({mine['job_id']}), which "
+                "ended before the job script started this one")
     if holder.get("host") == mine["host"] and holder.get("pid_ns") == mine["pid_ns"]:
         pid = holder.get("pid")
         running = None if out_of_range("pid", pid) else _start_time(pid)
@@ -102,6 +113,17 @@ def stale_reason(path: Path, holder: dict, mtime: float) -> str | None:
     if age > STALE_AFTER_S:
         return f"its heartbeat stopped {age:.0f} s ago (stale after {STALE_AFTER_S:.0f} s)"
     return None
+
+
+def ended_step_of_this_job(holder: dict, mine: dict) -> bool:
+    """The holder is an earlier step of this very job, and the job script says the step
+    before this one ended: a restart on a spare node after a node was lost, whose new
+    rank 0 may be on another host than the lost one (which never released its lock, and
+    would otherwise hold the run for STALE_AFTER_S)."""
+    return (os.environ.get(PREVIOUS_STEP_ENDED) == "1" and bool(mine["job_id"])
+            and holder.get("job_id") == mine["job_id"]
+            and isinstance(holder.get("step_id"), str) and bool(mine["step_id"])
+            and holder["step_id"] != mine["step_id"])
 
 
 def readable(holder: dict) -> bool:

@@ -15,6 +15,12 @@ followed) and names each file it leaves out. torch's own dumps on a collective t
 (fr-rank-<N>, pickles) are never unpickled here: it names the command of torch's
 analyser for them. Exit status: 0 a verdict, 1 nothing points to a rank, 2 no
 diagnostics folder (RUN_DIR holds neither one nor the files themselves).
+
+A run of the job scripts (jobs/lib/requeue.sh) also keeps the decision after each of its
+steps (restart here, shrink, requeue or stop, with the reasons) and the nodes it left
+behind (docs/failures.md); diagnose prints the last decision and those nodes:
+    diagnose runs/wrn --bad-nodes                 # only the nodes left behind
+    diagnose runs/wrn --clear-bad-nodes nid002    # use nid002 again (no name: all of them)
 """
 
 from __future__ import annotations
@@ -25,24 +31,15 @@ import sys
 from pathlib import Path
 
 from workload.commands import command_parser, main_of
-from workload.diagnose.reading import read_folder
-from workload.diagnose.records import shown
-from workload.diagnose.verdict import describe, suspects, this_attempt, verdict
+from workload.diagnose import after_step
+from workload.diagnose.attempts import (attempt_line, attempts, bad_node_lines,
+                                        clear_bad_nodes)
+from workload.diagnose.verdict import diagnosis
+from workload.errors import UsageError
+from workload.runfolder import RunFolder
 
 PROG = "diagnose"
 NO_VERDICT = 1
-PATH_CHARS = 1000  # a folder's path as printed
-
-
-def diagnosis(run_dir: Path) -> dict:
-    folder = read_folder(run_dir)
-    ranks, world, left_out = this_attempt(folder.ranks)
-    found, why = suspects(ranks, world)
-    return dict(folder=shown(folder.path, PATH_CHARS), suspect_ranks=found,
-                verdict=verdict(ranks, found, why),
-                ranks={str(rank): r for rank, r in sorted(ranks.items())},
-                lines=[describe(r) for _, r in sorted(ranks.items())],
-                left_out=left_out, skipped=folder.skipped, torch_dumps=folder.pickled)
 
 
 def print_diagnosis(result: dict) -> None:
@@ -65,15 +62,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a train --output-dir, or a "
                    "diagnostics folder")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument("--bad-nodes", action="store_true",
+                   help="list the nodes the run left behind: which, why, when")
+    p.add_argument("--clear-bad-nodes", nargs="*", metavar="NODE", default=None,
+                   help="use these nodes again (no name: every one)")
+    after_step.add_arguments(p)
     return p
 
 
+def print_history(run: RunFolder) -> None:
+    """The last decision after a step, and the nodes left behind."""
+    history, left_out = attempts(run)
+    if history:
+        print(f"attempts: {len(history)}; the last decision: {attempt_line(history[-1])}")
+    for line in left_out:
+        print(f"left out: {line}")
+    for line in bad_node_lines(run):
+        print(f"bad node: {line}")
+
+
+def manage_bad_nodes(run: RunFolder, args: argparse.Namespace) -> None:
+    if args.clear_bad_nodes is not None:
+        cleared = clear_bad_nodes(run, args.clear_bad_nodes)
+        print(f"cleared: {', '.join(cleared) or 'none of them was recorded'}")
+    lines = bad_node_lines(run)
+    print("\n".join(f"bad node: {line}" for line in lines) if lines else "bad nodes: none")
+
+
 def diagnose(args: argparse.Namespace) -> None:
-    result = diagnosis(Path(args.run_dir))
+    run = RunFolder.of(args.run_dir)
+    if args.after_step is not None:
+        after_step.print_for_the_job(after_step.after_step(run, args))
+        return
+    if args.bad_nodes or args.clear_bad_nodes is not None:
+        manage_bad_nodes(run, args)
+        return
+    try:
+        result = diagnosis(Path(args.run_dir))
+    except UsageError:
+        if not attempts(run)[0]:
+            raise
+        print_history(run)  # the job's record without diagnostics: a start-up failure
+        sys.exit(NO_VERDICT)
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "lines"}, indent=1))
+        history = attempts(run)[0]
+        print(json.dumps({**{k: v for k, v in result.items() if k != "lines"},
+                          "last_decision": history[-1] if history else None,
+                          "bad_nodes": bad_node_lines(run)}, indent=1))
     else:
         print_diagnosis(result)
+        print_history(run)
     if not result["suspect_ranks"]:
         sys.exit(NO_VERDICT)
 

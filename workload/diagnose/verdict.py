@@ -4,11 +4,27 @@ the newest attempt (a resumed run leaves its earlier attempts' heartbeats behind
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from workload.diagnose.records import HEARTBEAT_KEYS
+from workload.diagnose.reading import read_folder
+from workload.diagnose.records import HEARTBEAT_KEYS, shown
 from workload.launch.diagnostics import FINISHED, STARTUP_PHASES
 
 LISTED = 20  # rank groups named in a line; the rest counted
+PATH_CHARS = 1000  # a folder's path as printed
+
+
+def diagnosis(run_dir: Path) -> dict:
+    """What `diagnose RUN_DIR` says: the newest attempt's ranks, the suspects and the
+    verdict, each rank's line, the files left out."""
+    folder = read_folder(run_dir)
+    ranks, world, left_out = this_attempt(folder.ranks)
+    found, why = suspects(ranks, world)
+    return dict(folder=shown(folder.path, PATH_CHARS), suspect_ranks=found,
+                verdict=verdict(ranks, found, why),
+                ranks={str(rank): r for rank, r in sorted(ranks.items())},
+                lines=[describe(r) for _, r in sorted(ranks.items())],
+                left_out=left_out, skipped=folder.skipped, torch_dumps=folder.pickled)
 
 
 def this_attempt(ranks: dict[int, dict]) -> tuple[dict[int, dict], int, list[str]]:

@@ -7,6 +7,13 @@ DEST/lib/ beside launch.sh; in a source checkout launch.sh finds it here.
 
     python3 jobstep.py --jobs-dir DIR train [train arguments...]
     python3 jobstep.py --jobs-dir DIR script [script arguments...]   # SCRIPT, FORM
+    python3 jobstep.py --jobs-dir DIR decide train|script [arguments...]
+
+`decide` prints the command of the decision after a step (`diagnose RUN_DIR`, run in the
+image as the step is; docs/failures.md), or nothing where the run folder is not known (a
+user's script without TRAIN_RUN_DIR). STEP_NODES (node names, comma-separated) puts the
+step on those nodes of the allocation: the job script sets it when it keeps spare nodes
+or the decision moved the step (a restart on a spare, a shrink).
 
 The job scripts ask one task per node holding the node's GPUs (--gpus-per-node) and
 the CPUs its header or the sbatch line gives (--cpus-per-task: not always the whole
@@ -55,12 +62,13 @@ DOCKER_PASSES = (
     "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST_HET_GROUP_0",
     "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-    "TRAIN_REQUEUE_FILE")
+    "TRAIN_REQUEUE_FILE", "TRAIN_PREVIOUS_STEP_ENDED")
 # The option each runtime mounts DATA_DIR (and the job's folder) with, and the characters
 # it splits mounts on (--bind src[:dest[:opts]][,...], -v src:dest, the same for pyxis).
 MOUNT_SYNTAX = {"apptainer": ("--bind", ",:"), "docker": ("-v", ":"),
                 "pyxis": ("--container-mounts", ",:")}
 PRESET_EXPORT = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", re.M)
+NODE_NAMES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}(,[A-Za-z0-9][A-Za-z0-9._-]{0,62})*")
 
 
 class JobError(Exception):
@@ -183,12 +191,27 @@ def runtime_commands(env, jobs_dir, names):
     return ["--environment=" + plain_path("EDF", edf)], [], [entrypoint]
 
 
+def step_nodes(env):
+    """STEP_NODES as a list of node names ([]: srun takes the allocation's nodes)."""
+    value = setting(env, "STEP_NODES")
+    if value and not NODE_NAMES.fullmatch(value):
+        raise JobError("STEP_NODES={}: expected node names separated by commas, such as "
+                       "nid001,nid003".format(shown(value)))
+    return value.split(",") if value else []
+
+
+def node_options(env):
+    """srun's --nodes and --nodelist for STEP_NODES (none without it)."""
+    nodes = step_nodes(env)
+    return ["--nodes={}".format(len(nodes)), "--nodelist=" + ",".join(nodes)] if nodes else []
+
+
 def task_shape(env, layout, gpus):
-    """srun's task options for LAYOUT from the job's one task per node:
-    --kill-on-bad-exit=1 so one failed rank ends the step; --cpus-per-task given
-    explicitly, as Slurm 22.05-23.02 srun does not inherit it from sbatch."""
-    nodes = whole("SLURM_NNODES", setting(env, "SLURM_NNODES", "1"), "nodes",
-                  "; sbatch sets it from --nodes")
+    """srun's task options for LAYOUT from the job's one task per node (on STEP_NODES
+    where it is set): --cpus-per-task given explicitly, as Slurm 22.05-23.02 srun does
+    not inherit it from sbatch."""
+    nodes = len(step_nodes(env)) or whole("SLURM_NNODES", setting(env, "SLURM_NNODES", "1"),
+                                          "nodes", "; sbatch sets it from --nodes")
     node_cpus = setting(env, "SLURM_CPUS_PER_TASK")
     node_cpus = node_cpus and whole("SLURM_CPUS_PER_TASK", node_cpus, "CPUs",
                                     "; sbatch sets it from --cpus-per-task")
@@ -264,7 +287,36 @@ def step_command(env, jobs_dir, what, args):
         command = script_command(env, in_image, via_entrypoint, torchrun, args)
     if setting(env, "LAUNCH_CHECK"):
         command = check_command(layout, in_image)
-    return ["srun", "--kill-on-bad-exit=1"] + in_step + task_shape(env, layout, gpus) + command
+    # --kill-on-bad-exit=1: one failed rank ends the step.
+    return (["srun", "--kill-on-bad-exit=1"] + node_options(env) + in_step
+            + task_shape(env, layout, gpus) + command)
+
+
+def output_dir(args):
+    """The last --output-dir of train's arguments (argparse takes the last), or None."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == "--output-dir" and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith("--output-dir="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def decide_command(env, jobs_dir, what, args):
+    """`diagnose RUN_DIR` where the step's image runs it ([] without a known run folder):
+    the batch shell passes it the step's ending and runs what it decides."""
+    run_dir = setting(env, "TRAIN_RUN_DIR")
+    if not run_dir and what == "train":
+        run_dir = output_dir(args) or "runs/" + run_id(env)
+    if not run_dir:
+        return []
+    in_step, in_image, _ = runtime_commands(env, jobs_dir, list(DOCKER_PASSES))
+    if in_step:  # pyxis, edf: the image only inside a step, of one task on this node
+        node = setting(env, "SLURMD_NODENAME")
+        in_image = (["srun", "--overlap", "--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
+                    + (["--nodelist=" + node] if node else []) + in_step)
+    return in_image + ["diagnose", plain_path("TRAIN_RUN_DIR", run_dir)]
 
 
 def script_command(env, in_image, via_entrypoint, torchrun, args):
@@ -288,16 +340,23 @@ def report_preset(env, jobs_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="jobstep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs-dir", required=True, help="the jobs/ folder (its presets)")
-    parser.add_argument("what", choices=("train", "script"))
+    parser.add_argument("what", choices=("train", "script", "decide"))
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
+    deciding = options.what == "decide"
+    what = args.pop(0) if deciding and args[:1] in (["train"], ["script"]) else options.what
+    args = args[1:] if args[:1] == ["--"] else args
     try:
-        command = step_command(os.environ, options.jobs_dir, options.what, args)
+        if deciding:
+            command = decide_command(os.environ, options.jobs_dir, what, args)
+        else:
+            command = step_command(os.environ, options.jobs_dir, what, args)
     except JobError as exc:
         sys.stderr.write("job: {}\n".format(exc))
         return 2
-    report_preset(os.environ, options.jobs_dir)
+    if not deciding:
+        report_preset(os.environ, options.jobs_dir)
     sys.stdout.write("".join(arg + "\0" for arg in command))
     return 0
 

@@ -1,0 +1,191 @@
+"""The one decision after a job step (workload/diagnose/decision.py): a table of endings,
+verdicts, progress and nodes against what the job does next; and `diagnose RUN_DIR
+--after-step`, as the job scripts run it, recording each decision and the nodes it
+leaves behind in the run folder, and `diagnose RUN_DIR` printing the same decision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_diagnose as diagnose
+from workload.diagnose.decision import (DONE, REQUEUE, RESTART, SHRINK, STOP, Ending, Nodes,
+                                        Progress, decide)
+
+TWO_AND_SPARE = Nodes(step=("n1", "n2"), spares=("n3",))
+HANG = "rank 1 wrote no stall dump while the others did"
+# (ending, verdict, progress, nodes, max without progress) -> (action, next nodes, left behind)
+CASES = {
+    "finished": (Ending(0), "", Progress(10, 20), TWO_AND_SPARE, 3, (DONE, (), ())),
+    "finished without progress is still finished":
+        (Ending(0), "", Progress(20, 20, 5), TWO_AND_SPARE, 3, (DONE, (), ())),
+    "usage error stops at once":
+        (Ending(2), "", Progress(None, None), TWO_AND_SPARE, 3, (STOP, (), ())),
+    "time limit requeues": (Ending(75, "preempted by SIGUSR2 at step 30", True), "",
+                            Progress(10, 30), TWO_AND_SPARE, 3, (REQUEUE, (), ())),
+    "preemption seen by the requeue file only": (Ending(143, "preempted by SIGTERM at step 3"),
+                                                 "", Progress(None, 3), TWO_AND_SPARE, 3,
+                                                 (REQUEUE, (), ())),
+    "a requeue leaves the bad nodes behind": (Ending(75, "", True), "", Progress(1, 2),
+                                              Nodes(("n1", "n2"), bad=("n2",)), 3,
+                                              (REQUEUE, (), ("n2",))),
+    "node lost: the spare in, the bad node out":
+        (Ending(1), "", Progress(10, 20), Nodes(("n1", "n2"), ("n3",), ("n2",)), 3,
+         (RESTART, ("n1", "n3"), ("n2",))),
+    "a hang's node left behind": (Ending(1), HANG, Progress(10, 20),
+                                  Nodes(("n1", "n2"), ("n3",), ("n1",)), 3,
+                                  (RESTART, ("n2", "n3"), ("n1",))),
+    "a crash naming no node restarts on the same nodes":
+        (Ending(1), "", Progress(10, 20), TWO_AND_SPARE, 3, (RESTART, ("n1", "n2"), ())),
+    "no spare: shrink where allowed": (Ending(1), "", Progress(10, 20),
+                                       Nodes(("n1", "n2"), (), ("n2",), minimum=1), 3,
+                                       (SHRINK, ("n1",), ("n2",))),
+    "no spare, no shrink: requeue": (Ending(1), "", Progress(10, 20),
+                                     Nodes(("n1", "n2"), (), ("n2",)), 3,
+                                     (REQUEUE, (), ("n2",))),
+    "too few even to shrink: requeue": (Ending(137), "", Progress(10, 20),
+                                        Nodes(("n1", "n2", "n3"), (), ("n2", "n3"), 2), 3,
+                                        (REQUEUE, (), ("n2", "n3"))),
+    "a bad spare is no spare": (Ending(1), "", Progress(10, 20),
+                                Nodes(("n1", "n2"), ("n3",), ("n2", "n3")), 3,
+                                (REQUEUE, (), ("n2", "n3"))),
+    "third failure at the same step stops": (Ending(1), "", Progress(20, 20, 2),
+                                             TWO_AND_SPARE, 3, (STOP, (), ())),
+    "second failure at the same step restarts": (Ending(1), "", Progress(20, 20, 1),
+                                                 TWO_AND_SPARE, 3, (RESTART, ("n1", "n2"), ())),
+    "the limit is settable": (Ending(1), "", Progress(20, 20, 0), TWO_AND_SPARE, 1,
+                              (STOP, (), ())),
+    "no checkpoint ever counts as none new": (Ending(1), "", Progress(None, None, 2),
+                                              TWO_AND_SPARE, 3, (STOP, (), ())),
+    "a progressing run is never stopped": (Ending(75, "", True), "", Progress(20, 30, 9),
+                                           TWO_AND_SPARE, 3, (REQUEUE, (), ())),
+    "time limits without progress stop too": (Ending(75, "", True), "", Progress(30, 30, 2),
+                                              TWO_AND_SPARE, 3, (STOP, (), ())),
+    "a rollback moves": (Ending(1), "", Progress(30, 10, 2), TWO_AND_SPARE, 3,
+                         (RESTART, ("n1", "n2"), ())),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_the_decision_of_each_case(case):
+    ending, verdict, progress, nodes, most, wanted = CASES[case]
+    decision = decide(ending, verdict, progress, nodes, most)
+    assert (decision.action, decision.nodes, decision.exclude) == wanted, decision.line()
+    assert decision.reasons and all(decision.reasons)
+
+
+def test_the_stop_line_names_the_last_step_the_attempts_and_the_failure():
+    decision = decide(Ending(1), HANG, Progress(40, 40, 2), TWO_AND_SPARE)
+    assert decision.line() == (
+        "stop: no new checkpoint in 3 attempt(s) in a row (last checkpoint: step 40); "
+        f"last failure: status 1; diagnose: {HANG}")
+
+
+def checkpointed(run: Path, step: int) -> None:
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints" / "latest").write_text(f"step-{step:09d}\n")
+
+
+def after(run: Path, status: int, *flags: str) -> dict[str, str]:
+    done = diagnose(run, "--after-step", str(status), "--job", "42", "--allocation",
+                    "nid[001-003]", "--step-nodes", "nid[001-002]", *flags)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("decision: ")
+    return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+def hung_rank(run: Path, time: float) -> None:
+    """Rank 0 on nid001 stalled and dumped; rank 1 on nid002 went silent: a hang on nid002."""
+    folder = run / "diagnostics"
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, stalled in ((0, True), (1, False)):
+        (folder / f"heartbeat-{rank}.json").write_text(json.dumps(dict(
+            rank=rank, world_size=2, host=f"nid00{rank + 1}", pid=10, step=8,
+            phase="collective", time=time, stalled=stalled, attempt=1.0)))
+
+
+def test_a_hang_records_its_node_and_the_step_restarts_on_the_spare(tmp_path):
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    hung_rank(run, 4e9)  # newer than any decision: this attempt's
+    assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
+                             "exclude": "nid002"}
+    listed = diagnose(run, "--bad-nodes").stdout
+    assert listed.startswith("bad node: nid002: diagnose: rank 1 wrote no stall dump")
+    assert "(job 42, " in listed
+    shown = diagnose(run).stdout
+    assert ("attempts: 1; the last decision: job 42, failure (status 1): restart on "
+            "nid001,nid003, leaving nid002 behind: status 1; diagnose: rank 1") in shown
+    assert diagnose(run, "--clear-bad-nodes", "nid002").stdout.startswith("cleared: nid002")
+    assert diagnose(run, "--bad-nodes").stdout == "bad nodes: none\n"
+
+
+def test_a_hang_the_steps_end_cleared_in_the_heartbeats_still_names_its_node(tmp_path):
+    """The collective timeout ended the step, and SLURM's SIGCONT let the frozen rank take
+    a last step: both heartbeats say finished, not stalled; rank 0's stall dump of this
+    attempt is still there, rank 1 has none."""
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    hung_rank(run, 4e9)
+    for rank in (0, 1):
+        path = run / "diagnostics" / f"heartbeat-{rank}.json"
+        path.write_text(path.read_text().replace('"stalled": true', '"stalled": false')
+                        .replace('"attempt": 1.0', '"attempt": 1796430500.0'))
+    (run / "diagnostics" / "rank-0.txt").write_text(
+        "stalled: no step done for 3 s; rank 0 on nid001, pid 1, step 6, phase "
+        "forward/backward, at 2026-12-05T00:29:39+0000\n")
+    assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
+                             "exclude": "nid002"}
+    assert "nid002: diagnose: rank 1 wrote no stall dump while the others did" in \
+        diagnose(run, "--bad-nodes").stdout
+
+
+def test_an_earlier_attempts_hang_names_no_node_again(tmp_path):
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    hung_rank(run, 1.0)  # older than the decision after the first attempt
+    after(run, 1)
+    diagnose(run, "--clear-bad-nodes")
+    assert after(run, 1)["exclude"] == ""
+
+
+def test_three_attempts_without_a_new_checkpoint_stop_the_run(tmp_path):
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    assert [after(run, 1)["action"] for _ in range(4)] == ["restart"] * 3 + ["stop"]
+    checkpointed(run, 6)
+    assert after(run, 75, "--time-limit")["action"] == "requeue"
+    assert after(run, 1, "--max-without-progress", "1")["action"] == "stop"
+    records = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    assert [(r["started_from"], r["checkpointed"], r["without_progress"]) for r in records] == [
+        (None, 4, 0), (4, 4, 1), (4, 4, 2), (4, 4, 3), (4, 6, 0), (6, 6, 1)]
+
+
+def test_a_node_down_in_slurm_is_left_behind(tmp_path):
+    run = tmp_path / "run"
+    assert after(run, 143, "--down", "nid001") == {"action": "restart",
+                                                   "nodes": "nid002,nid003",
+                                                   "exclude": "nid001"}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--max-without-progress", "0"), "--max-without-progress 0: expected"),
+    (("--down", "nid[001-"), "expected a SLURM node list"),
+    (("--down=../x",), "expected plain node names")])
+def test_bad_decision_input_is_one_line_and_status_2(tmp_path, flags, words):
+    done = diagnose(tmp_path, "--after-step", "1", *flags)
+    assert done.returncode == 2 and words in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "attempts.jsonl").exists()
+
+
+def test_a_record_that_is_a_link_is_not_read_nor_written_through(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text("")
+    (run / "attempts.jsonl").symlink_to(target)
+    done = diagnose(run, "--after-step", "1")
+    assert done.returncode != 0 and target.read_text() == ""
