@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +26,7 @@ MAX_DEPTH = 32
 # The metadata of every safetensors file a save writes (as safetensors.torch.save's):
 # the synchronous save and the writer process write the same bytes.
 SAFETENSORS_METADATA = {"format": "pt"}
-# Bytes from which write_durably hashes in a thread beside the write: below, the hash
+# Bytes from which write_soon hashes in a thread beside the write: below, the hash
 # takes less time than starting a thread (on the development machine 64 KiB of sha256
 # took about 0.05 ms, a thread's start and join 0.1 ms).
 HASH_IN_A_THREAD = 64 << 10
@@ -81,13 +80,22 @@ class Syncs:
 
     def file(self, fd: int) -> None:
         """fsync the open descriptor `fd`, then close it (it is this object's now)."""
+        self._pending.append(self.later(_sync_and_close, fd))
+
+    def later(self, work, *args) -> Future:
+        """`work(*args)` run in a thread beside the rest (a large file's sha256: hashlib
+        releases the GIL), or in place where no thread can be had."""
         if self._pool is not None:
             try:
-                self._pending.append(self._pool.submit(_sync_and_close, fd))
-                return
+                return self._pool.submit(work, *args)
             except RuntimeError:  # no thread to be had: in place from here on
                 self._pool = None
-        _sync_and_close(fd)
+        done: Future = Future()
+        try:
+            done.set_result(work(*args))
+        except Exception as error:  # noqa: BLE001 (raised where its result is asked for)
+            done.set_exception(error)
+        return done
 
     def folder(self, path: Path) -> None:
         """fsync the folder `path` (a held path reaches the folder it holds): the names
@@ -113,40 +121,42 @@ def _sync_and_close(fd: int) -> None:
         os.close(fd)
 
 
-def write_durably(path: Path, data: bytes, syncs: Syncs | None = None) -> dict:
+def write_durably(path: Path, data: bytes) -> dict:
     """Write `data` into a new file (create_new: FileExistsError for anything already at
-    `path`), fsync it (in place, or handed to `syncs`, which fsyncs it while the caller
-    writes the next file), and return the file's manifest entry, hashed from the bytes in
+    `path`), fsync it, and return the file's manifest entry, hashed from the bytes in
     memory: a save never reads its files back (the load verifies them against it). The
     hash runs in a thread while the file is written and synced (both release the GIL), so
-    a large file costs the longer of the two rather than their sum; a small one (the JSON
-    parts, a few hundred bytes) is hashed in place, where a thread would cost more."""
-    digest = hashlib.sha256()
-    hashing = None
+    a large file costs the longer of the two rather than their sum."""
+    with Syncs() as syncs:
+        entry = write_soon(path, data, syncs)
+    return entry.result()
+
+
+def write_soon(path: Path, data: bytes, syncs: Syncs) -> Future:
+    """Write `data` into a new file (create_new: never through a planted link) and hand its
+    fsync to `syncs`; the file's manifest entry as a Future, its sha256 taken in a thread
+    of `syncs` from the bytes in memory while this file is written and synced and the
+    next ones are (a save's large files hashed at once, on as many cores). A small file
+    (the JSON parts, a few hundred bytes) is hashed in place, where a thread would cost
+    more."""
     if len(data) >= HASH_IN_A_THREAD:
-        hashing = threading.Thread(target=digest.update, args=(data,))
-        try:
-            hashing.start()
-        except RuntimeError:  # no thread to be had (a pids limit): hashed in place
-            hashing = None
-    if hashing is None:
-        digest.update(data)
+        entry = syncs.later(_entry, data)
+    else:
+        entry = Future()
+        entry.set_result(_entry(data))
+    fd = create_new(path)
     try:
-        fd = create_new(path)  # never through a planted link
-        try:
-            with os.fdopen(fd, "wb", closefd=False) as f:
-                f.write(data)
-        except BaseException:
-            os.close(fd)
-            raise
-        if syncs is None:
-            _sync_and_close(fd)
-        else:
-            syncs.file(fd)
-    finally:
-        if hashing is not None:
-            hashing.join()
-    return dict(bytes=len(data), sha256=digest.hexdigest())
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+    except BaseException:
+        os.close(fd)
+        raise
+    syncs.file(fd)
+    return entry
+
+
+def _entry(data: bytes) -> dict:
+    return dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
 def fsync_dir(path: Path) -> None:

@@ -29,11 +29,12 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from workload.checkpoint.durable import (CorruptCheckpoint, Syncs, read_json, record_bytes,
-                                         sniff, write_durably)
+                                         sniff, write_soon)
 from workload.checkpoint.folder import publish
 from workload.files import sha256_file
 from workload.logs import shown
@@ -59,9 +60,9 @@ class OldFormat(Exception):
 # --- saving ---------------------------------------------------------------------------------
 
 # A file of a checkpoint: its bytes, or a function that writes it at the path it is given,
-# hands its fsync to the Syncs it is given, and returns its manifest entry (the writer
-# process's safetensors files).
-FileContent = bytes | Callable[[Path, Syncs], dict]
+# hands its fsync to the Syncs it is given, and returns its manifest entry as a Future
+# (the writer process's safetensors files).
+FileContent = bytes | Callable[[Path, Syncs], Future]
 
 
 @dataclass
@@ -96,19 +97,20 @@ def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileCon
     entries = dict(shard_files or {})
     # Every file's fsync and the folders' are issued as the files are written and waited
     # for together (durable.Syncs): the rename into place needs all of them and no order
-    # among them, since nothing reads `.tmp-step-N` before the rename. The manifest is
-    # still written last, as it lists the others' hashes.
+    # among them, since nothing reads `.tmp-step-N` before the rename. The large files'
+    # hashes are taken likewise, each beside the next file's write; the manifest is still
+    # written last, as it lists them.
     with Syncs() as syncs:
         if (tmp / SHARDS_DIR).is_dir():
             syncs.folder(tmp / SHARDS_DIR)
-        for name, content in files:
-            path = tmp / name
-            entries[name] = (content(path, syncs) if callable(content)
-                             else write_durably(path, content, syncs))
+        written = {name: (content(tmp / name, syncs) if callable(content)
+                          else write_soon(tmp / name, content, syncs))
+                   for name, content in files}
+        entries.update({name: entry.result() for name, entry in written.items()})
         manifest = dict(format=FORMAT_VERSION, **head,
                         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         files=dict(sorted(entries.items())))
-        write_durably(tmp / MANIFEST, record_bytes(manifest), syncs)
+        write_soon(tmp / MANIFEST, record_bytes(manifest), syncs)
         syncs.folder(tmp)
     publish(tmp, final)
 

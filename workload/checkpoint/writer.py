@@ -103,10 +103,11 @@ def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path,
                    syncs: Syncs) -> dict:
     """A safetensors file written by safetensors itself straight from the buffer (no copy
     through Python), its fsync handed to `syncs` (store.finish_checkpoint waits for all of
-    a save's at once) while its sha256 is taken: from the header it wrote (read back: a
-    few hundred bytes) and the buffer's own bytes in the file's order, which the format
-    fixes (the header's data_offsets tile the data, no holes). Its manifest entry; a
-    failed fsync (a file system turned read-only under it) fails the save at the wait."""
+    a save's at once), and its sha256 taken in a thread of `syncs` beside the next file's
+    write: from the header it wrote (read back: a few hundred bytes) and the buffer's own
+    bytes in the file's order, which the format fixes (the header's data_offsets tile the
+    data, no holes). Its manifest entry, a Future; a failed fsync (a file system turned
+    read-only under it) fails the save at the wait."""
     serialize_file({key: _spec(buffer, address, *where) for key, where in layout.items()},
                    str(path), metadata=SAFETENSORS_METADATA)
     with open(path, "rb") as file:
@@ -114,6 +115,10 @@ def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path,
         head = length + file.read(int.from_bytes(length, "little"))
         size = os.fstat(file.fileno()).st_size
         syncs.file(os.dup(file.fileno()))
+    return syncs.later(_entry, buffer, layout, head, size)
+
+
+def _entry(buffer: Buffer, layout: dict, head: bytes, size: int) -> dict:
     return dict(bytes=size, sha256=_digest(buffer, layout, head, size))
 
 
