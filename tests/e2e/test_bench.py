@@ -203,12 +203,13 @@ def test_bench_commit_times_a_checkpoint_s_commit_against_a_bare_write(tmp_path)
     assert done.returncode == 0, done.stderr
     assert re.search(r"^commit \(files, fsyncs, renames\) .* [0-9.]+$", done.stdout, re.M)
     assert re.search(r"^write \+ fsync, same bytes .* 1$", done.stdout, re.M)
+    assert re.search(r"^sha256 of the same bytes .* [0-9.]+$", done.stdout, re.M)
     ratio = re.search(r"^commit / write: ([0-9.]+)x \(medians\)", done.stdout, re.M)
     assert ratio and float(ratio.group(1)) > 0, done.stdout
     report = json.loads(out.read_text())
     assert report["command"] == "commit" and FINGERPRINT_KEYS <= report["fingerprint"].keys()
     results = report["results"]
-    assert len(results["commit_s"]) == len(results["write_s"]) == 2
+    assert len(results["commit_s"]) == len(results["write_s"]) == len(results["hash_s"]) == 2
     assert results["ratio"] == results["commit_median_s"] / results["write_median_s"] > 0
     assert results["bytes"] >= 200_000 and results["files"] == 7
     assert list(disk.iterdir()) == []
