@@ -191,6 +191,43 @@ def test_the_checkpoint_save_benchmark_prints_both_times_and_their_ratio():
         assert ratio and float(ratio.group(1)) > 0, (what, done.stdout)
 
 
+def test_bench_commit_times_a_checkpoint_s_commit_against_a_bare_write(tmp_path):
+    """`bench commit` (issue 62) at a tiny size, the console script as a user runs it: both
+    rows and their ratio printed, the JSON's figures, nothing left in --dir."""
+    out = tmp_path / "commit.json"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["bench", "commit", "--size-mb", "0.2", "--rounds", "2", "--dir",
+                           str(disk), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^commit \(files, fsyncs, renames\) .* [0-9.]+$", done.stdout, re.M)
+    assert re.search(r"^write \+ fsync, same bytes .* 1$", done.stdout, re.M)
+    assert re.search(r"^sha256 of the same bytes .* [0-9.]+$", done.stdout, re.M)
+    ratio = re.search(r"^commit / write: ([0-9.]+)x \(medians\)", done.stdout, re.M)
+    assert ratio and float(ratio.group(1)) > 0, done.stdout
+    report = json.loads(out.read_text())
+    assert report["command"] == "commit" and FINGERPRINT_KEYS <= report["fingerprint"].keys()
+    results = report["results"]
+    assert len(results["commit_s"]) == len(results["write_s"]) == len(results["hash_s"]) == 2
+    assert results["ratio"] == results["commit_median_s"] / results["write_median_s"] > 0
+    assert results["bytes"] >= 200_000 and results["files"] == 7
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--size-mb", "0"], "--size-mb must be more than 0, got 0.0"),
+    (["--rounds", "0"], "--rounds must be 1 or more, got 0"),
+    (["--dir", "/proc/version"], "--dir /proc/version cannot be written"),
+])
+def test_bench_commit_rejects_bad_input_before_measuring(args, named, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["commit", *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench: error:") and named in err and "\n" not in err
+
+
 @pytest.mark.slow
 def test_bench_train_waits_for_a_missing_rank_only_as_long_as_dist_timeout(tmp_path):
     # bench starts its process as train does: --dist-timeout bounds the rendezvous, and a

@@ -31,6 +31,12 @@ WRITE_FLAGS = ("O_CREAT", "O_WRONLY", "O_RDWR", "O_APPEND", "O_TRUNC")
 WRITERS = {
     ("workload.bench.common", "write_report", ".mkdir"):
         "the parent of the --json file the user named; the file itself: files.write_json",
+    ("workload.bench.commit", "run", "tempfile.mkdtemp"):
+        "a private (0700) folder of a name no one can foresee, in --dir",
+    ("workload.bench.commit", "measure", ".mkdir"):
+        "inside that private temporary folder",
+    ("workload.bench.commit", "timed_write", "open"):
+        "a new file (mode x: O_EXCL) inside that private temporary folder",
     ("workload.bench.first_step", "measure", "tempfile.TemporaryDirectory"):
         "a private (0700) folder of a name no one can foresee",
     ("workload.bench.first_step", "measure", ".mkdir"):

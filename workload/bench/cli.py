@@ -15,6 +15,10 @@ One node of four GPUs (per-device and total rates):
 SLURM, two nodes of four GPUs each:
     srun -N2 --ntasks-per-node 4 --gpus-per-task 1 bench train --model wrn --batch-size 256
 
+A checkpoint's commit against a bare write and fsync of the same bytes, on the disk where
+the run folder would be (the Wide ResNet's 137 MB state):
+    bench commit --size-mb 137 --rounds 9 --dir $SCRATCH
+
 CPU smoke run:
     bench input --dataset synthetic --synthetic-size 2048 --batch-size 64 --batches 4
     bench train --device cpu --model wrn --width 8 --batch-sizes 8 --steps 2
@@ -45,10 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     trn = sub.add_parser("train", help="training images/s, FLOPs, share of peak")
     flags.add_common(trn)
     flags.add_train(trn)
+    com = sub.add_parser("commit", help="a checkpoint's commit against a bare write+fsync")
+    flags.add_commit(com)
     return p
 
 
 def bench(args: dict) -> dict:
+    if args["command"] == "commit":  # no model, no data: train's flags are not its own
+        flags.check_commit(args)
+        from workload.bench import commit
+
+        return commit.run(args)
     flags.check(args)
     build_config({**args, **flags.BENCH_FIXED})  # train's flags, validated before torch
     use_private_caches(PROG)

@@ -8,7 +8,7 @@ import argparse
 
 from workload.config import add_flags
 from workload.errors import UsageError
-from workload.files import output_file_problem
+from workload.files import output_file_problem, unwritable_reason
 
 DEFAULT_BATCH_SIZES = "32,64,128,256"
 # Settings that make no sense for a benchmark: no early stop, no output folder.
@@ -58,6 +58,30 @@ def add_train(p: argparse.ArgumentParser) -> None:
                         "with --compile also the optimised one compiled")
 
 
+def add_commit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size-mb", type=float, default=137.5,
+                   help="the state's size in MB (137.5: the reference Wide ResNet's model "
+                        "and SGD momentum)")
+    p.add_argument("--rounds", type=int, default=9,
+                   help="timed rounds of each, alternating (9); the medians count")
+    p.add_argument("--dir", default=".",
+                   help="the folder to write in, on the disk to measure (default: the "
+                        "current folder; a temporary folder inside it is removed after)")
+    p.add_argument("--json", help="write the results and the fingerprint to this file")
+
+
+def check_commit(args: dict) -> None:
+    """`bench commit`'s flags: one UsageError naming the first bad value."""
+    if not args["size_mb"] > 0:
+        raise UsageError(f"--size-mb must be more than 0, got {args['size_mb']}")
+    if args["rounds"] < 1:
+        raise UsageError(f"--rounds must be 1 or more, got {args['rounds']}")
+    if problem := unwritable_reason(args["dir"]):
+        raise UsageError(f"--dir {args['dir']} cannot be written ({problem}); pass a "
+                         "folder on the disk to measure that you can write to")
+    _check_json(args)
+
+
 def check(args: dict) -> None:
     """Every bench flag's rule: one UsageError naming the first bad value."""
     if args["threads"] < 0:
@@ -75,6 +99,10 @@ def check(args: dict) -> None:
         raise UsageError(f"--versus-folder {args['versus_folder']} compares shards with the "
                          "image folder they were written from: it goes with --dataset shards "
                          "--data-dir SHARDS")
+    _check_json(args)
+
+
+def _check_json(args: dict) -> None:
     if args["json"] and (problem := output_file_problem(args["json"])):
         raise UsageError(f"--json {args['json']} cannot be written ({problem}); pass a file "
                          "path in a folder you can write to")

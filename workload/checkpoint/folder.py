@@ -11,9 +11,11 @@ Layout of `<output-dir>/checkpoints/` (what one step folder holds: workload.chec
 
 The commit point of every save (in the trainer or the writer process, in the run folder
 or the local tier; docs/checkpoints.md says it for users) is the atomic replacement of
-`latest` by a file that names it (`publish`): its files, the manifest last, are fsynced in
-`.tmp-step-N` and the folder renamed into place before it, and the oldest are pruned only
-after it, so that a crash at any instant leaves the timeline whole.
+`latest` by a file that names it (`publish`): its files, the manifest last, are written in
+`.tmp-step-N` and fsynced with the folder (all at once: durable.Syncs) before the folder is
+renamed into place, `latest` follows, one fsync of checkpoints/ makes both renames durable,
+and the oldest are pruned only after it, so that a crash at any instant leaves the
+timeline whole (what each instant leaves: `publish`).
 
 `latest` names the checkpoint the last save wrote: the head of the run's current timeline.
 Steps after it are not on it (a rollback left them, or a crash came between a save's
@@ -170,13 +172,30 @@ def publish(tmp: Path, final: Path) -> None:
     # rename nor `latest` lands there.
     with holding(root) as held:
         _rename_into_place(tmp, held / final.name)
+        _write_latest(held, final.name)
+        # One fsync of checkpoints/ makes both renames durable, where a sync after each
+        # cost a round trip to a parallel file system's metadata server more. What a crash
+        # before it may leave, each a whole timeline (on_timeline, newest_loadable):
+        # neither rename (`.tmp-step-N`, moved aside as unfinished; the step before
+        # resumed), the folder's alone (step-N after `latest`: not resumed, kept, as a
+        # crash between the two always could), or `latest`'s alone, where a file system
+        # keeps no order between renames (`latest` names a step whose folder is still
+        # `.tmp-step-N`: moved aside, and the step before it, on the timeline and not yet
+        # pruned, resumed). Pruning comes only after this sync (the caller's).
         fsync_dir(held)
-        replace_latest(held, final.name)
 
 
 def replace_latest(root: Path, name: str) -> None:
-    replace_file(root / "latest", name.encode() + b"\n", durable=True)
+    """`latest` names `name`, durably (a rollback's)."""
+    _write_latest(root, name)
     fsync_dir(root)
+
+
+def _write_latest(root: Path, name: str) -> None:
+    """`latest` replaced by a file that names `name`, its content fsynced before the
+    rename (a name without its bytes would read as an empty `latest`); the rename is made
+    durable by the caller's fsync of `root`."""
+    replace_file(root / "latest", name.encode() + b"\n", durable=True)
 
 
 def move_aside(path: Path, why: str) -> Path:

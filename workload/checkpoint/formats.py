@@ -215,7 +215,8 @@ def too_deep_to_read(value, depth: int) -> bool:
 
 def as_bytes(files) -> Iterator[tuple[str, bytes]]:
     """Each (name, content) of `files` with its content as bytes: a dict of tensors made a
-    safetensors file, one file at a time (a save holds one file's bytes at once)."""
+    safetensors file, one file at a time (a save holds the bytes of the file it writes,
+    and of those still being hashed beside it: store.finish_checkpoint)."""
     for name, content in files:
         yield name, content if isinstance(content, bytes) else safetensors_bytes(content)
 

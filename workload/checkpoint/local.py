@@ -143,21 +143,23 @@ def copy_to_run(path: Path, run_root: Path) -> Path:
 
 def _copy_durably(source: Path, target: Path) -> None:
     """Every file of `source` copied into the new private folder `target`, each created
-    anew (never through a link) and fsynced."""
-    from workload.checkpoint.durable import fsync_dir
+    anew (never through a link); every file and folder fsynced, all at once
+    (durable.Syncs: the commit needs them all and no order among them)."""
+    from workload.checkpoint.durable import Syncs
 
-    for file in sorted(source.rglob("*")):
-        dest = target / file.relative_to(source)
-        if file.is_dir():
-            dest.mkdir()
-            continue
-        with (open(open_regular(file, follow_links=False), "rb") as reader,
-              os.fdopen(create_new(dest), "wb") as copied):
-            shutil.copyfileobj(reader, copied, 1 << 20)
-            copied.flush()
-            os.fsync(copied.fileno())
-    for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
-        fsync_dir(folder)
+    with Syncs() as syncs:
+        for file in sorted(source.rglob("*")):
+            dest = target / file.relative_to(source)
+            if file.is_dir():
+                dest.mkdir()
+                continue
+            with (open(open_regular(file, follow_links=False), "rb") as reader,
+                  os.fdopen(create_new(dest), "wb") as copied):
+                shutil.copyfileobj(reader, copied, 1 << 20)
+                copied.flush()
+                syncs.file(os.dup(copied.fileno()))
+        for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+            syncs.folder(folder)
 
 
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:

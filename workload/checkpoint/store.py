@@ -16,11 +16,11 @@ the folder around it, `latest` and the ones moved aside: workload.checkpoint.fol
 With FSDP, `shards/rank-NNNNN.safetensors` and `shards/rank-NNNNN.json` (every rank writes
 its own: its rows of each parameter and optimizer state, and the layout) take the place of
 model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the others
-(same filesystem, so the rename is atomic), fsyncs every file and writes the manifest last
-(`finish_checkpoint`); the folder's `publish` then commits it (workload.checkpoint.folder:
-the commit point). Loading verifies the manifest (read as strict JSON, its names plain
-ones inside the folder) and refuses a JSON file that starts like a pickle or a zip
-archive; nothing is ever unpickled.
+(same filesystem, so the rename is atomic), the manifest last, and fsyncs every file and
+the folder, all at once (`finish_checkpoint`); the folder's `publish` then commits it
+(workload.checkpoint.folder: the commit point). Loading verifies the manifest (read as
+strict JSON, its names plain ones inside the folder) and refuses a JSON file that starts
+like a pickle or a zip archive; nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.checkpoint.durable import (CorruptCheckpoint, fsync_dir, read_json, record_bytes,
-                                         sniff, write_durably)
+from workload.checkpoint.durable import (CorruptCheckpoint, Syncs, read_json, record_bytes,
+                                         sniff, write_soon)
 from workload.checkpoint.folder import publish
 from workload.files import sha256_file
 from workload.logs import shown
@@ -58,9 +59,10 @@ class OldFormat(Exception):
 
 # --- saving ---------------------------------------------------------------------------------
 
-# A file of a checkpoint: its bytes, or a function that writes it durably at the path it
-# is given and returns its manifest entry (the writer process's safetensors files).
-FileContent = bytes | Callable[[Path], dict]
+# A file of a checkpoint: its bytes, or a function that writes it at the path it is given,
+# hands its fsync to the Syncs it is given, and returns its manifest entry as a Future
+# (the writer process's safetensors files).
+FileContent = bytes | Callable[[Path, Syncs], Future]
 
 
 @dataclass
@@ -93,15 +95,23 @@ def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileCon
     gathered. Torch-free: the writer process runs it on tensors
     it never turns into torch's."""
     entries = dict(shard_files or {})
-    if (tmp / SHARDS_DIR).is_dir():
-        fsync_dir(tmp / SHARDS_DIR)
-    for name, content in files:
-        path = tmp / name
-        entries[name] = content(path) if callable(content) else write_durably(path, content)
-    manifest = dict(format=FORMAT_VERSION, **head, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    files=dict(sorted(entries.items())))
-    write_durably(tmp / MANIFEST, record_bytes(manifest))
-    fsync_dir(tmp)
+    # Every file's fsync and the folders' are issued as the files are written and waited
+    # for together (durable.Syncs): the rename into place needs all of them and no order
+    # among them, since nothing reads `.tmp-step-N` before the rename. The large files'
+    # hashes are taken likewise, each beside the next file's write; the manifest is still
+    # written last, as it lists them.
+    with Syncs() as syncs:
+        if (tmp / SHARDS_DIR).is_dir():
+            syncs.folder(tmp / SHARDS_DIR)
+        written = {name: (content(tmp / name, syncs) if callable(content)
+                          else write_soon(tmp / name, content, syncs))
+                   for name, content in files}
+        entries.update({name: entry.result() for name, entry in written.items()})
+        manifest = dict(format=FORMAT_VERSION, **head,
+                        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        files=dict(sorted(entries.items())))
+        write_soon(tmp / MANIFEST, record_bytes(manifest), syncs)
+        syncs.folder(tmp)
     publish(tmp, final)
 
 

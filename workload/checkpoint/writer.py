@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -44,7 +43,7 @@ except ImportError:  # earlier releases (a base image's own): each tensor's byte
     TensorSpec = None
 
 from workload.checkpoint.diskfull import DiskFull, failure_line, guarded_save
-from workload.checkpoint.durable import SAFETENSORS_METADATA
+from workload.checkpoint.durable import SAFETENSORS_METADATA, Syncs
 from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.store import finish_checkpoint
 from workload.launch.preemption import LOOP_SIGNALS
@@ -100,24 +99,27 @@ def _files(request: dict, buffer: Buffer) -> Iterator[tuple[str, bytes | Callabl
             yield name, partial(_write_tensors, buffer, address, content["tensors"])
 
 
-def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path) -> dict:
+def _write_tensors(buffer: Buffer, address: int, layout: dict, path: Path,
+                   syncs: Syncs) -> dict:
     """A safetensors file written by safetensors itself straight from the buffer (no copy
-    through Python), fsynced while its sha256 is taken: from the header it wrote (read
-    back: a few hundred bytes) and the buffer's own bytes in the file's order, which the
-    format fixes (the header's data_offsets tile the data, no holes). Its manifest entry."""
+    through Python), its fsync handed to `syncs` (store.finish_checkpoint waits for all of
+    a save's at once), and its sha256 taken in a thread of `syncs` beside the next file's
+    write: from the header it wrote (read back: a few hundred bytes) and the buffer's own
+    bytes in the file's order, which the format fixes (the header's data_offsets tile the
+    data, no holes). Its manifest entry, a Future; a failed fsync (a file system turned
+    read-only under it) fails the save at the wait."""
     serialize_file({key: _spec(buffer, address, *where) for key, where in layout.items()},
                    str(path), metadata=SAFETENSORS_METADATA)
     with open(path, "rb") as file:
         length = file.read(8)
         head = length + file.read(int.from_bytes(length, "little"))
         size = os.fstat(file.fileno()).st_size
-        # A pool of one, not a bare thread: a failed fsync (a file system turned read-only
-        # under it) fails the save here, rather than being printed by the thread and lost.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            syncing = pool.submit(os.fsync, file.fileno())
-            digest = _digest(buffer, layout, head, size)
-        syncing.result()
-    return dict(bytes=size, sha256=digest)
+        syncs.file(os.dup(file.fileno()))
+    return syncs.later(_entry, buffer, layout, head, size)
+
+
+def _entry(buffer: Buffer, layout: dict, head: bytes, size: int) -> dict:
+    return dict(bytes=size, sha256=_digest(buffer, layout, head, size))
 
 
 def _digest(buffer: Buffer, layout: dict, head: bytes, size: int) -> str:
