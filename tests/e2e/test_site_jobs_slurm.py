@@ -22,6 +22,7 @@ import pytest
 
 from tests.helpers import REPO, sbatch, wait_until_ended
 from tests.helpers.sites import olivia_settings, site_modules
+from tests.slurm.cluster import SUITE_ACCOUNT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -70,9 +71,10 @@ SETTINGS = {"alliance.sbatch": alliance_settings, "sigma2-olivia.sbatch": olivia
 SIZES = {"nersc-perlmutter.sbatch": ["--ntasks-per-node=2", "--cpus-per-task=1"]}
 # Header lines for what this cluster has not: GPUs and the memory that goes with them
 # (--mem-per-gpu; the sbatch line gives --mem), and NERSC's Shifter image, modules and
-# node feature (the image's part is the local `shifter` above).
+# node feature (the image's part is the local `shifter` above), and the centre's QOS (the
+# cluster's accounting holds the suite's only; the page test runs it in the centre's twin).
 SITE_ONLY = ("#SBATCH --gpus", "#SBATCH --mem", "#SBATCH --image", "#SBATCH --module",
-             "#SBATCH --constraint")
+             "#SBATCH --constraint", "#SBATCH --qos")
 
 
 def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str]):
@@ -84,7 +86,7 @@ def submit(slurm_cluster, tmp_path: Path, script: str, settings: dict[str, str])
     env = slurm_cluster.env | {"JOBS_DIR": str(REPO / "jobs"), "RUNTIME": "none",
                                "GPUS_PER_NODE": "2", "LAUNCH_CHECK": "1", **settings}
     job_id = sbatch(slurm_cluster, ["--nodes=2", "--cpus-per-task=2", "--mem=1G",
-                                    "--partition=debug", "--account=test", "--time=10",
+                                    "--partition=debug", f"--account={SUITE_ACCOUNT}", "--time=10",
                                     *SIZES.get(script, []), "--output", str(out), str(job)],
                     env=env, cwd=tmp_path)
     state = wait_until_ended(slurm_cluster, job_id, out)

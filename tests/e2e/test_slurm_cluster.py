@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
-from tests.slurm.cluster import GPU_MODEL, GPUS_PER_NODE, SlurmCluster
+from tests.slurm.cluster import GPU_MODEL, GPUS_PER_NODE, SUITE_ACCOUNT, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -73,3 +74,42 @@ def test_a_centres_partitions_hold_its_time_limits_and_end_with_its_test(slurm_c
         slurm_cluster.reset_centre()
     listed = slurm_cluster.run(["sinfo", "-h", "-o", "%P"]).stdout.split()
     assert listed == ["debug*", "low", "high", "spares"], listed
+
+
+def job_qos(slurm_cluster, *options: str) -> subprocess.CompletedProcess:
+    """A one-task job's account and QOS, as SLURM put it (or SLURM's refusal)."""
+    return slurm_cluster.run(["srun", "-N1", "-n1", *options, "bash", "-c",
+                              "scontrol show job $SLURM_JOB_ID | grep -o 'Account=[^ ]*"
+                              " QOS=[^ ]*'"])
+
+
+def test_a_centres_account_and_qos_are_slurms_accounting_and_end_with_its_test(slurm_cluster):
+    # Perlmutter's shape (the twin's): a default debug QOS, here with a 30-minute limit,
+    # and regular; an account the centre requires of every job (Olivia's, JSC's rule).
+    slurm_cluster.set_centre_accounting("m0000", {"debug": "MaxWall=00:30:00",
+                                                  "regular": ""}, "debug")
+    slurm_cluster.set_submit_rules({"account": "required"})
+    try:
+        named = job_qos(slurm_cluster, "-A", "m0000")
+        assert named.stdout.strip() == "Account=m0000 QOS=debug", named.stderr
+        for options, refusal in (
+                ((), "requires the project's account of every job"),
+                (("-A", "nope"), "Invalid account or account/partition combination"),
+                (("-A", "m0000", "-q", "premium"), "Invalid qos specification"),
+                (("-A", "m0000", "--time=01:00:00"), "QOSMaxWallDurationPerJobLimit")):
+            done = job_qos(slurm_cluster, *options)
+            assert done.returncode != 0 and refusal in done.stderr, (options, done.stderr)
+        regular = job_qos(slurm_cluster, "-A", "m0000", "-q", "regular", "--time=01:00:00")
+        assert regular.stdout.strip() == "Account=m0000 QOS=regular", regular.stderr
+    finally:
+        slurm_cluster.reset_centre()
+    # The suite's own account and QOS again for a job that names none.
+    assert job_qos(slurm_cluster).stdout.strip() == f"Account={SUITE_ACCOUNT} QOS=normal"
+    # Another centre's (one without QOS) replace them: the first centre's are gone.
+    slurm_cluster.set_centre_accounting("nn0000k", {}, None)
+    try:
+        assert job_qos(slurm_cluster).stdout.strip() == "Account=nn0000k QOS=normal"
+        for options in (("-A", "m0000"), ("-q", "regular")):
+            assert job_qos(slurm_cluster, *options).returncode != 0, options
+    finally:
+        slurm_cluster.reset_centre()

@@ -30,7 +30,7 @@ FIXTURE_MARKERS = {"slurm_cluster": "slurm", "slurm_session": "slurm", "image": 
 PROGRAM_MARKERS = {
     **dict.fromkeys(("torchrun", "strace"), "slow"),
     **dict.fromkeys(("srun", "sbatch", "salloc", "scancel", "scontrol", "squeue", "sacct",
-                     "slurmctld", "slurmd", "munged"), "slurm"),
+                     "sacctmgr", "slurmctld", "slurmd", "slurmdbd", "munged"), "slurm"),
     **dict.fromkeys(("podman", "buildah", "skopeo", "ch-run", "ch-image", "ch-convert",
                      "apptainer", "docker-registry"), "image"),
     **dict.fromkeys(("mount", "umount", "mkfs.vfat", "mkfs.ext4", "fsfreeze", "losetup",

@@ -9,20 +9,21 @@ partitions, account, architectures, file-system roots, the real srun/sbatch and 
 SLURM cluster's CPUs a node. A compute node is where SLURM_JOB_ID is set (a job or a
 step); the login node everywhere else.
 
-- srun/sbatch check a request against the centre's nodes, partition names and account,
-  with SLURM's own messages (a count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a
-  job, included), then ask the cluster for what it has (its CPUs, its stand-in GPUs with
-  the request's model; no memory size), where SLURM itself applies the centre's
-  partitions' time limits and its submission rules (tests/helpers/twins.py puts them
-  there); sbatch adds the tiny training's arguments (TWIN_TRAIN_ARGS) to the job's and
-  sets the centre's job variables ($SLURM_TMPDIR). The job sees its request as the
-  centre's SLURM gives it (SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_NODE), so the job's own
-  arithmetic runs on the centre's numbers; srun scales them to the cluster's. Each step
-  that trains, and each job, is written to requests.jsonl (the CPUs each rank gets, the
-  memory a GPU gets, at the centre's scale) for the site test to hold against the
-  centre's figures. `srun --environment=EDF` is CSCS's Container Engine; `srun
-  --container-image=FILE` is pyxis. Under TWIN_STEPS_CHECK=1 (a page mistake's run) a
-  training step's program is the layout's check.
+- srun/sbatch check a request against the centre's nodes and partition names (its
+  account and QOS are SLURM's accounting's, twins.py), with SLURM's own messages (a
+  count of 0, as `$((SLURM_CPUS_ON_NODE / 4))` is outside a job, included), then ask the
+  cluster for what it has (its CPUs, its stand-in GPUs with the request's model; no
+  memory size), where SLURM itself applies the centre's partitions' time limits and its
+  submission rules (tests/helpers/twins.py puts them there); sbatch adds the tiny
+  training's arguments (TWIN_TRAIN_ARGS) to the job's and sets the centre's job
+  variables ($SLURM_TMPDIR). The job sees its request as the centre's SLURM gives it
+  (SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_NODE), so the job's own arithmetic runs on the
+  centre's numbers; srun scales them to the cluster's. Each step that trains, and each
+  job, is written to requests.jsonl (the CPUs each rank gets, the memory a GPU gets, at
+  the centre's scale) for the site test to hold against the centre's figures. `srun
+  --environment=EDF` is CSCS's Container Engine; `srun --container-image=FILE` is pyxis.
+  Under TWIN_STEPS_CHECK=1 (a page mistake's run) a training step's program is the
+  layout's check.
 - A runtime the centre puts in a module (Alliance's `module load apptainer`) is "command
   not found" until that module is loaded.
 - An image is a small JSON file naming its architecture: built (apptainer build, podman
@@ -64,7 +65,7 @@ GPU_OPTIONS = ("gpus-per-node", "gpus", "gres", "gpus-per-task")
 PYXIS = {"container-image", "container-mounts", "container-workdir", "container-env",
          "container-entrypoint", "no-container-entrypoint", "container-writable",
          "container-readonly"}
-SITE_ONLY = {"account", "qos", "mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
+SITE_ONLY = {"mem", "mem-per-cpu", "mem-per-gpu", "constraint", "uenv", "view",
              "image", "module", "environment", *GPU_OPTIONS} | PYXIS
 NOT_AVAILABLE = "Requested node configuration is not available"
 # What the job sees as the centre's SLURM sets it; srun gives the cluster its own back.
@@ -164,16 +165,9 @@ def check_request(program: str, options: dict[str, str | None]) -> None:
     if features and options.get("constraint") not in features:
         fail(f"{refused}Invalid feature specification (this centre's nodes: "
              f"-C {' or -C '.join(features)})")
-    # The account: the option, else SLURM's input variable (sbatch: SBATCH_ACCOUNT, srun:
-    # SLURM_ACCOUNT), as the sbatch and srun manuals give them.
-    account = options.get("account") or os.environ.get(
-        "SBATCH_ACCOUNT" if program == "sbatch" else "SLURM_ACCOUNT")
-    if (account or slurm["account_required"]) and account != slurm.get("account"):
-        fail(f"{refused}Invalid account or account/partition combination specified")
-    # The QOS: one of the centre's (the twin's list, cited; none listed: strict, none).
-    qos = options.get("qos")
-    if qos is not None and qos not in slurm.get("qos", []):
-        fail(f"{refused}Invalid qos specification")
+    # The account and the QOS are SLURM's own (the cluster's accounting holds the twin's
+    # account, its QOS and their limits: twins.py), as are the input variables that give
+    # them (sbatch: SBATCH_ACCOUNT, srun: SLURM_ACCOUNT).
     gpu_partitions = slurm.get("gpu_partitions")
     if gpu_partitions and gpu_request(options) and partition not in gpu_partitions:
         fail(refused + NOT_AVAILABLE)  # GPUs asked of a partition whose nodes have none
@@ -312,7 +306,6 @@ def srun(args: list[str]) -> None:
     # A step that is its own job (srun at the login prompt): the job's variables too.
     if not on_compute() and job_variables():
         command = ["bash", "-c", "".join(job_variables()) + 'exec "$@"', "srun", *command]
-    os.environ.pop("SLURM_ACCOUNT", None)  # the centre's, checked above
     os.execv(CONFIG["srun"], ["srun", *for_the_cluster(options), *command])
 
 
@@ -375,13 +368,14 @@ def record_memory(listed: list[tuple[str, str | None]]) -> None:
     record({"job": Path(CONFIG["state"]).name, "mem_per_gpu_gib": share})
 
 
-def record_qos(options: dict[str, str | None]) -> None:
-    """The QOS a job runs in: its own, else the centre's default (Perlmutter's debug), for
-    the site test to hold against where the centre permits production runs."""
-    qos = options.get("qos") or CONFIG["slurm"].get("default_qos")
-    if qos:
-        record({"job": Path(CONFIG["state"]).name, "qos": qos,
-                "named": bool(options.get("qos"))})
+def record_qos(job: str, options: dict[str, str | None]) -> None:
+    """The QOS SLURM put the job in (its own, else its association's default: Perlmutter's
+    debug), for the site test to hold against where the centre permits production runs."""
+    import subprocess
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    qos = re.search(r"\bQOS=(\S+)", shown.stdout)
+    record({"job": Path(CONFIG["state"]).name, "qos": qos.group(1) if qos else None,
+            "named": bool(options.get("qos"))})
 
 
 def record_shifter_modules(options: dict[str, str | None]) -> None:
@@ -415,9 +409,7 @@ def sbatch(args: list[str]) -> None:
     if options.get("image"):  # Shifter's image for the job's `shifter` commands
         os.environ["TWIN_SHIFTER_IMAGE"] = options["image"]
     record_memory(listed)
-    record_qos(options)
     record_shifter_modules(options)
-    os.environ.pop("SBATCH_ACCOUNT", None)  # the centre's, checked above
     import subprocess
     done = subprocess.run([CONFIG["sbatch"], *for_the_cluster(options), str(copy), *rest[1:],
                            *json.loads(os.environ.get("TWIN_TRAIN_ARGS", "[]"))],
@@ -428,6 +420,7 @@ def sbatch(args: list[str]) -> None:
     if found:
         with open(Path(CONFIG["state"]) / "jobs.txt", "a") as jobs:
             jobs.write(found.group(1) + "\n")
+        record_qos(found.group(1), options)
     sys.exit(done.returncode)
 
 

@@ -260,7 +260,24 @@ class Twin:
         rules = {"gpu_model": model} if model else {}
         if not self.data["continue"]["requeue"]:
             rules["requeue"] = "refused"
+        if slurm["account_required"]:
+            rules["account"] = "required"
         self.cluster.set_submit_rules(rules)
+        self.accounts_on_cluster()
+
+    def accounts_on_cluster(self) -> None:
+        """The centre's account (the user's only one, so its default) and its QOS with
+        their limits and default, in SLURM's accounting: SLURM refuses another account, a
+        QOS the centre lacks (a twin with no QOS list: every one) and a job over a QOS's
+        limit, and puts a job that names none in the default QOS (Perlmutter's debug)."""
+        slurm = self.data["slurm"]
+        if "account" not in slurm:
+            assert not slurm.get("qos"), f"{self.site}: a QOS list needs the twin's account"
+            return
+        limits = slurm.get("qos_limits", {})
+        self.cluster.set_centre_accounting(
+            slurm["account"], {name: limits.get(name, "") for name in slurm.get("qos", [])},
+            slurm.get("default_qos"))
 
     def substitute(self, text: str, train: list[str] = TINY_TRAIN) -> str:
         """The documented substitutions (module docstring)."""

@@ -20,11 +20,16 @@ enforced by SLURM's own job_submit plugin, job_submit.lua beside slurm.conf, as 
 enforce them: `set_submit_rules` turns them on for one test. `add_partitions` gives a
 test a centre's partitions with their time limits, one of them the default (SLURM refuses
 a longer job at submission: EnforcePartLimits=ALL); `reset_centre` takes all of it away.
+With accounting=True (the session's cluster) slurmdbd keeps SLURM's accounting in a
+private MariaDB and SLURM enforces it (associations, limits, QOS): every job runs in the
+suite's account and QOS (SUITE_ACCOUNT, SUITE_QOS) but a twin's, which
+`set_centre_accounting` gives its centre's account, QOS, their limits and default.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -100,6 +105,7 @@ PreemptMode=REQUEUE
 GresTypes=gpu
 # The centre's submission rules of a twin's test (job_submit.lua beside this file).
 JobSubmitPlugins=lua
+{accounting_lines}
 {node_lines}
 {partition_lines}
 """
@@ -115,6 +121,47 @@ PARTITIONS = (
     "PartitionName=spares Nodes={nodes},{spare} MaxTime=INFINITE State=UP OverSubscribe=YES "
     "PreemptMode=OFF",
 )
+
+
+# SLURM accounting (a cluster started with accounting=True): slurmdbd over a private
+# MariaDB, and SLURM refusing a job outside its user's associations (account), over its
+# QOS's limits, or in a QOS the association does not allow, at submission (DenyOnLimit on
+# each QOS), as a centre's SLURM does.
+ACCOUNTING_LINES = """\
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={host}
+AccountingStoragePort={dbd_port}
+# The cluster's munge socket for slurmdbd too (AuthInfo's is for slurmctld's clients only).
+AccountingStoragePass={munge_socket}
+AccountingStorageEnforce=associations,limits,qos
+"""
+# slurmdbd.conf: slurmdbd takes no -f and reads it from $SLURM_CONF's folder; it must be
+# mode 600. MariaDB over TCP on 127.0.0.1 (StorageHost "localhost" would mean the one
+# default socket path of the machine, which clusters side by side cannot share).
+DBD_CONF = """\
+DbdHost={host}
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+PidFile={root}/dbd.pid
+LogFile={root}/dbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db_port}
+StorageUser=slurm
+StoragePass={password}
+StorageLoc=slurm_acct_db
+"""
+# The suite's own account and QOS: every user's default (root submits the suite's jobs).
+SUITE_ACCOUNT = "hpctrain"
+SUITE_QOS = "normal"
+# MariaDB at its smallest (its default 128 MiB buffer pool and 96 MiB redo log, for one
+# cluster's few jobs), and without syncing to disk (a test's database, gone with it).
+MARIADB_SMALL = ("--innodb-buffer-pool-size=16M", "--innodb-log-file-size=4M",
+                 "--innodb-doublewrite=0", "--innodb-flush-method=nosync",
+                 "--innodb-flush-log-at-trx-commit=0")
 
 
 def first_job_id() -> int:
@@ -151,6 +198,9 @@ class SlurmCluster:
     spare: str = SPARE_NODE
     _pid_files: list[Path] = field(default_factory=list)
     _added_partitions: list[str] = field(default_factory=list)
+    accounting: bool = False
+    _centre_accounting: list[tuple] = field(default_factory=list)
+    _centre_default: bool = False
 
     @property
     def every_node(self) -> tuple[str, ...]:
@@ -176,13 +226,19 @@ class SlurmCluster:
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def start(cls, root: Path) -> SlurmCluster:
+    def start(cls, root: Path, accounting: bool = False) -> SlurmCluster:
+        """accounting: with slurmdbd over a private MariaDB (ACCOUNTING_LINES), as the
+        session's cluster starts; 4 to 9 s more to start on the 2-core machine, mostly
+        mariadb-install-db (docs/development.md, "SLURM accounting")."""
         root.mkdir(parents=True, exist_ok=True)
         ensure_hosts_entries((*NODES, SPARE_NODE))
-        cluster = cls(root=root, conf=root / "slurm.conf", munge_socket=root / "munge.sock")
+        cluster = cls(root=root, conf=root / "slurm.conf", munge_socket=root / "munge.sock",
+                      accounting=accounting)
         try:
             cluster._start_munge()
             cluster._write_conf()
+            if accounting:
+                cluster._start_accounting()
             cluster._start_slurm()
             cluster._wait_for_nodes()
         except BaseException:
@@ -203,7 +259,8 @@ class SlurmCluster:
             check=True, capture_output=True, text=True, timeout=30)
 
     def _write_conf(self) -> None:
-        ctld_port, *node_ports = free_ports(1 + len(self.every_node))
+        ctld_port, self._dbd_port, self._db_port, *node_ports = free_ports(
+            3 + len(self.every_node))
         host = socket.gethostname().split(".")[0]
         node_lines = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
@@ -214,6 +271,9 @@ class SlurmCluster:
             host=host, ctld_port=ctld_port,
             munge_socket=self.munge_socket, root=self.root, spool=self.spool,
             node_lines=node_lines,
+            accounting_lines=ACCOUNTING_LINES.format(host=host, dbd_port=self._dbd_port,
+                                                    munge_socket=self.munge_socket)
+            if self.accounting else "",
             partition_lines="\n".join(PARTITIONS).format(
                 nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S,
                 spare=self.spare)))
@@ -259,6 +319,9 @@ class SlurmCluster:
             self._added_partitions.pop()
         if default_taken:
             self._scontrol("update", "PartitionName=debug", "Default=YES")
+        if self._centre_default:
+            self.sacctmgr(f"modify user root set DefaultAccount={SUITE_ACCOUNT}")
+            self._centre_default = False
         self.set_submit_rules({})
 
     def _scontrol(self, *args: str) -> None:
@@ -278,6 +341,92 @@ class SlurmCluster:
             self.submit_rules.write_text(text)
         else:
             self.submit_rules.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- accounting
+    @property
+    def name(self) -> str:
+        return re.search(r"^ClusterName=(\S+)", self.conf.read_text(), re.M).group(1)
+
+    def _start_accounting(self) -> None:
+        """A private MariaDB (its own data folder, TCP on 127.0.0.1 only), slurmdbd over
+        it, and the suite's cluster, account and user registered before slurmctld
+        starts (slurmctld asks slurmdbd for its associations as it starts)."""
+        data, password = self.root / "mariadb", os.urandom(12).hex()
+        subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root",
+                        f"--datadir={data}", "--auth-root-authentication-method=normal",
+                        "--skip-test-db", *MARIADB_SMALL],
+                       check=True, capture_output=True, text=True, timeout=120)
+        socket_path = self.root / "mariadb.sock"
+        self._pid_files.append(self.root / "mariadb.pid")
+        # In the background of a shell that exits at once: mariadbd does not fork itself,
+        # and as a child of this process it would stay a zombie once stopped (alive to
+        # the pid file's check in _terminate until its timeout).
+        subprocess.run(
+            ["bash", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "mariadbd",
+             "mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+             f"--socket={socket_path}", f"--port={self._db_port}", "--bind-address=127.0.0.1",
+             f"--pid-file={self.root / 'mariadb.pid'}", f"--log-error={self.root / 'mariadb.log'}",
+             "--skip-name-resolve", "--performance-schema=OFF", *MARIADB_SMALL],
+            check=True, timeout=30)
+        _wait_for(lambda: socket_path.is_socket() and (self.root / "mariadb.pid").exists(),
+                  f"MariaDB did not start; its log: {self.root / 'mariadb.log'}")
+        subprocess.run(
+            ["mariadb", "--no-defaults", f"--socket={socket_path}", "-u", "root", "-e",
+             "CREATE DATABASE slurm_acct_db; "
+             f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"],
+            check=True, capture_output=True, text=True, timeout=60)
+        dbd_conf = self.root / "slurmdbd.conf"
+        dbd_conf.touch(mode=0o600)
+        dbd_conf.write_text(DBD_CONF.format(
+            host=socket.gethostname().split(".")[0], dbd_port=self._dbd_port,
+            munge_socket=self.munge_socket, root=self.root, db_port=self._db_port,
+            password=password))
+        self._pid_files.append(self.root / "dbd.pid")
+        self._daemon(["slurmdbd"])
+        _wait_for(lambda: self.run(["sacctmgr", "-n", "show", "qos"], timeout=30
+                                   ).returncode == 0,
+                  f"slurmdbd does not answer; its log: {self.root / 'dbd.log'}")
+        self.sacctmgr(f"add cluster {self.name}", f"add account {SUITE_ACCOUNT}",
+                      f"add user root Account={SUITE_ACCOUNT} DefaultAccount={SUITE_ACCOUNT}")
+
+    def sacctmgr(self, *commands: str) -> None:
+        """sacctmgr's commands, in order, without its questions (-i)."""
+        for command in commands:
+            done = self.run(["sacctmgr", "-i", *command.split()], timeout=60)
+            if done.returncode != 0:
+                raise RuntimeError(f"sacctmgr {command}: {done.stderr.strip() or done.stdout}")
+
+    def set_centre_accounting(self, account: str, qos: dict[str, str], default_qos: str | None
+                              ) -> None:
+        """A centre's account, the user's default as for a user of one project, and its
+        QOS with their limits (sacctmgr's, "MaxWall=00:30:00 MaxTRESPerJob=gres/gpu=4";
+        "" for none), the account's jobs in those only, `default_qos` theirs when they
+        name none. Each QOS refuses a job over a limit at submission (DenyOnLimit), as a
+        centre's `sbatch` does. reset_centre makes the suite's account the default again;
+        the centre's account and QOS stay until another centre's replace them (no job of
+        the suite names them), so that a twin's next test reuses them: each sacctmgr
+        command takes about half a second here."""
+        assert SUITE_QOS not in qos, f"a centre's QOS may not be the suite's {SUITE_QOS}"
+        centre = (account, tuple(qos.items()), default_qos)
+        if self._centre_accounting != [centre]:
+            self._drop_centre_accounting()
+            self._centre_accounting.append(centre)  # first: a failure below is undone
+            for name, limits in qos.items():
+                self.sacctmgr(f"add qos {name} {limits} Flags=DenyOnLimit")
+            self.sacctmgr(f"add account {account}",
+                          f"add user root Account={account} QOS={','.join(qos) or SUITE_QOS}"
+                          + (f" DefaultQOS={default_qos}" if default_qos else ""))
+        self.sacctmgr(f"modify user root set DefaultAccount={account}")
+        self._centre_default = True
+
+    def _drop_centre_accounting(self) -> None:
+        """The last centre's account and QOS gone from SLURM's accounting."""
+        for account, qos, _ in self._centre_accounting:
+            self.sacctmgr(f"modify user root set DefaultAccount={SUITE_ACCOUNT}",
+                          f"delete user root Account={account}", f"delete account {account}",
+                          *(f"delete qos {name}" for name, _ in qos))
+        self._centre_accounting.clear()
 
     def _start_slurm(self) -> None:
         self._pid_files.append(self.root / "ctld.pid")
@@ -379,5 +528,14 @@ def _terminate(pid_file: Path, timeout_s: float = 15.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _wait_for(ready, failure: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(failure)
+        time.sleep(0.2)
+
+
 def tools_present() -> bool:
-    return all(shutil.which(tool) for tool in ("munged", "slurmctld", "slurmd", "srun"))
+    return all(shutil.which(tool) for tool in ("munged", "slurmctld", "slurmd", "srun",
+                                               "slurmdbd", "sacctmgr", "mariadbd"))

@@ -21,7 +21,8 @@ from tests.slurm.cluster import SlurmCluster
 
 @pytest.fixture(scope="session")
 def slurm_session(tmp_path_factory) -> SlurmCluster:
-    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
+    # With SLURM accounting: the site twins' accounts and QOS are SLURM's own.
+    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), accounting=True)
     try:
         yield cluster
     finally:

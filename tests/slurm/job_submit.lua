@@ -7,6 +7,9 @@
 -- Rules (NAME=VALUE lines of RULES):
 --   gpu_model=MODEL  a GPU request must name a GPU model (the Alliance's clusters refuse
 --                    an untyped one); MODEL is the one the message suggests.
+--   account=required  a job must name its account (-A, or SBATCH_ACCOUNT/SLURM_ACCOUNT):
+--                    the centre requires one (Sigma2, JSC), refused as SLURM refuses an
+--                    account outside the user's associations.
 --   requeue=refused  --requeue is refused: the centre's pages do not say a job may be
 --                    requeued (a site twin is strict where its centre is silent).
 
@@ -57,6 +60,11 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
                         "is the centre's, this wording is the twin's]")
          return slurm.ERROR
       end
+   end
+   if centre.account == "required" and (job_desc.account == nil or job_desc.account == "") then
+      slurm.log_user("This centre requires the project's account of every job (-A, " ..
+                     "--account or SBATCH_ACCOUNT)")
+      return slurm.ESLURM_INVALID_ACCOUNT
    end
    -- --requeue sets 1 (--no-requeue 0; neither: NO_VAL16).
    if centre.requeue == "refused" and job_desc.requeue == 1 then
