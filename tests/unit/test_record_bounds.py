@@ -22,6 +22,9 @@ DATA = {  # bytes of a line a valid reader takes, its fields replaced by each ca
                       time=1.7e9, median_step_s=0.5, stalled=False, attempt=1.7e9),
     "epoch": dict(epoch=1, train_loss=2.3, test_loss=2.2, accuracy=0.5,
                   images_per_second=900.0, lr=0.1, epoch_time_s=4.0, steps=6),
+    "attempt": dict(time=1.7e9, job="7", status=1, ending="failure", started_from=4,
+                    checkpointed=8, without_progress=0, verdict="", action="restart",
+                    nodes=["nid001"], exclude=[], reasons=["a rank failed"]),
 }
 
 
@@ -161,6 +164,19 @@ def lock_holder(tmp_path, key, value):
     return describe_holder({"host": "nid001", key: value})
 
 
+def attempt(tmp_path, key, value):
+    from workload.diagnose.attempts import attempts
+    from workload.runfolder import RunFolder
+
+    line = dict(DATA["attempt"]) | {key: value}
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir(exist_ok=True)
+    run.attempts.write_text(json.dumps(DATA["attempt"]) + "\n" + json.dumps(line) + "\n")
+    kept, [left_out] = attempts(run)
+    assert kept == [DATA["attempt"]]
+    return left_out
+
+
 # reader -> (how it is fed, the fields it reads, whether its line names the field)
 READERS = {
     "diagnose: heartbeat-<N>.json": (heartbeat, ("time", "step", "world_size", "pid",
@@ -182,6 +198,8 @@ READERS = {
     "train: the previous job's summary.json start-up": (previous_startup, ("phase_s",),
                                                         False),
     "train, Checkpoints: the run folder's lock": (lock_holder, ("pid",), False),
+    "diagnose: attempts.jsonl": (attempt, ("time", "status", "started_from", "checkpointed",
+                                           "without_progress"), True),
 }
 CASES = [(reader, key) for reader, (_, keys, _) in READERS.items() for key in keys]
 
@@ -214,7 +232,8 @@ def test_every_field_of_the_table_has_a_reader_here():
 WALKED = {"workload/diagnose/records.py", "workload/models/description.py",
           "workload/report.py", "workload/data/shardformat.py",
           "workload/checkpoint/content.py", "workload/checkpoint/lock.py",
-          "workload/training/run.py", "workload/checkpoint/resuming.py"}
+          "workload/training/run.py", "workload/checkpoint/resuming.py",
+          "workload/diagnose/attempts.py"}
 # Modules that parse JSON and need no bound, with why.
 NO_NUMBER_USED = {
     "workload/config/sources.py": "a --config file: every value goes through validate(), "

@@ -1,9 +1,9 @@
 """The one table of bounds of every number the package reads back from a file it (or a
 job of it) wrote: diagnostics (heartbeats, start-up marks), run files (metrics.jsonl,
-steps.jsonl, summary.json), model.json, shard manifests and index lines, checkpoints'
-trainer state. A file from disk is data: a value past its bound (a time of 1e20, which
-no clock shows and `time.gmtime` cannot convert) is one line naming the field, the value
-and its bound, never a traceback further on.
+steps.jsonl, summary.json, attempts.jsonl and bad-nodes.jsonl), model.json, shard
+manifests and index lines, checkpoints' trainer state. A file from disk is data: a value
+past its bound (a time of 1e20, which no clock shows and `time.gmtime` cannot convert) is
+one line naming the field, the value and its bound, never a traceback further on.
 
 A field is named the same in every record that holds it (a `step` is a step everywhere);
 a field that is one of train's settings (model.json's `width`) takes the bounds of its
@@ -85,6 +85,12 @@ RECORD_BOUNDS: dict[str, Bound] = {
     "samples": _setting("shard_size", low=0), "bytes": Bound(True, Range(0, MAX_BYTES)),
     # checkpoints' trainer state
     "batch": _COUNT,
+    # attempts.jsonl (diagnose): a job step's exit status, the steps its attempt started
+    # from and checkpointed, the attempts in a row without a new checkpoint
+    "status": Bound(True, Range(0, 255)),
+    "started_from": Bound(True, Range(0, MAX_COUNT), null=True),
+    "checkpointed": Bound(True, Range(0, MAX_COUNT), null=True),
+    "without_progress": _COUNT,
 }
 
 

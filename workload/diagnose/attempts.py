@@ -10,7 +10,8 @@ to (never rewritten), so the history of a run can be read afterwards:
 
 The files sit in a run folder others in the project may write: they are appended to
 without following a link (files.append_jsonl), read as regular files only and at most
-RECORD_BYTES, and every field is checked by type before it is used or printed; a node
+RECORD_BYTES, and every field is checked by type, and every number against the package's
+table of bounds (workload.config.bounds), before it is used or printed; a node
 name is used only when it is a plain host name, as it goes into scontrol and srun.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 import time
 
+from workload.config.bounds import record_problem
 from workload.diagnose.records import shown
 from workload.files import append_jsonl, read_jsonl_records
 from workload.runfolder import RunFolder
@@ -57,9 +59,19 @@ def read_checked(path, fields: dict[str, tuple[type, ...]]) -> tuple[list[dict],
         return [], []
     except OSError as exc:
         return [], [f"{shown(path)} cannot be read ({exc.strerror or exc})"]
-    kept = [found for record in records if (found := checked(record, fields)) is not None]
-    bad = len(records) - len(kept)
-    return kept, left_out + ([f"{bad} line(s) of {path.name} not of its kind"] if bad else [])
+    kept, bad = [], []
+    for record in records:
+        # A number past its bound is named (a time of 1e20); any other field of the wrong
+        # type makes a line of another kind.
+        problem = record_problem(record, fields)
+        found = None if problem else checked(record, fields)
+        if found is None:
+            bad.append(problem or "not of its kind")
+        else:
+            kept.append(found)
+    # One line for all of them, naming the first one's fault (a time of 1e20, say).
+    return kept, left_out + ([f"{len(bad)} line(s) of {path.name} left out, the first: "
+                              f"{bad[0]}"] if bad else [])
 
 
 def attempts(run: RunFolder) -> tuple[list[dict], list[str]]:
