@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 
-from workload.config.bounds import record_problem
+from workload.config import record_problem
 from workload.diagnose.records import shown
 from workload.files import append_jsonl, read_jsonl_records
 from workload.runfolder import RunFolder
@@ -59,7 +59,8 @@ def read_checked(path, fields: dict[str, tuple[type, ...]]) -> tuple[list[dict],
         return [], []
     except OSError as exc:
         return [], [f"{shown(path)} cannot be read ({exc.strerror or exc})"]
-    kept, bad = [], []
+    kept: list[dict] = []
+    bad: list[str] = []
     for record in records:
         # A number past its bound is named (a time of 1e20); any other field of the wrong
         # type makes a line of another kind.
