@@ -122,14 +122,15 @@ def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_wandb_logs_the_epoch_metrics_offline(tmp_path, monkeypatch):
-    # No internet on compute nodes: offline by default, into <output-dir>/wandb/ for a
-    # later `wandb sync`. The run file is wandb's own record format; the tags it logged
+    # No internet on compute nodes: offline by default, into <output-dir>/wandb/wandb/ (W&B
+    # makes its own wandb/ inside the private folder train holds for it) for a later
+    # `wandb sync`, the path docs/your-data.md gives. The run file is wandb's own record format; the tags it logged
     # appear in it as text.
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
     run_train([*TINY, *SYNTHETIC, "--epochs", "2", "--wandb"], out)
-    runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    runs = list((out / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     logged = runs[0].read_bytes()
     for tag in (b"loss/train", b"loss/test", b"accuracy/test", b"throughput/images_per_second"):
