@@ -124,8 +124,8 @@ def test_prepare_data_then_train_from_a_staged_tar(tmp_path, capsys):
 def test_wandb_logs_the_epoch_metrics_offline(tmp_path, monkeypatch):
     # No internet on compute nodes: offline by default, into <output-dir>/wandb/wandb/ (W&B
     # makes its own wandb/ inside the private folder train holds for it) for a later
-    # `wandb sync`, the path docs/your-data.md gives. The run file is wandb's own record format; the tags it logged
-    # appear in it as text.
+    # `wandb sync`, the path docs/your-data.md gives. The run file is wandb's own record
+    # format; the tags it logged appear in it as text.
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
