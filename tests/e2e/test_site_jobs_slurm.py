@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, sbatch, wait_until_ended
+from tests.helpers import REPO
+from tests.slurm.jobs import sbatch, wait_until_ended
 from tests.helpers.sites import olivia_settings, site_modules
 from tests.slurm.cluster import SUITE_ACCOUNT
 

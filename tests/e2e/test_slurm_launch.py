@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DOCTOR_FAST, REPO, by_check, sbatch, wait_until_ended
+from tests.helpers import DOCTOR_FAST, REPO, by_check
+from tests.slurm.jobs import sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -35,7 +35,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import REPO, TESTS, wait_until_ended
+from tests.helpers import REPO, TESTS
+from tests.slurm.jobs import wait_until_ended
 from tests.helpers.steps import page_steps
 from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
 
