@@ -1,6 +1,7 @@
 """What several test modules share: paths, tiny training arguments, running `train` in this
 process, a clean launch environment, files in real formats. Tests import from here, never
-from each other. (The scripts beside this file run under torchrun as separate processes.)"""
+from each other. The scripts tests run as processes (torchrun's, a user's loop) are in
+tests/scripts; the SLURM jobs' helpers in tests/slurm; the site twins' in tests/twins."""
 
 from __future__ import annotations
 
