@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e.test_restarts_slurm import lose_node, train_job  # noqa: E402
-from tests.helpers import stop_step, wait_for, wait_until_ended  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 from tests.slurm.cluster import SlurmCluster  # noqa: E402
+from tests.slurm.jobs import stop_step, wait_until_ended  # noqa: E402
 
 PATHS = {"restart": (["--nodes=3"], {"SPARE_NODES": "1"}), "requeue": (["--nodes=2"], {})}
 

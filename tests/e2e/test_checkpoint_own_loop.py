@@ -6,7 +6,7 @@ on the folder is refused in one line; a preemption saves, exits 75 on both ranks
 the resumed run ends with the same weights again. The example saves asynchronously (the
 default): SIGTERM to both ranks and the writer with a save in flight commits it, and a
 killed writer stops the run, which resumes from a committed checkpoint; both end with
-the same weights. An FSDP2 loop (tests/helpers/own_loop_fsdp.py) writes every rank's
+the same weights. An FSDP2 loop (tests/scripts/own_loop_fsdp.py) writes every rank's
 shard and resumes to the same weights too.
 
 Fewer torch processes (about 7 CPU-seconds each): a stop's resumed run is itself the next
@@ -37,7 +37,7 @@ from workload.checkpoint.folder import complete_steps, latest_step
 pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "plain_ddp.py"
-FSDP_LOOP = TESTS / "helpers" / "own_loop_fsdp.py"
+FSDP_LOOP = TESTS / "scripts" / "own_loop_fsdp.py"
 STEPS, EVERY = 24, 4
 STEP_S = 0.3  # per step where the test must act while the run trains
 
@@ -254,9 +254,9 @@ def test_a_killed_writer_then_sigkill_mid_run_each_resume_from_a_committed_check
     assert pickles_and_zips(out) == []
 
 
-# --- a one-process loop as users edit theirs (tests/helpers/own_loop_small.py) -----------
+# --- a one-process loop as users edit theirs (tests/scripts/own_loop_small.py) -----------
 
-SMALL_LOOP = TESTS / "helpers" / "own_loop_small.py"
+SMALL_LOOP = TESTS / "scripts" / "own_loop_small.py"
 
 
 def small_loop(folder: Path, steps: int, *args: str) -> subprocess.CompletedProcess:
@@ -426,7 +426,7 @@ def test_a_save_on_rank_0_only_is_named_within_seconds(tmp_path):
     silently until the process group's timeout. Rank 0 now says that save is a collective
     within seconds (10 s), and at the group's timeout raises that line."""
     logs = tmp_path / "logs"
-    loop = TESTS / "helpers" / "own_loop_rank0_save.py"
+    loop = TESTS / "scripts" / "own_loop_rank0_save.py"
     procs = start_logged_ranks([sys.executable, str(loop), str(tmp_path / "run"), "15"], logs)
     said = ("Checkpoints.save: save is a collective: call it on every rank (not under `if "
             "rank == 0:`); rank 0 has waited 10 s in the save of step 2 for rank 1 to call "

@@ -11,7 +11,7 @@ What is shared, to start fewer torch processes (each costs about 7 CPU-seconds):
 2-rank checkpoint is the one the 1-to-2 run itself writes as it trains on, so each
 strategy's chain 1 -> 2 -> 1 shows both directions with 7 processes (12 under torchrun
 before); that 2-rank run also writes rank 1's FSDP shards late
-(tests/helpers/late_shard.py), which had a 2-rank run of its own.
+(tests/scripts/late_shard.py), which had a 2-rank run of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-siz
 TRAIN = ["-m", "workload.train"]
 # A rank left alone (its partner failed) fails within 2 minutes instead of train's 30.
 RANK_TIMEOUTS = ["--dist-start-timeout", "120", "--dist-timeout", "120"]
-LATE_SHARD = [str(TESTS / "helpers" / "late_shard.py")]
+LATE_SHARD = [str(TESTS / "scripts" / "late_shard.py")]
 
 
 def train(out: Path, nproc: int, *extra: str, program: list[str] = TRAIN) -> tuple[dict, str]:

@@ -25,7 +25,7 @@ from tests.helpers import TESTS, clean_env, parameter_digest
 
 pytestmark = pytest.mark.slow
 
-PROBE = TESTS / "helpers" / "rank_probe.py"
+PROBE = TESTS / "scripts" / "rank_probe.py"
 LOSS_TOLERANCE = 0.03
 # Tiny but real: the digits images at 16x16, a narrow Wide ResNet, no dropout.
 COMMON = ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",

@@ -1,4 +1,4 @@
-"""A run's energy, on two gloo ranks, with a stand-in NVML (tests/helpers/nvml_stand_in)
+"""A run's energy, on two gloo ranks, with a stand-in NVML (tests/scripts/nvml_stand_in)
 whose scripted counter each rank reads as its GPU's: the sum over the ranks, the
 per-interval values in steps.jsonl, "unavailable" (never 0) without a counter, a counter
 that goes backwards or stops answering said once without failing the run, and the total
@@ -22,7 +22,7 @@ from workload.checkpoint.formats import read_part
 
 pytestmark = pytest.mark.slow
 
-STAND_IN = TESTS / "helpers" / "nvml_stand_in"
+STAND_IN = TESTS / "scripts" / "nvml_stand_in"
 # 4 steps per epoch and rank (128 images, 16 per rank and step), an exchange every 2.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--seed", "9", "--precision", "fp32",

@@ -59,7 +59,7 @@ def test_a_rank_frozen_after_its_first_step_is_dumped_and_named(tmp_path):
                          "FREEZE_RANK": "2", "PYTHONPATH": str(REPO)}
     with open(log, "w") as stream:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node=3", str(REPO / "tests/helpers/freeze_once.py"),
+                                "--nproc-per-node=3", str(REPO / "tests/scripts/freeze_once.py"),
                                 *ARGS, "--output-dir", str(out)], stdout=stream,
                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, job_field, sbatch, wait_for, wait_until_ended
+from tests.helpers import REPO, TINY, wait_for
+from tests.slurm.jobs import job_field, sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

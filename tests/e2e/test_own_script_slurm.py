@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, job_field, sbatch, wait_for, wait_until_ended
+from tests.helpers import REPO, wait_for
+from tests.slurm.jobs import job_field, sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

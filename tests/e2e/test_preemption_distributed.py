@@ -24,8 +24,8 @@ from workload.launch import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow
 
-DIE_ONCE = TESTS / "helpers" / "die_once.py"
-DIE_ONCE_PLAIN = TESTS / "helpers" / "die_once_plain.py"
+DIE_ONCE = TESTS / "scripts" / "die_once.py"
+DIE_ONCE_PLAIN = TESTS / "scripts" / "die_once_plain.py"
 ENTRYPOINT = REPO / "entrypoint.sh"
 # 2 epochs of 4 steps per rank (128 images, 16 per rank and step). A rank left alone
 # fails within 2 minutes instead of train's 30 (the start) and 10.

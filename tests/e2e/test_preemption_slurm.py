@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (ENDED_STATES, REPO, TINY, hold_step, job_field, sbatch, stop_step,
-                           wait_for, wait_until_ended)
+from tests.helpers import REPO, TINY, wait_for
+from tests.slurm.jobs import ENDED_STATES, hold_step, job_field, sbatch, stop_step, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, wait_until_ended
+from tests.helpers import REPO
+from tests.slurm.jobs import wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (REPO, TINY, job_field, sbatch, step_pids, stop_step, wait_for,
-                           wait_until_ended)
+from tests.helpers import REPO, TINY, wait_for
+from tests.slurm.jobs import job_field, sbatch, step_pids, stop_step, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TESTS, TINY, clean_env
-from tests.helpers.shard_sequence import image_hashes
+from tests.helpers import REPO, TESTS, TINY, clean_env
+from tests.helpers.image_hashes import image_hashes
 from workload.checkpoint.folder import complete_steps
 from workload.config import build_config
 from workload.data.shardformat import MANIFEST
@@ -24,7 +24,8 @@ from workload.data import build_data
 
 pytestmark = pytest.mark.slow
 
-ENV = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# The checkout on PYTHONPATH: tests/scripts/shard_sequence.py hashes with tests/helpers.
+ENV = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
 # Every process followed, fds shown as their paths, no lines about attaching or exits;
 # --seccomp-bpf: the kernel stops a process at the traced calls alone, where strace stopped
 # it at every call it made (about 3 CPU-s more for each `import torch` here).
@@ -79,7 +80,7 @@ def test_two_ranks_read_the_global_sequence_of_one_process(shards, tmp_path):
     done = subprocess.run([*STRACE, "-e", "trace=openat,getdents64,clone,clone3,fork,vfork",
                            "-o", str(trace), sys.executable, "-m", "torch.distributed.run",
                            "--standalone", "--nproc-per-node=2",
-                           str(TESTS / "helpers" / "shard_sequence.py"),
+                           str(TESTS / "scripts" / "shard_sequence.py"),
                            str(record), *TRAIN, "--data-dir", str(shards), "--batch-size", "8",
                            "--output-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, env=ENV, timeout=600)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (ENDED_STATES, TINY, free_port, job_field, listening, sbatch,
-                           step_pids, wait_for)
+from tests.helpers import TINY, free_port, listening, wait_for
+from tests.slurm.jobs import ENDED_STATES, job_field, sbatch, step_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ Only what this cluster cannot have is replaced: the GPU request (no GPUs here) a
 sizes (2 CPUs a node), given on the sbatch line; the site's container runtime by the
 local one (RUNTIME=none: the host's Python); `module` is Lmod itself over the module
 files of the site's twin, Olivia's NCCL modules (stand-in library folders) found only
-after NRIS/GPU, as on Olivia (tests/helpers/sites.py). The
+after NRIS/GPU, as on Olivia (tests/twins/site_modules.py). The
 rest -- the site file sourced, the NCCL binds and match check, the data staging, the
 preset, jobs/lib/launch.sh and its two-node step -- runs as on the site. The step runs
 in LAUNCH_CHECK mode (`python -m workload.launch check` in every task, the layout the
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, sbatch, wait_until_ended
-from tests.helpers.sites import olivia_settings, site_modules
+from tests.helpers import REPO
+from tests.slurm.jobs import sbatch, wait_until_ended
+from tests.twins.site_modules import olivia_settings, site_modules
 from tests.slurm.cluster import SUITE_ACCOUNT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -1,5 +1,5 @@
 """The page is the test: each site page's marked steps, typed in order into that centre's
-twin on the suite's SLURM cluster (tests/helpers/twins.py, tests/twins/*.toml), reach
+twin on the suite's SLURM cluster (tests/twins/twin.py, tests/twins/*.toml), reach
 `train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU, and the
 page's continue step carries the run of its first job on from that job's checkpoint; and a
 page edited into a real mistake (the catalogue below) fails in its twin, naming it.
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.sites import LMOD_BEHIND
-from tests.helpers.twins import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
-                                 twin_data)
+from tests.twins.site_modules import LMOD_BEHIND
+from tests.twins.twin import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
+                              twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.sites import LMOD_BEHIND, olivia_settings
+from tests.twins.site_modules import LMOD_BEHIND, olivia_settings
 from workload.launch.jobstep import IGNORE_USR1
 
 SITES, PRESETS, DOCS = REPO / "jobs" / "sites", REPO / "jobs" / "presets", REPO / "docs" / "sites"

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DOCTOR_FAST, REPO, by_check, sbatch, wait_until_ended
+from tests.helpers import DOCTOR_FAST, REPO, by_check
+from tests.slurm.jobs import sbatch, wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -122,7 +123,7 @@ def test_torchrun_restart_across_two_nodes(slurm_cluster, tmp_path):
     # Elastic restart across nodes: one worker per node, the one on the second node dies
     # once; both agents start a new round (c10d rendezvous, a fresh store per round, set
     # by the entrypoint) and the new group must connect and all_reduce.
-    helper = REPO / "tests" / "helpers" / "die_once_plain.py"
+    helper = REPO / "tests" / "scripts" / "die_once_plain.py"
     env = slurm_cluster.env | {"DIE_ONCE_MARKER": str(tmp_path / "died")}
     done = slurm_cluster.run([*SRUN, "-N2", "--ntasks-per-node=1", ENTRYPOINT, "torchrun",
                               "--nproc-per-node=1", "--max-restarts=1", str(helper)],

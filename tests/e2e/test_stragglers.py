@@ -1,6 +1,6 @@
 """A slow rank is named: two real processes started by hand as a user would (gloo, CPU),
 one of them slowed at every step by a fixed sleep inside its own work
-(tests/helpers/slow_rank.py). The warning names it with its host, and steps.jsonl shows
+(tests/scripts/slow_rank.py). The warning names it with its host, and steps.jsonl shows
 it as the max of the ranks' busy time in a clear majority of the intervals (three in
 four): the machine's other load (a full run of the suite, other jobs) falls on either
 rank, so the slowed rank need not be the slowest in every interval, but the warning needs
@@ -26,7 +26,7 @@ from tests.helpers import REPO, TINY, free_port, local_rank_env, read_jsonl
 
 pytestmark = pytest.mark.slow
 
-SLOW_RANK = REPO / "tests" / "helpers" / "slow_rank.py"
+SLOW_RANK = REPO / "tests" / "scripts" / "slow_rank.py"
 STEPS = 48  # 12 exchanges; the warning comes after the third
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "4096", "--image-size", "16",
         "--num-classes", "4", "--batch-size", "16", "--epochs", "1", "--precision", "fp32",

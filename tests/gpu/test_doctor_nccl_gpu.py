@@ -15,7 +15,7 @@ from tests.helpers import DOCTOR_FAST, TESTS, TINY, by_check, clean_env
 
 pytestmark = pytest.mark.gpu
 
-NCCL_PAIR = TESTS / "helpers" / "nccl_pair.py"
+NCCL_PAIR = TESTS / "scripts" / "nccl_pair.py"
 
 
 def test_doctor_on_a_gpu_reports_the_device_the_driver_and_nccl(cuda, tmp_path):

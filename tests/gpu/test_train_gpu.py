@@ -16,7 +16,7 @@ from tests.helpers import CHECKPOINT_ARGS, TESTS, TINY, clean_env, run_train, wr
 pytestmark = pytest.mark.gpu
 
 ON_GPU = ["--device", "cuda"]  # after TINY's --device cpu: the last one counts
-DETERMINISTIC = TESTS / "helpers" / "deterministic_train.py"
+DETERMINISTIC = TESTS / "scripts" / "deterministic_train.py"
 
 
 def recipe_flags(dataset: str) -> list[str]:
@@ -98,7 +98,7 @@ def deterministic_train(args: list[str], out: Path) -> dict:
     ["--compile", "--compile-scope", "step", "--compile-mode", "reduce-overhead"]],
     ids=["eager", "compiled-blocks", "cudagraphs", "compile-step", "cudagraphs-step"])
 def test_a_cuda_run_resumes_exactly_from_a_mid_epoch_checkpoint(cuda, tmp_path, compiled):
-    # Exact on a GPU needs what tests/helpers/deterministic_train.py sets: cuDNN without
+    # Exact on a GPU needs what tests/scripts/deterministic_train.py sets: cuDNN without
     # benchmark mode and with deterministic algorithms, torch's deterministic algorithms,
     # CUBLAS_WORKSPACE_CONFIG=:4096:8. The checkpoint carries the rest (RNG states).
     # Compiled per block (Inductor's fused BatchNorm, ReLU and add) it must stay exact,

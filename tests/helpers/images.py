@@ -74,12 +74,13 @@ def remove_leftovers() -> None:
     for name in containers:
         if name.startswith("hpc-train-test-") and dead(name):
             run(["buildah", "rm", name], check=False)
-    for ref in test_images():
+    for ref in suite_images():
         if dead(ref):
             run(["podman", "rmi", "--force", ref], check=False)
 
 
-def test_images() -> list[str]:
+def suite_images() -> list[str]:
+    """The images in the suite's repository: every build of every session, cached or not."""
     return run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
                 "--filter", f"reference={REPOSITORY}"]).stdout.split()
 
@@ -175,7 +176,7 @@ def build(kind: str, *build_args: str, arch: str = "amd64"):
             proc = run(["env", f"BUILD_PLATFORM=linux/{arch}", f"INPUTS_KEY={key}",
                         SCRIPTS / "build_image.sh", base, tag, *build_args])
             log_file.write_text(proc.stdout + proc.stderr)
-            for stale in test_images():
+            for stale in suite_images():
                 if stale.startswith(f"{REPOSITORY}:{kind}-") and stale != tag:
                     run(["podman", "rmi", "--force", stale], check=False)
     built = time.monotonic()

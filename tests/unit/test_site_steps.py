@@ -1,4 +1,4 @@
-"""The step markers of the site pages (tests/helpers/steps.py) and the twins' data files
+"""The step markers of the site pages (tests/twins/page_steps.py) and the twins' data files
 (tests/twins/*.toml): read right, and every value cited."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 import tomllib
 
 from tests.helpers import REPO
-from tests.helpers.steps import page_steps, unmarked_blocks
-from tests.helpers.twins import TWINS, twin_data
+from tests.twins.page_steps import page_steps, unmarked_blocks
+from tests.twins.twin import TWINS, twin_data
 
 PAGE = """Intro.
 

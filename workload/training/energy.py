@@ -34,7 +34,7 @@ GPU_SOURCE = "nvml-total-energy"
 CPU_SOURCE = "rapl-package-whole-node"
 POWERCAP = Path("/sys/class/powercap")
 # A CPU rank reads NVML GPU LOCAL_RANK only where this is "1" AND the pynvml module says it
-# is a stand-in (tests/helpers/nvml_stand_in): a CPU run never reports a real GPU's energy.
+# is a stand-in (tests/scripts/nvml_stand_in): a CPU run never reports a real GPU's energy.
 STAND_IN_VARIABLE = "HPC_TRAIN_NVML_STAND_IN"
 NOT_COUNTED = ("counted from each job's start of training to its last checkpoint, or to "
                "its end; a preemption signal saves at the stop, but a job killed without "

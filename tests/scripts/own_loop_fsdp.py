@@ -1,7 +1,7 @@
 """A user's own FSDP2 loop with workload.checkpoint.Checkpoints (run as 2 gloo ranks by
 tests/e2e/test_checkpoint_own_loop.py):
 
-    python tests/helpers/own_loop_fsdp.py FOLDER STEPS
+    python tests/scripts/own_loop_fsdp.py FOLDER STEPS
 
 Saves every 3 steps, each rank with an `extra` of its own; every rank prints the `extra`
 it resumed with, and rank 0 the step it started from and a digest of the full

@@ -1,6 +1,6 @@
 """Run `train`, but rank DIE_RANK SIGKILLs itself once, right after step DIE_AT_STEP.
 
-    torchrun --max-restarts=1 --nproc-per-node=2 tests/helpers/die_once.py --dataset ...
+    torchrun --max-restarts=1 --nproc-per-node=2 tests/scripts/die_once.py --dataset ...
 
 The marker file DIE_ONCE_MARKER makes it once: the restarted rank finds it and trains on.
 """

@@ -2,7 +2,7 @@
 FREEZE_AT_STEP, as a rank stuck where Python cannot run; it writes its pid to
 FREEZE_MARKER first.
 
-    torchrun --nproc-per-node=3 tests/helpers/freeze_once.py --dataset ...
+    torchrun --nproc-per-node=3 tests/scripts/freeze_once.py --dataset ...
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 inside its forward span (between the probe's forward and backward marks), where the
 straggler check times a rank's own work.
 
-    RANK=1 ... SLOW_RANK=1 SLOW_MS=10 python tests/helpers/slow_rank.py --dataset ...
+    RANK=1 ... SLOW_RANK=1 SLOW_MS=10 python tests/scripts/slow_rank.py --dataset ...
 """
 
 from __future__ import annotations

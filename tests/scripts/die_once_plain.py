@@ -1,7 +1,7 @@
 """A plain user script, no project code: rank 1 dies once, right after joining the group.
 
     DIE_ONCE_MARKER=/tmp/died torchrun --nproc-per-node=2 --max-restarts=1 \\
-        tests/helpers/die_once_plain.py
+        tests/scripts/die_once_plain.py
 
 The marker file makes it once (on several nodes the restart counters differ, so the
 attempt number cannot say it). The restarted group must join a new process group and

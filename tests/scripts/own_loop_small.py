@@ -1,7 +1,7 @@
 """A user's own one-process loop with workload.checkpoint.Checkpoints, as users edit
 theirs between jobs (run by tests/e2e/test_checkpoint_own_loop.py):
 
-    python tests/helpers/own_loop_small.py FOLDER STEPS [options]
+    python tests/scripts/own_loop_small.py FOLDER STEPS [options]
 
 It resumes (unless --no-resume), trains STEPS steps in all, asks `preempted` after every
 step (SIGTERM or SIGUSR2: save, close, exit 75) and saves every --save-every steps; it

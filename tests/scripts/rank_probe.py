@@ -1,6 +1,6 @@
 """Run `train` in this process, then print this rank's parameter digest.
 
-    torchrun --nproc-per-node=2 tests/helpers/rank_probe.py --dataset digits ...
+    torchrun --nproc-per-node=2 tests/scripts/rank_probe.py --dataset digits ...
 
 summary.json holds rank 0's digest only; the distributed tests need every rank's, over
 the parameters alone (BatchNorm running statistics are per-rank by design under DDP).

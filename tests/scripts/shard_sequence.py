@@ -1,26 +1,24 @@
 """Run `train`, recording the training samples each rank's loader yields, in order: one
 short hash per image, per epoch, in RECORD.rank<N>.json.
 
-    torchrun --nproc-per-node=2 tests/helpers/shard_sequence.py RECORD --dataset shards ...
+    PYTHONPATH=. torchrun --nproc-per-node=2 tests/scripts/shard_sequence.py RECORD ...
+
+(the checkout on PYTHONPATH: the hashes are tests/helpers/image_hashes.py's, which the test
+computes too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 
+from tests.helpers.image_hashes import image_hashes
 from workload.data.loaders import TorchLoader
 from workload.train import main
 
 original_batches = TorchLoader.batches
 seen: dict[int, list[str]] = {}
-
-
-def image_hashes(images) -> list[str]:
-    return [hashlib.sha256(image.contiguous().numpy().tobytes()).hexdigest()[:16]
-            for image in images.cpu()]
 
 
 def recorded_batches(self, epoch: int, start: int = 0):

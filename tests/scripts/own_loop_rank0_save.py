@@ -1,7 +1,7 @@
 """A user's DDP loop that saves on rank 0 only, the habit of torch.save loops (run by
 tests/e2e/test_checkpoint_own_loop.py as two gloo ranks):
 
-    python tests/helpers/own_loop_rank0_save.py FOLDER TIMEOUT_S
+    python tests/scripts/own_loop_rank0_save.py FOLDER TIMEOUT_S
 
 It trains a small model and, at step 2, calls `ckpt.save` under `if rank == 0:`; it prints
 "step N" after each step and "saving step 2" before the save."""

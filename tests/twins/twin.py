@@ -18,7 +18,7 @@ of TINY_TRAIN, whose data step makes the data folder the real download would lea
 whose training goes on to step 4 (CONTINUED_TRAIN); the user's own `my_train.py` is
 OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
 the job's tasks). The commands the suite's machine lacks are the stand-ins of
-tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
+tests/twins/stand_ins (the image is the host's Python environment, its architecture
 still checked); `module` is Lmod itself over module files made from the twin's table.
 """
 
@@ -35,8 +35,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import REPO, TESTS, wait_until_ended
-from tests.helpers.steps import page_steps
+from tests.helpers import REPO, TESTS
+from tests.slurm.jobs import wait_until_ended
+from tests.twins.page_steps import page_steps
+from tests.twins.stand_ins import STAND_IN
 from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
 
 TWINS = TESTS / "twins"
@@ -314,8 +316,7 @@ class Twin:
         command, the user's variables, the cluster's SLURM_CONF."""
         for name in STAND_INS:
             program = self.state / "bin" / name
-            program.write_text(f"#!/bin/bash\nexec {sys.executable} "
-                               f"{TESTS / 'helpers' / 'twin_bin.py'} {name} \"$@\"\n")
+            program.write_text(f"#!/bin/bash\nexec {shlex.join(STAND_IN)} {name} \"$@\"\n")
             program.chmod(0o755)
         entrypoint = self.state / "image-bin" / "entrypoint.sh"
         if not entrypoint.exists():
@@ -391,7 +392,7 @@ class Twin:
             continue_run: bool = True, steps_check: bool = False) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
         (LAUNCH_CHECK=1, jobs/lib/launch.sh); steps_check: so do the page's own training
-        steps (TWIN_STEPS_CHECK=1, twin_bin.layout_check): the same steps asked of SLURM,
+        steps (TWIN_STEPS_CHECK=1, stand_ins/slurm.layout_check): the same steps asked of SLURM,
         without torch. A check leaves no checkpoint, so the continue steps are left out
         under launch_check, as they are when not continue_run."""
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {}) | (

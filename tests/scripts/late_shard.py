@@ -1,7 +1,7 @@
 """Run `train`, but rank 1 writes its FSDP shard of every checkpoint half a second late:
 rank 0 must wait for it before it lists the files and renames the folder into place.
 
-    torchrun --nproc-per-node=2 tests/helpers/late_shard.py --strategy fsdp ...
+    torchrun --nproc-per-node=2 tests/scripts/late_shard.py --strategy fsdp ...
 """
 
 from __future__ import annotations
