@@ -1,6 +1,8 @@
 """The error types for bad input (a user's value, a launch variable), and how the
 command-line tools report them."""
 
+import errno
+import os
 import sys
 
 from workload.logs import say
@@ -17,6 +19,31 @@ def exit_with_usage_error(prog: str, error: Exception) -> None:
     """Print one line on stderr and exit with the usage status, before any work starts."""
     say(f"{prog}: error: {error}", sys.stderr)
     sys.exit(USAGE_EXIT_STATUS)
+
+
+# A write that failed for a reason the user must fix, not the program: what went wrong (the
+# file or folder follows) and the fix. Every command reports these in one line
+# (workload.commands.run_command), whichever file it was writing.
+_NO_SPACE = ("no space left on the device holding", "free space there")
+WRITE_PROBLEMS = {errno.ENOSPC: _NO_SPACE, errno.EDQUOT: _NO_SPACE,
+                  errno.EROFS: ("the file system turned read-only under",
+                                "make it writable again (a file system error or a remount "
+                                "made it read-only: ask your site's support) or copy the run "
+                                "folder to another and pass that as --output-dir")}
+
+
+def write_problem(number: int | None, where) -> str | None:
+    """The one line for a write at `where` that failed with errno `number`, when the user
+    must fix it (WRITE_PROBLEMS); None for another failure."""
+    if number not in WRITE_PROBLEMS:
+        return None
+    problem, fix = WRITE_PROBLEMS[number]
+    return f"{problem} {where} ({os.strerror(number)}); {fix}"
+
+
+def failed_write_line(error: OSError) -> str | None:
+    """write_problem's line for a command's failed write (the file it names), or None."""
+    return write_problem(error.errno, error.filename or "a file it was writing")
 
 
 class LaunchError(ValueError):
