@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tmpfs
+from tests.helpers import ext4, tmpfs
+from workload.errors import write_problem
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # mounts a tmpfs; evaluates a trained run
 
@@ -62,3 +63,19 @@ def test_a_command_writing_on_a_full_disk_says_so_in_one_line(command, digits_ru
     assert len(err) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert str(disk) in err[0] and ("free space" in err[0] or "MB free" in err[0]), err[0]
     assert left == ["filler"], left  # no half-written file left behind (folders may be)
+
+
+def test_an_io_error_on_a_file_system_turned_read_only_is_named_as_read_only(tmp_path):
+    """ext4 turned read-only by an error (errors=remount-ro; the kernel's trigger_fs_error
+    makes one) fails the writes then in flight with EIO and the later ones with EROFS
+    (tests/e2e/test_run_inputs.py meets both), and Linux 6.x leaves its mount unmarked in
+    statvfs: each is the read-only line. An EIO on a writable disk is a failing device's."""
+    with ext4(tmp_path / "fs", tmp_path / "fs.img", "errors=remount-ro") as fs:
+        failing = write_problem(errno.EIO, fs / "run" / "steps.jsonl")
+        device = subprocess.run(["findmnt", "-no", "SOURCE", str(fs)], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        Path(f"/sys/fs/ext4/{Path(device).name}/trigger_fs_error").write_text("1")
+        in_flight = write_problem(errno.EIO, fs / "run" / "steps.jsonl")
+        later = write_problem(errno.EROFS, fs / "run" / "steps.jsonl")
+    assert failing.startswith(f"an input/output error on the device holding {fs}"), failing
+    assert in_flight == later and later.startswith("the file system turned read-only under")

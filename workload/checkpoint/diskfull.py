@@ -22,7 +22,7 @@ from pathlib import Path
 from workload import errors
 from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
-from workload.held import remove_held
+from workload.held import named_for_the_user, remove_held
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -76,7 +76,7 @@ def failure_line(error: Exception, where) -> str:
     """What a failed write says in one line: write_problem's line when the user must fix
     it, else the error's kind and message (the file it names included)."""
     return (write_problem(errno_of(error), getattr(error, "filename", None) or where)
-            or f"{type(error).__name__}: {error}")
+            or named_for_the_user(f"{type(error).__name__}: {error}"))
 
 
 @contextmanager
