@@ -61,6 +61,7 @@ def test_a_command_writing_on_a_full_disk_says_so_in_one_line(command, digits_ru
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-3000:]
     assert len(err) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "/proc/" not in err[0], err[0]  # the folder as the user named it
     assert str(disk) in err[0] and ("free space" in err[0] or "MB free" in err[0]), err[0]
     assert left == ["filler"], left  # no half-written file left behind (folders may be)
 
