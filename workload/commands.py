@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Iterator
 
-from workload.errors import UsageError, exit_with_usage_error
+from workload.errors import UsageError, exit_with_usage_error, failed_write_line
 from workload.launch.preemption import signals_from_the_start
 from workload.logs import logging_kept
 
@@ -225,6 +225,10 @@ def run_command(prog: str, work: Callable[[], object],
         return EXIT_OK
     except UsageError as error:
         exit_with_usage_error(prog, error)
+    except OSError as error:  # a full disk, a file system turned read-only: the user's fix
+        if (line := failed_write_line(error)) is None:
+            raise
+        exit_with_usage_error(prog, UsageError(line))
     finally:
         joined = sys.modules.get("workload.distributed")  # loaded only if work began
         if joined is not None:

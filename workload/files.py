@@ -155,8 +155,10 @@ def replacing(path: Path, mode: int | None = None, durable: bool = False) -> Ite
             if durable:
                 os.fsync(fd)
         os.replace(name, path)
-    except BaseException:
+    except BaseException as error:
         Path(name).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a write's error names no file: the line names it
         raise
 
 

@@ -15,15 +15,35 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+
 def held_path(fd: int) -> Path:
     """The path that reaches the folder `fd` holds, whatever is renamed meanwhile."""
     return Path(f"/proc/{os.getpid()}/fd/{fd}")
+
+
+# A held path inside a line of text: /proc/PID/fd/N, then a name below it or the end.
+_HELD_IN_TEXT = re.compile(r"/proc/\d+/fd/\d+(?=/|\b)")
+
+
+def named_for_the_user(text: str) -> str:
+    """`text` (a line naming files) with each held path's /proc/PID/fd/N replaced by where
+    its folder is now (the kernel's name for the descriptor): a user reads their own
+    folders' names, never a descriptor's, which means nothing once the process has ended.
+    One whose descriptor is gone, or no longer a folder, stays as it is."""
+    def where(match: re.Match) -> str:
+        try:
+            folder = os.readlink(match.group(0))
+        except OSError:
+            return match.group(0)
+        return folder if folder.startswith("/") and os.path.isdir(folder) else match.group(0)
+    return _HELD_IN_TEXT.sub(where, text)
 
 
 def is_held(path: str | Path) -> bool:

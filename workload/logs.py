@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import TextIO
 
+from workload.held import named_for_the_user
+
 logger = logging.getLogger("workload")
 
 
@@ -15,7 +17,7 @@ def say(line: str, stream: TextIO | None = None) -> None:
     print() writes the text and the newline separately, and the lines of ranks that share a
     node's output (torchrun's workers, srun's tasks) interleave mid-line."""
     stream = sys.stdout if stream is None else stream
-    stream.write(line + "\n")
+    stream.write(named_for_the_user(line) + "\n")
     stream.flush()
 
 
@@ -24,11 +26,18 @@ def warn(source: str, message: str) -> None:
     say(f"{source}: warning: {message}", sys.stderr)
 
 
+class UsersNames(logging.Formatter):
+    """A record's line with the user's names of held folders (held.named_for_the_user)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return named_for_the_user(super().format(record))
+
+
 def setup_logging(rank: int = 0) -> logging.Logger:
     """Rank 0 logs at INFO; other ranks only warnings and errors, prefixed with their rank."""
     prefix = "train" if rank == 0 else f"train[rank {rank}]"
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+    handler.setFormatter(UsersNames(f"{prefix}: %(message)s"))
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False

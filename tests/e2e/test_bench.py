@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, tmpfs
 from workload.bench.cli import main as bench_main
 
 TINY_DATA = ["--dataset", "synthetic", "--synthetic-size", "256", "--num-classes", "4",
@@ -226,6 +226,25 @@ def test_bench_commit_rejects_bad_input_before_measuring(args, named, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench: error:") and named in err and "\n" not in err
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("room, named", [
+    # 1 MB of blocks for 5 MB of state: refused by its free space, before any work
+    ("size=1m", "has 1.0 MB free, and bench commit --size-mb 5 holds about 15.0 MB"),
+    # blocks enough, but 8 inodes (files and folders): the disk fills during the rounds
+    ("size=64m,nr_inodes=8", "filled up during bench commit (No space left on device)"),
+])
+def test_bench_commit_on_a_disk_without_room_is_one_line_and_leaves_nothing(room, named,
+                                                                            tmp_path):
+    with tmpfs(tmp_path / "disk", room) as disk:
+        done = subprocess.run(["bench", "commit", "--size-mb", "5", "--rounds", "1", "--dir",
+                               str(disk)], capture_output=True, text=True, timeout=120)
+        left = list(disk.iterdir())
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert err.startswith(f"bench: error: --dir {disk} ") and named in err, err
+    assert "\n" not in err and left == []
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 from workload.checkpoint.diskfull import SaveFailed, save_in_one_line
 from workload.files import create_new, swappable_parent
 from workload.held import let_go, make_held, remove_held, rename_held
+from workload.logs import say
 
 
 def test_a_held_folder_renamed_away_is_still_the_one_written_and_renamed(tmp_path):
@@ -79,3 +80,17 @@ def test_a_save_that_meets_a_file_in_its_way_is_one_line(tmp_path):
     assert "\n" not in line and line.startswith("the checkpoint save could not save step 7: "
                                                 "FileExistsError")
     assert str(tmp_path / "model.safetensors") in line
+
+
+def test_a_line_names_a_held_folder_where_it_is_now_never_by_its_descriptor(tmp_path,
+                                                                              capsys):
+    folder = tmp_path / "run"
+    held = make_held(folder)
+    moved = tmp_path / "renamed"
+    folder.rename(moved)  # a neighbour's rename: the line follows the folder itself
+    say(f"could not write {held / 'steps.jsonl'} ({held})")
+    let_go(held)
+    say(f"after its end: {held / 'x'}")  # gone: left as it is, never another folder's name
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"could not write {moved / 'steps.jsonl'} ({moved})"
+    assert lines[1] == f"after its end: {held / 'x'}"

@@ -26,6 +26,7 @@ steps are removed between rounds, outside the timing, as the pruning is after th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -38,7 +39,11 @@ from pathlib import Path
 
 from workload.checkpoint.folder import step_name
 from workload.checkpoint.store import finish_checkpoint
+from workload.errors import UsageError
 from workload.held import let_go, make_held
+
+# The failures of a disk with no room left: out of blocks or inodes, or over a quota.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # The reference Wide ResNet's checkpoint (width 160: model and SGD momentum), in MB.
 WRN_STATE_MB = 137.5
@@ -120,6 +125,12 @@ def run(args: dict) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-commit-", dir=args["dir"]))
     try:
         times = measure(work, files, args["rounds"])
+    except OSError as error:
+        if error.errno not in DISK_FULL:
+            raise
+        raise UsageError(f"--dir {args['dir']} filled up during bench commit "
+                         f"({os.strerror(error.errno)}); its temporary folder is removed; "
+                         "free space (or inodes), or pass --dir on a disk with room") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     commit, write, hashed = (statistics.median(times[name]) for name in ("commit", "write",

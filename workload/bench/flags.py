@@ -5,6 +5,7 @@ generated from the config (workload.config.add_flags)."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from workload.config import add_flags
 from workload.errors import UsageError
@@ -79,7 +80,25 @@ def check_commit(args: dict) -> None:
     if problem := unwritable_reason(args["dir"]):
         raise UsageError(f"--dir {args['dir']} cannot be written ({problem}); pass a "
                          "folder on the disk to measure that you can write to")
+    _check_commit_room(args)
     _check_json(args)
+
+
+# What `bench commit` holds on its disk at once, in copies of the state: the commit being
+# timed, the step before it (removed after the round) and the bare write's file.
+COMMIT_COPIES = 3
+
+
+def _check_commit_room(args: dict) -> None:
+    stats = os.statvfs(args["dir"])
+    free = stats.f_bavail * stats.f_frsize
+    needed = COMMIT_COPIES * args["size_mb"] * 1e6
+    if free < needed:
+        raise UsageError(
+            f"--dir {args['dir']} has {free / 1e6:.1f} MB free, and bench commit --size-mb "
+            f"{args['size_mb']:g} holds about {needed / 1e6:.1f} MB there at once (the "
+            "commit, the step before it and the bare write); free space, pass --dir on a "
+            "disk with room, or a smaller --size-mb")
 
 
 def check(args: dict) -> None:

@@ -19,19 +19,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from workload import errors
 from workload.checkpoint.folder import complete_steps
 from workload.errors import UsageError
-from workload.held import remove_held
+from workload.held import named_for_the_user, remove_held
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-# A write the run cannot go on without, failed for a reason the user must fix: what went
-# wrong (the file or folder follows) and the fix.
-_NO_SPACE = ("no space left on the device holding", "free space there")
-WRITE_PROBLEMS = {errno.ENOSPC: _NO_SPACE, errno.EDQUOT: _NO_SPACE,
-                  errno.EROFS: ("the file system turned read-only under",
-                                "make it writable again (a file system error or a remount "
-                                "made it read-only: ask your site's support) or copy the run "
-                                "folder to another and pass that as --output-dir")}
 
 
 class DiskFull(UsageError):
@@ -67,13 +60,11 @@ def errno_of(error: Exception) -> int | None:
 
 
 def write_problem(number: int | None, where) -> str | None:
-    """The one line for a write at `where` that failed with errno `number`, when the user
-    must fix it (WRITE_PROBLEMS); None for another failure."""
-    if number not in WRITE_PROBLEMS:
-        return None
-    problem, fix = WRITE_PROBLEMS[number]
-    return (f"{problem} {where} ({os.strerror(number)}); {fix} and start the run again: it "
-            "resumes from its last complete checkpoint")
+    """The errors module's line for a write the user must fix, with what a run does after
+    the fix; None for another failure."""
+    line = errors.write_problem(number, where)
+    return line and (f"{line} and start the run again: it resumes from its last complete "
+                     "checkpoint")
 
 
 class SaveFailed(UsageError):
@@ -85,7 +76,7 @@ def failure_line(error: Exception, where) -> str:
     """What a failed write says in one line: write_problem's line when the user must fix
     it, else the error's kind and message (the file it names included)."""
     return (write_problem(errno_of(error), getattr(error, "filename", None) or where)
-            or f"{type(error).__name__}: {error}")
+            or named_for_the_user(f"{type(error).__name__}: {error}"))
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from workload.caches import CACHE_KEYS, ROOT_VARIABLE, use_private_caches
 from workload.commands import ENDING_SIGNALS, add_version_argument
-from workload.errors import LaunchError
+from workload.errors import LaunchError, failed_write_line
 from workload.launch.devices import GPU_VARIABLE, visible_gpu_count
 from workload.launch import nccl
 from workload.launch.preemption import signals_from_the_start
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)
         except LaunchError as exc:
             say(f"launch: error: {exc}", sys.stderr)
+            return 2
+        except OSError as exc:  # a full disk, a file system turned read-only: the user's fix
+            if (line := failed_write_line(exc)) is None:
+                raise
+            say(f"launch: error: {line}", sys.stderr)
             return 2
 
 

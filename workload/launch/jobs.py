@@ -18,7 +18,7 @@ import shlex
 import stat
 from pathlib import Path
 
-from workload.errors import LaunchError
+from workload.errors import WRITE_PROBLEMS, LaunchError
 from workload.files import replace_file, umask_mode
 
 # Where the Dockerfile and apptainer/*.def put jobs/; HPC_TRAIN_JOBS overrides both.
@@ -66,6 +66,8 @@ def copy_jobs(dest: Path, force: bool = False) -> list[Path]:
             # Replaced whole (files.replace_file): a link in the way is never written through.
             replace_file(target, path.read_bytes(), umask_mode(stat.S_IMODE(path.stat().st_mode)))
     except OSError as error:
+        if error.errno in WRITE_PROBLEMS:
+            raise  # a full disk or a file system turned read-only: the command's one line
         raise LaunchError("DEST", str(dest), "a folder this user can create and write "
                           f"({error.strerror}: {error.filename})", "name another DEST") from None
     return list(copies)
