@@ -32,7 +32,7 @@ from typing import NoReturn
 
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
-from workload.checkpoint.diskfull import write_problem
+from workload.checkpoint.writer.diskfull import write_problem
 from workload.commands import TRAIN_ENDING_SIGNALS, command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)

@@ -14,7 +14,7 @@ from tests.helpers import REPO
 
 # `python -m` entries that are not commands a job step runs, and why.
 NOT_COMMANDS = {
-    "workload.checkpoint.writer": "train's writer process: the loop's signals are blocked "
+    "workload.checkpoint.writer.process": "train's writer process: the loop's signals are blocked "
                                   "from before its exec until it ignores them",
     "workload.launch.jobstep": "builds the srun line on the batch host, before the step",
     "workload.bench.kit": "the developer's GPU check (make gpu-check), not a job command",

@@ -1,6 +1,6 @@
 """Asynchronous saves, the training loop's side: the loop waits only while the state is
 copied into a staging buffer in host memory; the writer process (workload.checkpoint.
-writer) writes the checkpoint from it. `WriterHandle` is the loop's handle on that process.
+writer.process) writes the checkpoint from it. `WriterHandle` is the loop's handle on that process.
 
 Why a process and not a thread: a writer thread hashing and writing hundreds of MB holds
 the GIL for much of that time and slows the training loop it was meant to free
@@ -13,11 +13,11 @@ once per size). The loop copies every tensor of the snapshot into it and sends t
 writer one JSON line: the snapshot's tree with its tensors as references (the encoding
 of workload.checkpoint.formats), where each tensor lies in the buffer, and the save's
 temporary folder. No pickle crosses the pipe. The writer writes the files from the buffer
-and commits them as a save in the trainer does (workload.checkpoint.folder: the commit point),
-copies the checkpoint into the run folder for the local tier, answers one JSON line, and
-only then prunes (workload.checkpoint.writer). At most one save is in flight: the next
-save, a resume and `stop` first wait for its answer, so the buffer is never overwritten
-while read.
+and commits them as a save in the trainer does (workload.checkpoint.writer.folder: the
+commit point), copies the checkpoint into the run folder for the local tier, answers one
+JSON line, and only then prunes (workload.checkpoint.writer.process). At most one save is
+in flight: the next save, a resume and `stop` first wait for its answer, so the buffer is
+never overwritten while read.
 
 The writer ignores the loop's signals (a job step's SIGTERM reaches every process;
 workload.launch.preemption's LOOP_SIGNALS) from its start: the loop decides when to stop
@@ -48,14 +48,14 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint import writer
-from workload.checkpoint.diskfull import DiskFull, mib
-from workload.checkpoint.folder import step_name
+from workload.checkpoint.writer import process as writer
+from workload.checkpoint.writer.diskfull import DiskFull, mib
+from workload.checkpoint.writer.folder import step_name
 from workload.checkpoint.formats import unique_key
 from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
-from workload.checkpoint.store import Snapshot, header
+from workload.checkpoint.writer.store import Snapshot, header
 from workload.errors import UsageError
 from workload.held import let_go
 from workload.logs import logger, say

@@ -7,7 +7,7 @@ four calls (docs/your-script.md).
     ckpt.close()
 
 Nothing here writes or reads a file itself. A save is train's collective save
-(workload.checkpoint.saves: rank 0 writes under DDP, every rank its shard under FSDP2,
+(workload.checkpoint.session: rank 0 writes under DDP, every rank its shard under FSDP2,
 the random states of every rank, a full disk in one line); a resume is train's
 (workload.checkpoint.resuming and folder: the newest verified checkpoint of the timeline,
 a damaged one moved aside with one line and the one before taken, every rank loading
@@ -87,7 +87,7 @@ class Checkpoints:
     interpreter's exit (atexit, which workload.launch.end_process runs too)."""
 
     def __init__(self, folder, keep: int = 3, async_save: bool = True):
-        from workload.checkpoint.folder import checkpoints_dir
+        from workload.checkpoint.writer.folder import checkpoints_dir
         from workload.distributed import DistInfo
 
         self.folder = folder_path(folder)
@@ -110,7 +110,7 @@ class Checkpoints:
         """Load the newest good checkpoint into these objects (every rank calls it) and
         return its step, the step to start from: 0 when there is none. `self.extra` is
         then the `extra` this rank saved with it ({} when none)."""
-        from workload.checkpoint.folder import step_name
+        from workload.checkpoint.writer.folder import step_name
         from workload.checkpoint.resuming import newest_on_every_rank
         from workload.checkpoint.snapshot import restore
 
@@ -253,7 +253,7 @@ class Checkpoints:
 # --- the arguments ----------------------------------------------------------------------
 
 def _saves(info, background: bool):
-    from workload.checkpoint.saves import Saves
+    from workload.checkpoint.session import Saves
 
     return Saves(info, background)
 
@@ -282,7 +282,7 @@ def _read(path: Path):
     """One checkpoint, verified, its files read and checked (CorruptCheckpoint: moved
     aside, the one before is tried). Whether it fits the live objects is decided after,
     on every rank: one of this loop that does not is another loop's, never moved."""
-    from workload.checkpoint.durable import CorruptCheckpoint
+    from workload.checkpoint.writer.durable import CorruptCheckpoint
     from workload.checkpoint.snapshot import read_checkpoint
 
     snapshot = read_checkpoint(path)
@@ -354,7 +354,7 @@ def _fits(snapshot, state: _LoopState, path: Path) -> None:
     """Every tensor, number and switch of the checkpoint against the live objects: one of
     this loop that does not fit them is refused like another loop's, nothing moved."""
     from workload.checkpoint.content import check_fits
-    from workload.checkpoint.durable import CorruptCheckpoint
+    from workload.checkpoint.writer.durable import CorruptCheckpoint
 
     try:
         check_fits(snapshot, state, path, schedule_per_step=False)
@@ -366,7 +366,7 @@ def _fits(snapshot, state: _LoopState, path: Path) -> None:
 
 def _newest_saved(root: Path, info) -> int | None:
     """Rank 0's newest complete checkpoint in `root`, on every rank (None: none)."""
-    from workload.checkpoint.folder import complete_steps
+    from workload.checkpoint.writer.folder import complete_steps
     from workload.distributed import main_rank_numbers
 
     steps = complete_steps(root) if info.is_main else []

@@ -3,7 +3,7 @@
 `prepare` runs before training (--resume never / --overwrite), `resume` loads the newest
 complete, verified checkpoint of the run's timeline (all ranks agree on its step first);
 a bad one is moved aside and the one before is tried. Which steps are on the timeline, a
-rollback and what `--overwrite` removes are the folder's (workload.checkpoint.folder);
+rollback and what `--overwrite` removes are the folder's (workload.checkpoint.writer.folder);
 this module decides whether a checkpoint fits this run.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from workload import distributed
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
+from workload.checkpoint.writer.folder import (checkpoints_dir, newest_loadable, remove_tree,
                                         roll_back, step_name, written_by_train)
 from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
-from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
+from workload.checkpoint.writer.store import (CorruptCheckpoint, OldFormat, Snapshot,
                                        old_format_message)
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of, out_of_range
 from workload.errors import UsageError

@@ -1,7 +1,7 @@
 """The one save entry, for `train`'s Checkpointer and a user's loop's Checkpoints alike:
 `Saves.save` hands a save to the writer process or makes it in this process, and either
 way the checkpoint is then copied into the run folder (from the local tier) and the older
-ones pruned (workload.checkpoint.local's `copy_and_prune`, in whichever process saved).
+ones pruned (workload.checkpoint.writer.store's `end_save`, in whichever process saved).
 When to save is the caller's.
 
 Handed over (--checkpoint-async, the default, and Checkpoints(async_save=True)): rank 0
@@ -22,10 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from workload.checkpoint.background import NoBackground, WriterHandle
-from workload.checkpoint.diskfull import save_in_one_line
-from workload.checkpoint.folder import step_name
-from workload.checkpoint.inprocess import commit, save_checkpoint, start_save
-from workload.checkpoint.local import copy_and_prune
+from workload.checkpoint.writer.diskfull import save_in_one_line
+from workload.checkpoint.writer.folder import step_name
+from workload.checkpoint.writer.store import end_save
+from workload.checkpoint.inprocess import make_save_folder, save_checkpoint, write_checkpoint
 from workload.errors import UsageError
 from workload.held import let_go
 from workload.logs import logger
@@ -62,10 +62,10 @@ class Saves:
     def _hand_over(self, root: Path, snapshot, keep: int, copy_to: Path | None) -> None:
         """Rank 0: the snapshot staged for the writer process, or saved here where the
         buffer has no room or the writer cannot start."""
-        tmp = start_save(root, snapshot, sharded=False)
+        tmp = make_save_folder(root, snapshot, sharded=False)
         if self.staging_refused or not self._staged(root, tmp, snapshot, keep, copy_to):
             try:
-                copy_and_prune(commit(root, tmp, snapshot), keep, copy_to)  # no collective
+                end_save(write_checkpoint(root, tmp, snapshot), keep, copy_to)  # no collective
             finally:
                 let_go(tmp)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from workload.checkpoint.folder import complete_steps
+from workload.checkpoint.writer.folder import complete_steps
 from workload.errors import UsageError
 from workload.held import remove_held
 

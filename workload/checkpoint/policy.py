@@ -1,5 +1,5 @@
 """Saving's policy: when to save, and what a preemption does. How a save is made is
-workload.checkpoint.saves's (the one save entry).
+workload.checkpoint.session's (the one save entry).
 
 `Checkpointer` decides when to save (every N steps or T seconds with --checkpoint-every,
 at each epoch end, where --max-steps stops the run, and once when preempted, then the
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from workload import distributed
-from workload.checkpoint.folder import checkpoints_dir
+from workload.checkpoint.writer.folder import checkpoints_dir
 from workload.checkpoint.local import local_root
-from workload.checkpoint.saves import Saves
+from workload.checkpoint.session import Saves
 from workload.checkpoint.snapshot import is_sharded, run_settings, take_snapshot
 from workload.launch.preemption import PreemptionFlag, request_requeue
 from workload.logs import logger
@@ -41,7 +41,7 @@ class Preempted(Exception):
 class Checkpointer:
     """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
     preemption; with --checkpoint-async (the default) rank 0's writer process commits each
-    save in the background (workload.checkpoint.saves). Used as a context manager: its
+    save in the background (workload.checkpoint.session). Used as a context manager: its
     end waits for the save in flight and commits it, on leaving normally; on an exception
     it waits too, with no collective."""
 
