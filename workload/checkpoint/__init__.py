@@ -57,7 +57,6 @@ _HOMES = {
     "save_checkpoint": "inprocess", "tensor_bytes": "inprocess",
     "take_snapshot": "snapshot",
     "CorruptCheckpoint": "writer.store",
-    "waited_writer": "stall",
 }
 __all__ = sorted(_HOMES)
 

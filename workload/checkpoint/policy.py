@@ -59,7 +59,7 @@ class Checkpointer:
         self.root = checkpoints_dir(out)
         self.batches_per_epoch = batches_per_epoch
         self.last_save = time.monotonic()
-        self.session = Session(info, cfg.checkpoint.checkpoint_async)
+        self.session = Session(info, cfg.checkpoint.checkpoint_async, flag)
         self.said_sharded = False
         local = cfg.checkpoint.checkpoint_local
         self.local = local_root(local, out) if local else None  # written first, then copied

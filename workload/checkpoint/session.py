@@ -45,8 +45,11 @@ class Session:
     (at most one); `background` False: nothing is handed over, and `settle` costs no
     collective."""
 
-    def __init__(self, info, background: bool):
+    def __init__(self, info, background: bool, flag=None):
         self.info = info
+        # The loop's PreemptionFlag (workload.launch): a wait for the writer acts on it.
+        # train's is given here; a user's loop gives its own to `preempted`.
+        self.flag = flag
         self.enabled = background
         self.handle: WriterHandle | None = None
         self.staging_refused = False  # rank 0: no staging buffer or no writer process
@@ -95,6 +98,13 @@ class Session:
         """The step being written (rank 0), None when none is."""
         return self.handle.in_flight if self.handle is not None else None
 
+    def waited_writer(self):
+        """The writer process the loop waits for now (its StallWatch, which names it and
+        says what to do), None while it waits for none; read by train's stall watchdog
+        from its own thread."""
+        handle = self.handle
+        return handle.waited if handle is not None else None
+
     def failed_by_now(self) -> bool:
         """Rank 0, without waiting: whether the save in flight failed (the caller agrees
         on it with the other ranks and `settle`s, which raises it)."""
@@ -105,6 +115,7 @@ class Session:
         (workload.launch) is set, then whether any rank's each of `also` is, in one
         all-reduce, so that every rank stops at the same step. A save in flight that
         failed meanwhile is raised here, on every rank, from the same all-reduce."""
+        self.flag = flag  # the one the waits act on from now
         found = [flag.is_set(), *also, self.failed_by_now()]
         if self.info.world_size > 1:
             found = distributed.any_rank(found, self.info.device)
@@ -120,7 +131,7 @@ class Session:
         failure = None
         if self.handle is not None:
             try:
-                self.handle.wait()
+                self.handle.wait(self.flag)
             except Exception as error:  # noqa: BLE001 (raised below, on every rank)
                 failure = error
         failed = failure is not None
@@ -141,7 +152,7 @@ class Session:
         if self.handle is None:
             return
         try:
-            self.handle.wait()
+            self.handle.wait(self.flag)
         except Exception as error:  # noqa: BLE001 (the loop's own exception goes on)
             logger.warning(f"the checkpoint save in flight failed too: {error}")
 
