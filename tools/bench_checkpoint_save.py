@@ -81,7 +81,7 @@ def timed_train(saver: Checkpointer, state, step: int) -> tuple[float, float]:
     start = time.perf_counter()
     saver.save("bench")
     blocked = time.perf_counter() - start
-    saver.settle()
+    saver.session.settle()
     return blocked, time.perf_counter() - start
 
 

@@ -215,13 +215,14 @@ def run_command(prog: str, work: Callable[[], object],
     The job's signals are answered from here, before anything is imported (torch's
     import takes seconds): a signal of `ending` exits with the requeue status and one
     line, the stack dump's USR1 kills nothing (workload.launch.preemption.StartUpFlag;
-    train hands them over to its own flag once its config is parsed). `keep_signals`:
+    `work` is given that flag, and train hands what it recorded over to its own flag once
+    its config is parsed). `keep_signals`:
     the handlers stay until the process ends (a console script's run)."""
     try:
         # A program that runs commands in its own process keeps its own logging.
-        with (signals_from_the_start(prog, ending, keep_signals), logging_kept(),
+        with (signals_from_the_start(prog, ending, keep_signals) as early, logging_kept(),
               collector_paused_for_start_up()):
-            work()
+            work(early)
         return EXIT_OK
     except UsageError as error:
         exit_with_usage_error(prog, error)
@@ -286,5 +287,5 @@ def main_of(prog: str, parser: argparse.ArgumentParser,
     def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv if argv is not None else sys.argv[1:])
         # argv None: the console script or `python -m`, whose process ends after this.
-        return run_command(prog, lambda: work(args), keep_signals=argv is None)
+        return run_command(prog, lambda _early: work(args), keep_signals=argv is None)
     return main

@@ -6,7 +6,7 @@ what a resume reads and trims, and what report, diagnose and evaluate read back.
     steps.jsonl          the progress lines (--log-every)
     summary.json         the run's end
     model.json           the final model's description, and model.safetensors its weights
-    checkpoints/         the checkpoints (workload.checkpoint.folder)
+    checkpoints/         the checkpoints (workload.checkpoint.writer.folder)
     diagnostics/         heartbeats, stacks, the flight recorder, start-up marks
     train.lock           the one writer's lock (workload.checkpoint.lock)
     attempts.jsonl       a line per job step ended: the decision after it, with its

@@ -32,12 +32,13 @@ from typing import NoReturn
 
 from workload.caches import use_private_caches
 from workload.checkpoint import check_local
-from workload.checkpoint.diskfull import write_problem
+from workload.checkpoint.writer.diskfull import write_problem
 from workload.commands import TRAIN_ENDING_SIGNALS, command_parser, run_command
 from workload.config import (FILE_DATASETS, TrainConfig, add_flags, build_config, flag_of,
                              given, read_config_file, repeatable, resolve_stem)
 from workload.errors import UsageError
 from workload.launch.ending import end_process
+from workload.launch.preemption import StartUpFlag
 from workload.logs import say, warn
 from workload.training.startup import start_cuda_context
 
@@ -88,18 +89,19 @@ def settings_of(path: str) -> dict:
     return values
 
 
-def train(argv: list[str] | None, keep_signal_handlers: bool = False) -> dict:
+def train(argv: list[str] | None, early: StartUpFlag | None = None,
+          keep_signal_handlers: bool = False) -> dict:
+    """Train as `argv` says; `early`: run_command's StartUpFlag, which answered the signals
+    from the first line and hands what it recorded over to train's own flag."""
     cfg = parse_config(argv)
     start_cuda_context(cfg.hardware.device)  # while the rest imports (training/startup.py)
     warn_container_paths(cfg)
     from workload.checkpoint import Preempted
     from workload.launch import PreemptionFlag
-    from workload.launch.preemption import start_up_flag
     from workload.training.run import run
 
     # Installed first, so a preemption signal during start-up is not fatal either. Ctrl-C
     # (SIGINT) is a preemption too: a checkpoint, then the requeue status; twice: stop now.
-    early = start_up_flag()  # run_command's, from the first line: handed over here
     flag = PreemptionFlag().install(("TERM", "INT", cfg.checkpoint.preempt_signal))
     if cfg.checkpoint.preempt_signal != "USR1":
         flag.ignore("USR1")  # until the run's stack dump takes it over (training/run.py)
@@ -187,7 +189,7 @@ def leave_for_requeue(stop: Exception, signal_name: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Train in this process (the tests do): its signal handlers are restored afterwards."""
-    return run_command(PROG, lambda: train(argv), TRAIN_ENDING_SIGNALS)
+    return run_command(PROG, lambda early: train(argv, early), TRAIN_ENDING_SIGNALS)
 
 
 def cli() -> NoReturn:
@@ -195,8 +197,9 @@ def cli() -> NoReturn:
     preemption handlers stay until the process ends: a signal that comes after the last
     step (while the process group is torn down and the process ends) finds nothing left to
     save, and must not kill a finished run and fail its job."""
-    end_process(lambda: run_command(PROG, lambda: train(None, keep_signal_handlers=True),
-                                    TRAIN_ENDING_SIGNALS, keep_signals=True))
+    end_process(lambda: run_command(
+        PROG, lambda early: train(None, early, keep_signal_handlers=True),
+        TRAIN_ENDING_SIGNALS, keep_signals=True))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 from tests.helpers import CHECKPOINT_ARGS as ARGS
 from tests.helpers import clean_env, pickles_and_zips, run_train
 from workload.checkpoint.formats import read_part, write_part
-from workload.checkpoint.store import MANIFEST
+from workload.checkpoint.writer.store import MANIFEST
 from workload.files import sha256_file
 from workload.train import main as train_main
 
@@ -230,7 +230,7 @@ def test_a_second_writer_is_refused_and_the_first_s_checkpoints_stay_intact(tmp_
     import time
 
     from workload.runfolder import LOCK as LOCK_NAME
-    from workload.checkpoint.store import verify
+    from workload.checkpoint.writer.store import verify
 
     out = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "workload.train", *ARGS, "--epochs", "4",

@@ -31,7 +31,7 @@ import pytest
 
 from tests.helpers import TINY, writer_of
 from tests.helpers.forked_train import start_train
-from workload.checkpoint.folder import complete_steps, latest_step
+from workload.checkpoint.writer.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import CHECKPOINT_ARGS, tmpfs
-from workload.checkpoint.folder import complete_steps, latest_step, replace_latest
+from workload.checkpoint.writer.folder import complete_steps, latest_step, replace_latest
 from workload.checkpoint.local import local_root
-from workload.checkpoint.store import MANIFEST, verify
+from workload.checkpoint.writer.store import MANIFEST, verify
 
 
 def train(*args: str) -> subprocess.CompletedProcess:

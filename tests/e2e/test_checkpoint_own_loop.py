@@ -32,7 +32,7 @@ import pytest
 
 from tests.helpers import REPO, TESTS, clean_env, free_ports, pickles_and_zips, writer_of
 from tests.helpers.ranks import start_logged_ranks
-from workload.checkpoint.folder import complete_steps, latest_step
+from workload.checkpoint.writer.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
 

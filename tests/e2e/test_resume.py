@@ -140,7 +140,7 @@ def forge(path, name: str, write) -> None:
     """Rewrite one file of a checkpoint and its manifest entry: the manifest verifies."""
     import json
 
-    from workload.checkpoint.store import MANIFEST
+    from workload.checkpoint.writer.store import MANIFEST
     from workload.files import sha256_file
 
     write(path / name)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TINY, writer_of
-from workload.checkpoint.folder import KEEP_ASIDE, complete_steps
+from workload.checkpoint.writer.folder import KEEP_ASIDE, complete_steps
 
 # 8 epochs of 8 steps on 128 tiny images; a checkpoint after every step.
 ARGS = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",

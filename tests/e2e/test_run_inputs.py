@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import (TINY, clean_env, ext4, tmpfs, wait_for, write_image_folder,
                            writer_of)
-from workload.checkpoint.folder import complete_steps, latest_step
+from workload.checkpoint.writer.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
 

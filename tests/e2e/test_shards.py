@@ -17,7 +17,7 @@ import torch
 
 from tests.helpers import REPO, TESTS, TINY, clean_env
 from tests.helpers.image_hashes import image_hashes
-from workload.checkpoint.folder import complete_steps
+from workload.checkpoint.writer.folder import complete_steps
 from workload.config import build_config
 from workload.data.shardformat import MANIFEST
 from workload.data import build_data

@@ -258,7 +258,7 @@ def writer_of(parent: int) -> int | None:
         except (OSError, ValueError):
             continue
         if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
-                b"workload.checkpoint.writer" in argv:
+                b"workload.checkpoint.writer.process" in argv:
             return int(proc.name)
     return None
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 PRELOAD = ["torch", "torchvision", "workload.train", "workload.training.run",
-           "workload.checkpoint.saving", "workload.checkpoint.saves"]
+           "workload.checkpoint.policy", "workload.checkpoint.session"]
 
 
 def _train(argv: list[str], log: str) -> None:

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from workload.checkpoint.background import Stage
-from workload.checkpoint.folder import newest_loadable, step_name
+from workload.checkpoint.writer.folder import newest_loadable, step_name
 from workload.checkpoint.inprocess import save_checkpoint
-from workload.checkpoint.store import Snapshot, verify
-from workload.checkpoint.writer import Buffer, _commit
+from workload.checkpoint.writer.store import Snapshot, verify
+from workload.checkpoint.writer.process import Buffer
+from workload.checkpoint.writer.process import _save as _commit
 
 
 def snapshot(step: int) -> Snapshot:

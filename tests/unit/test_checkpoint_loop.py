@@ -19,7 +19,7 @@ from torch import nn
 
 from tests.helpers import clean_env, tmpfs
 from workload.checkpoint import Checkpoints
-from workload.checkpoint.folder import complete_steps
+from workload.checkpoint.writer.folder import complete_steps
 from workload.errors import UsageError
 
 

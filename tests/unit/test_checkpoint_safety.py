@@ -15,12 +15,12 @@ from torch import nn
 
 from tests.helpers import tmpfs
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.folder import complete_steps, prune, prune_aside, step_name
+from workload.checkpoint.writer.folder import complete_steps, prune, prune_aside, step_name
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes, write_part
-from workload.checkpoint.diskfull import DiskFull
+from workload.checkpoint.writer.diskfull import DiskFull
 from workload.checkpoint.inprocess import save_checkpoint
 from workload.checkpoint.snapshot import local_states, read_checkpoint, restore
-from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, Snapshot, verify
+from workload.checkpoint.writer.store import MANIFEST, CorruptCheckpoint, Snapshot, verify
 from workload.files import sha256_file
 from workload.training.trainer import TrainState
 

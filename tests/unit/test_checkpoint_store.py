@@ -12,11 +12,12 @@ import pickle
 import pytest
 import torch
 
-from workload.checkpoint.durable import HASH_IN_A_THREAD, write_durably
+from workload.checkpoint.writer.durable import HASH_IN_A_THREAD, write_durably
 from workload.checkpoint.formats import read_part, read_tensors, safetensors_bytes
-from workload.checkpoint.folder import complete_steps, move_aside, prune, step_name
+from workload.checkpoint.writer.folder import complete_steps, move_aside, prune, step_name
 from workload.checkpoint.inprocess import save_checkpoint
-from workload.checkpoint.store import MANIFEST, CorruptCheckpoint, OldFormat, Snapshot, verify
+from workload.checkpoint.writer.store import (MANIFEST, CorruptCheckpoint, OldFormat, Snapshot,
+                                              verify)
 from workload.files import sha256_file
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workload.checkpoint.folder import latest_step, on_timeline, roll_back, written_by_train
+from workload.checkpoint.writer.folder import latest_step, on_timeline, roll_back, written_by_train
 
 
 def steps(root: Path, *numbers: int, latest: int | None = None) -> Path:

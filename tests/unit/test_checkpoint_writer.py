@@ -9,10 +9,11 @@ from functools import partial
 import torch
 
 from workload.checkpoint.background import Stage
-from workload.checkpoint.inprocess import commit
-from workload.checkpoint.store import MANIFEST, Snapshot, verify
-from workload.checkpoint.folder import complete_steps
-from workload.checkpoint.writer import Buffer, _commit
+from workload.checkpoint.inprocess import write_checkpoint as commit
+from workload.checkpoint.writer.store import MANIFEST, Snapshot, verify
+from workload.checkpoint.writer.folder import complete_steps
+from workload.checkpoint.writer.process import Buffer
+from workload.checkpoint.writer.process import _save as _commit
 
 
 def snapshot(step: int) -> Snapshot:

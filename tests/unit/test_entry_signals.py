@@ -6,16 +6,20 @@ train, bench and doctor while torch imports."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import os
 import re
+import signal
 import tomllib
 
 from tests.helpers import REPO
+from workload.launch.preemption import PreemptionFlag, StartUpFlag
 
 # `python -m` entries that are not commands a job step runs, and why.
 NOT_COMMANDS = {
-    "workload.checkpoint.writer": "train's writer process: the loop's signals are blocked "
-                                  "from before its exec until it ignores them",
+    "workload.checkpoint.writer.process": "train's writer process: the loop's signals are "
+                                          "blocked from before its exec until it ignores them",
     "workload.launch.jobstep": "builds the srun line on the batch host, before the step",
     "workload.bench.kit": "the developer's GPU check (make gpu-check), not a job command",
 }
@@ -53,3 +57,39 @@ def test_every_python_m_entry_answers_signals_from_its_first_line():
         function = main.get("cli") if module == "workload.train" else main.get("main")
         assert function is not None and uses_start_up_signals(function), \
             f"python -m {module} runs without run_command or signals_from_the_start"
+
+
+def test_no_module_finds_a_flag_through_the_installed_signal_handler():
+    """A preemption flag is passed to whoever reads it (train's to its checkpoints, the
+    start-up flag to train by run_command), never found as the bound method's `__self__`
+    of whatever handler is installed. The one reader of a handler: the thread that stands
+    in for a handler that cannot run while the main thread waits in C++ (the rendezvous),
+    which must do what that handler would."""
+    readers = set()
+    for path in sorted((REPO / "workload").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    getattr(inner, "attr", None) == "__self__"
+                    or getattr(inner, "value", None) == "__self__"
+                    for inner in ast.walk(node)):
+                readers.add(f"{path.relative_to(REPO)}:{node.name}")
+    assert readers == {"workload/launch/preemption.py:status_while_waiting"}
+
+
+def test_train_s_flag_takes_over_only_the_signals_it_answers():
+    """What the start-up flag recorded goes to the flag handed to it, by the signals that
+    flag says it answers (installed, not ignored since)."""
+    early = StartUpFlag("test", frozenset()).install_all()  # USR1: recorded only
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        ignoring = PreemptionFlag().install(("TERM", "USR1")).ignore("USR1")
+        assert ignoring.handles("SIGTERM") and not ignoring.handles("SIGUSR1")
+        early.take_over(ignoring)
+        ignoring.uninstall()
+        assert not ignoring.is_set() and not ignoring.handles("SIGTERM")
+        answering = PreemptionFlag().install(("TERM", "USR1"))
+        early.take_over(answering)
+        answering.uninstall()
+        assert answering.signal_name == "SIGUSR1"
+    finally:
+        early.uninstall()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, clean_env
+from workload.checkpoint.stall import StallWatch
 from workload.launch.diagnostics import apply_defaults, flight_recorder_env
 from workload.launch.diagnostics import EXITED, FINISHED
 from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, EVALUATION, HUNG_WRITE_S,
@@ -234,3 +235,17 @@ def test_a_hung_write_holds_back_neither_the_stall_line_nor_the_looks(tmp_path, 
         answered.set()
         dog.files.close(timeout_s=10)
     assert "stalled: no step done for" in (tmp_path / "rank-0.txt").read_text()
+
+
+def test_the_stall_line_names_the_checkpoint_writer_it_is_given(tmp_path):
+    """The writer the loop waits for is handed to the watchdog (train: its checkpoint
+    session's `waited_writer`), not found through a module global: the stall line names
+    it while it is waited for, and advises the collective timeout otherwise."""
+    waited: list[StallWatch] = []
+    dog = StallWatchdog(Activity(), tmp_path, rank=0, world_size=2, timeout_s=300.0,
+                        waited_writer=lambda: waited[0] if waited else None)
+    assert dog.what_to_do().startswith("after the collective timeout run:")
+    waited.append(StallWatch(os.getpid(), 6))
+    assert dog.what_to_do().startswith(
+        f"waiting for the checkpoint writer (PID {os.getpid()}, state ")
+    assert "to commit step 6" in dog.what_to_do()

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from workload.checkpoint.diskfull import SaveFailed, save_in_one_line
+from workload.checkpoint.writer.diskfull import SaveFailed, save_in_one_line
 from workload.files import create_new, swappable_parent
 from workload.held import let_go, make_held, remove_held, rename_held
 from workload.logs import say

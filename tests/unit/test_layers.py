@@ -249,8 +249,8 @@ def test_the_checkpoint_api_for_a_users_loop_imports_no_torch():
 
 def test_the_checkpoint_writer_process_imports_no_torch():
     # It starts at a run's first asynchronous save, a preemption's within SLURM's grace
-    # time: torch's import would take seconds of it (workload/checkpoint/writer.py).
-    assert heavy_imports("import workload.checkpoint.writer") == []
+    # time: torch's import would take seconds of it (workload/checkpoint/writer/process.py).
+    assert heavy_imports("import workload.checkpoint.writer.process") == []
 
 
 def module_level_imports(path: Path) -> set[str]:
@@ -292,25 +292,39 @@ def imports_torch(module: str, seen: set[str] | None = None) -> bool:
 
 
 def checkpoint_table() -> dict[str, tuple[str, str]]:
-    """The code map's table of checkpoint/'s modules: module -> (runs in, imports torch)."""
-    rows = re.findall(r"^\| `(\w+)\.py` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$",
+    """The code map's table of checkpoint/'s modules: module -> (runs in, imports torch);
+    `writer/store.py` is workload.checkpoint.writer.store, `writer/__init__.py` the
+    sub-package itself."""
+    rows = re.findall(r"^\| `([\w/]+)\.py` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$",
                       CODE_MAP.read_text(), re.M)
-    return {f"workload.checkpoint.{name}": (runs.strip(), torch.strip().split()[0])
-            for name, runs, torch in rows}
+    return {f"workload.checkpoint.{name.removesuffix('/__init__').replace('/', '.')}":
+            (runs.strip(), torch.strip().split()[0]) for name, runs, torch in rows}
+
+
+WRITER_PACKAGE = "workload.checkpoint.writer"
 
 
 def test_the_code_maps_checkpoint_table_is_true():
     table = checkpoint_table()
     package = {m for m in MODULES if m.startswith("workload.checkpoint.")}
     assert set(table) == package
-    for module, (_, torch) in table.items():
+    for module, (runs, torch) in table.items():
         assert torch == ("yes" if imports_torch(module) else "no"), module
-    code = ("import sys, workload.checkpoint.writer; print(' '.join(m for m in sys.modules "
-            "if m.startswith('workload.checkpoint.')))")
+        # The sub-package holds what the writer process may import, and only that.
+        in_writer = module == WRITER_PACKAGE or module.startswith(WRITER_PACKAGE + ".")
+        assert (runs in ("both", "writer process")) == in_writer, module
+
+
+def test_the_writer_process_imports_only_its_sub_package_and_the_bottom_layer():
+    code = ("import sys, workload.checkpoint.writer.process; print(' '.join(m for m in "
+            "sys.modules if m.startswith('workload')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=120).stdout.split()
-    assert sorted(loaded) == sorted(m for m, (runs, _) in table.items()
-                                    if runs in ("both", "writer process"))
+    outside = [m for m in loaded if not m.startswith(WRITER_PACKAGE)
+               and m not in ("workload", "workload.checkpoint") and layer_of(m) != 1]
+    assert outside == []
+    sub_package = {m for m in MODULES if m.startswith(WRITER_PACKAGE)}
+    assert sorted(m for m in loaded if m.startswith(WRITER_PACKAGE)) == sorted(sub_package)
 
 
 @pytest.mark.parametrize("command, argv", [

@@ -131,7 +131,7 @@ def shard_manifest(tmp_path, key, value):
 
 def trainer_state(tmp_path, key, value):
     from workload.checkpoint.content import check_loaded
-    from workload.checkpoint.durable import CorruptCheckpoint
+    from workload.checkpoint.writer.durable import CorruptCheckpoint
 
     trainer = dict(schedule={}, scaler={}, epoch=1, batch=2, step=8, accuracies=[],
                    world_size=1) | {key: value}
@@ -242,11 +242,11 @@ NO_NUMBER_USED = {
                                 "computed from the source",
     "workload/data/shardwrite.py": "the owner and the earlier index lines are compared "
                                    "with what this write computes",
-    "workload/checkpoint/durable.py": "the JSON reader of checkpoints: its callers check",
+    "workload/checkpoint/writer/durable.py": "the JSON reader of checkpoints: its callers check",
     "workload/checkpoint/formats.py": "a part's data goes to check_fits against the live "
                                       "objects",
-    "workload/checkpoint/store.py": "a manifest's sizes are compared with the files'",
-    "workload/checkpoint/writer.py": "its own safetensors header and the loop's requests "
+    "workload/checkpoint/writer/store.py": "a manifest's sizes are compared with the files'",
+    "workload/checkpoint/writer/process.py": "its own safetensors header and the loop's requests "
                                      "over a pipe",
     "workload/checkpoint/background.py": "the writer process's replies over a pipe",
     "workload/checkpoint/loopargs.py": "a loop's own `extra`, parsed to check it",

@@ -28,7 +28,7 @@ def test_the_work_runs_paused_and_the_caller_gets_the_collector_back(collector_r
     gc.enable()
     gc.unfreeze()
     seen = []
-    assert run_command("test", lambda: seen.append(gc.isenabled())) == 0
+    assert run_command("test", lambda _early: seen.append(gc.isenabled())) == 0
     assert seen == [False]
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0  # the caller's objects are not pinned for it
@@ -117,7 +117,7 @@ def test_the_exit_finds_the_rest_frozen():
     script = ("import atexit, gc\n"
               "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"
               "from workload.commands import run_command\n"
-              "run_command('test', lambda: None)\n")
+              "run_command('test', lambda _early: None)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr

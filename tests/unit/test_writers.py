@@ -48,17 +48,17 @@ WRITERS = {
         "rename or replace it)",
     ("workload.checkpoint.background", "fit", "os.open"):
         "reopens that file of its own in the sticky /dev/shm, then unlinks it",
-    ("workload.checkpoint.folder", "_rename_into_place", "os.replace"):
+    ("workload.checkpoint.writer.folder", "_rename_into_place", "os.replace"):
         "renames an older save of the step aside inside checkpoints/: a rename never "
         "follows a link at its names, and writes no file",
-    ("workload.checkpoint.folder", "move_aside", "os.replace"):
+    ("workload.checkpoint.writer.folder", "move_aside", "os.replace"):
         "renames a bad or unfinished save aside inside checkpoints/ (as above)",
-    ("workload.checkpoint.inprocess", "start_save", ".mkdir"):
+    ("workload.checkpoint.inprocess", "make_save_folder", ".mkdir"):
         "the run's checkpoints/ (exist_ok); the save's own folder: held.make_held, and "
         "shards/ inside it",
-    ("workload.checkpoint.local", "copy_to_run", ".mkdir"):
+    ("workload.checkpoint.writer.store", "copy_to_run", ".mkdir"):
         "the run's checkpoints/ (exist_ok); the copy's own folder: held.make_held",
-    ("workload.checkpoint.local", "_copy_durably", ".mkdir"):
+    ("workload.checkpoint.writer.store", "_copy_durably", ".mkdir"):
         "inside the copy's held private folder (its files: files.create_new)",
     ("workload.checkpoint.local", "bind_to_run", ".mkdir"):
         "the run's checkpoints/ (exist_ok); the id files: files.replace_file",
@@ -72,9 +72,9 @@ WRITERS = {
         "O_EXCL, mode 0600, a name no one can foresee",
     ("workload.checkpoint.lock", "_fs_now", "tempfile.NamedTemporaryFile"):
         "O_EXCL, a name no one can foresee, removed at once (reads the file system's clock)",
-    ("workload.checkpoint.writer", "_write_tensors", "serialize_file"):
+    ("workload.checkpoint.writer.process", "_write_tensors", "serialize_file"):
         "a path inside the save's held private folder (/proc/PID/fd/N/...)",
-    ("workload.checkpoint.writer", "open", "os.open"):
+    ("workload.checkpoint.writer.process", "open", "os.open"):
         "maps the loop's staging buffer through /proc/PID/fd: creates nothing",
     ("workload.data.stagefiles", "_open_lock_file", "os.open"):
         "O_NOFOLLOW, checked a regular file on its descriptor, in the user's own staging "

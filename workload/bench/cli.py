@@ -73,7 +73,7 @@ def bench(args: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     # argv None: the console script or `python -m`, whose process ends after this.
-    return run_command(PROG, lambda: bench(args), keep_signals=argv is None)
+    return run_command(PROG, lambda _early: bench(args), keep_signals=argv is None)
 
 
 if __name__ == "__main__":

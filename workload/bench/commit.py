@@ -4,8 +4,8 @@ on the disk where the run folder would be.
 The commit is what every save does once its files' bytes exist (the synchronous save's
 after serialising; the writer process's likewise from its staging buffer): the private
 `.tmp-step-N` folder made and held, every file written, the manifest last, their fsyncs
-and the folder's (workload.checkpoint.store's `finish_checkpoint`), the rename into
-place, `latest` replaced, checkpoints/ fsynced (workload.checkpoint.folder's `publish`).
+and the folder's (workload.checkpoint.writer.store's `finish_checkpoint`), the rename into
+place, `latest` replaced, checkpoints/ fsynced (workload.checkpoint.writer.folder's `publish`).
 The baseline is the least any durable save of those bytes must do: the same bytes
 written into one new file and fsynced. The two alternate in a shuffled
 order each round, each after `os.sync()` (nothing of the one before left to write back),
@@ -37,8 +37,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from workload.checkpoint.folder import step_name
-from workload.checkpoint.store import finish_checkpoint
+from workload.checkpoint.writer.folder import step_name
+from workload.checkpoint.writer.store import finish_checkpoint
 from workload.errors import UsageError
 from workload.held import let_go, make_held
 

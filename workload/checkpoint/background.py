@@ -1,6 +1,6 @@
 """Asynchronous saves, the training loop's side: the loop waits only while the state is
 copied into a staging buffer in host memory; the writer process (workload.checkpoint.
-writer) writes the checkpoint from it. `WriterHandle` is the loop's handle on that process.
+writer.process) writes the checkpoint from it. `WriterHandle` is the loop's handle on that process.
 
 Why a process and not a thread: a writer thread hashing and writing hundreds of MB holds
 the GIL for much of that time and slows the training loop it was meant to free
@@ -13,11 +13,11 @@ once per size). The loop copies every tensor of the snapshot into it and sends t
 writer one JSON line: the snapshot's tree with its tensors as references (the encoding
 of workload.checkpoint.formats), where each tensor lies in the buffer, and the save's
 temporary folder. No pickle crosses the pipe. The writer writes the files from the buffer
-and commits them as a save in the trainer does (workload.checkpoint.folder: the commit point),
-copies the checkpoint into the run folder for the local tier, answers one JSON line, and
-only then prunes (workload.checkpoint.writer). At most one save is in flight: the next
-save, a resume and `stop` first wait for its answer, so the buffer is never overwritten
-while read.
+and commits them as a save in the trainer does (workload.checkpoint.writer.folder: the
+commit point), copies the checkpoint into the run folder for the local tier, answers one
+JSON line, and only then prunes (workload.checkpoint.writer.process). At most one save is
+in flight: the next save, a resume and `stop` first wait for its answer, so the buffer is
+never overwritten while read.
 
 The writer ignores the loop's signals (a job step's SIGTERM reaches every process;
 workload.launch.preemption's LOOP_SIGNALS) from its start: the loop decides when to stop
@@ -48,14 +48,14 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint import writer
-from workload.checkpoint.diskfull import DiskFull, mib
-from workload.checkpoint.folder import step_name
+from workload.checkpoint.writer import process as writer
+from workload.checkpoint.writer.diskfull import DiskFull, mib
+from workload.checkpoint.writer.folder import step_name
 from workload.checkpoint.formats import unique_key
 from workload.checkpoint.inprocess import HOLDERS, snapshot_bytes
 from workload.checkpoint.snapshot import checkpoint_files
-from workload.checkpoint.stall import STALL_SAY_S, StallWatch, preemption_signal, waiting_for
-from workload.checkpoint.store import Snapshot, header
+from workload.checkpoint.stall import STALL_SAY_S, StallWatch
+from workload.checkpoint.writer.store import Snapshot, header
 from workload.errors import UsageError
 from workload.held import let_go
 from workload.logs import logger, say
@@ -207,6 +207,9 @@ class WriterHandle:
 
     def __init__(self):
         self.stage = Stage()
+        # The writer the loop waits for now, None while it waits for none: read by the
+        # stall watchdog's thread (through Session.waited_writer).
+        self.waited: StallWatch | None = None
         self.proc: subprocess.Popen | None = None
         self.in_flight: int | None = None  # the step being written
         # Its folder's held path (workload.held.make_held): the writer reaches the folder through
@@ -243,15 +246,16 @@ class WriterHandle:
             self.answer = self.proc.stdout.readline()  # "" at the end: the writer died
         return self.answer is not None and "saved" not in json.loads(self.answer or "{}")
 
-    def wait(self) -> None:
+    def wait(self, flag=None) -> None:
         """Until the save in flight is committed; DiskFull or WriterFailed if it was not,
-        WriterFailed too when the writer died since (the next save would be lost)."""
+        WriterFailed too when the writer died since (the next save would be lost).
+        `flag`: the loop's PreemptionFlag (workload.launch), acted on while it waits."""
         if self.proc is None:
             return
         if self.in_flight is not None:
             step = self.in_flight
             self.in_flight = None
-            line = self.answer or self._answer(step)
+            line = self.answer or self._answer(step, flag)
             self.answer = None
             self._let_go()
             if not line:
@@ -265,21 +269,24 @@ class WriterHandle:
         if self.proc.poll() is not None:
             self._died("after its last save, which was committed")
 
-    def _answer(self, step: int) -> str:
+    def _answer(self, step: int, flag) -> str:
         """The writer's answer line ("" when it died), waited for in slices: a writer that
         takes long is named with its state at 10, 20, 40 ... s, and a preemption signal
         that comes while it is stopped leaves without this save at once (exit 75), while
         it waits for its disk after DISK_WAIT_S, while it is hung after HUNG_S (stall.py)."""
         started = time.monotonic()
         say_at = STALL_SAY_S
-        with waiting_for(StallWatch(self.proc.pid, step)) as stuck:
+        self.waited = stuck = StallWatch(self.proc.pid, step)
+        try:
             while not select.select([self.proc.stdout], [], [], 1.0)[0]:
                 if time.monotonic() - started >= say_at:
                     say_at *= 2
                     logger.warning(f"still waiting for {stuck.waiting()}")
-                signal_name = preemption_signal()
+                signal_name = flag.signal_name if flag is not None else None
                 if signal_name and stuck.stuck(signal_name):
                     self._abandon(step, signal_name, stuck.named())
+        finally:
+            self.waited = None
         return self.proc.stdout.readline()
 
     def _abandon(self, step: int, signal_name: str, named: str) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workload.checkpoint.durable import read_json
+from workload.checkpoint.writer.durable import read_json
 from workload.config import out_of_range
-from workload.checkpoint.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
+from workload.checkpoint.writer.store import MANIFEST, MODEL_FILE, SHARDS_DIR, CorruptCheckpoint
 from workload.distributed import unwrap
 from workload.logs import shown
 

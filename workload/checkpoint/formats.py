@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from workload.checkpoint.durable import (SAFETENSORS_METADATA, CorruptCheckpoint, json_bytes,
-                                        MAX_DEPTH, read_json, sniff, write_durably)
+from workload.checkpoint.writer.durable import (SAFETENSORS_METADATA, CorruptCheckpoint,
+                                                json_bytes, MAX_DEPTH, read_json, sniff,
+                                                write_durably)
 
 PART_FORMAT = 2
 _PLAIN = (int, str, bool, type(None))  # JSON as they are (a float may be non-finite)
@@ -191,7 +192,7 @@ def part_files(name: str, value, put=cpu_copy) -> list[tuple[str, bytes | dict]]
 
 def too_deep_to_read(value, depth: int) -> bool:
     """Whether the reader would refuse a part that holds `value` at `depth` (the part's
-    file is at 0) for its nesting (workload.checkpoint.durable.read_json: nothing at
+    file is at 0) for its nesting (workload.checkpoint.writer.durable.read_json: nothing at
     MAX_DEPTH or deeper), nested as `encode` writes it: a dict with a tag among its keys
     as `{"__items__": [[key, value], ...]}`, a tuple as `{"__tuple__": [...]}`. Walked
     without recursion and without encoding, and through containers only (a loop's

@@ -1,13 +1,14 @@
 """The in-process save: the checkpoint written by this process (and, under FSDP2, every
-rank's shard by its own), as against the writer process's (workload.checkpoint.writer).
-`save_checkpoint` is the collective save, `start_save` and `commit` the two halves rank 0
-runs alone when a save meant for the writer process cannot be handed over. Which of them a
-save takes is workload.checkpoint.saves's to decide; when to save, saving's.
+rank's shard by its own), as against the writer process's (workload.checkpoint.writer.process).
+`save_checkpoint` is the collective save, `make_save_folder` and `write_checkpoint` the
+two halves rank 0 runs alone when a save meant for the writer process cannot be handed
+over. Which of them a
+save takes is workload.checkpoint.session's to decide; when to save, saving's.
 
-Both halves end as every save ends (workload.checkpoint.local's `copy_and_prune`), and the
-commit is the same (workload.checkpoint.folder: the commit point). A full disk: one line
+Both end as every save ends (workload.checkpoint.writer.store's `end_save`), and the
+commit is the same (workload.checkpoint.writer.folder: the commit point). A full disk: one line
 that names the folder and the space, the partial folder removed
-(workload.checkpoint.diskfull).
+(workload.checkpoint.writer.diskfull).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.checkpoint.diskfull import guarded_save
-from workload.checkpoint.folder import move_aside, step_name
+from workload.checkpoint.writer.diskfull import guarded_save
+from workload.checkpoint.writer.folder import move_aside, step_name
 from workload.checkpoint.formats import as_bytes
-from workload.checkpoint.local import copy_and_prune
 from workload.checkpoint.snapshot import checkpoint_files, save_shards
-from workload.checkpoint.store import SHARDS_DIR, Snapshot, finish_checkpoint, header
+from workload.checkpoint.writer.store import (SHARDS_DIR, Snapshot, end_save, finish_checkpoint,
+                                              header)
 from workload.held import let_go, make_held
 
 # What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
@@ -51,19 +52,19 @@ def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
     rank writes into the same temporary folder first. `copy_to`: the run folder's
     checkpoints, when `root` is the local tier's. The checkpoint's path in the run folder."""
     step = snapshot.trainer["step"]
-    tmp = (start_save(root, snapshot, sharded_state is not None) if is_main
+    tmp = (make_save_folder(root, snapshot, sharded_state is not None) if is_main
            else root / f".tmp-{step_name(step)}")
     try:
         shard_files = _save_shards(root, tmp, snapshot, sharded_state)
         if is_main:
-            copy_and_prune(commit(root, tmp, snapshot, shard_files), keep, copy_to)
+            end_save(write_checkpoint(root, tmp, snapshot, shard_files), keep, copy_to)
     finally:
         let_go(tmp)  # rank 0's held path; the others' is a plain one
     distributed.barrier()  # the others wait until the checkpoint is complete
     return (copy_to or root) / step_name(step)
 
 
-def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
+def make_save_folder(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     """Rank 0: the save's empty temporary folder (one a killed run left is moved aside)."""
     tmp = root / f".tmp-{step_name(snapshot.trainer['step'])}"
     root.mkdir(parents=True, exist_ok=True)
@@ -79,10 +80,10 @@ def start_save(root: Path, snapshot: Snapshot, sharded: bool) -> Path:
     return held
 
 
-def commit(root: Path, tmp: Path, snapshot: Snapshot, shard_files: dict | None = None
-           ) -> Path:
-    """Rank 0, itself: the files, the manifest, the commit (workload.checkpoint.folder);
-    a full disk in one line. Copying and pruning are the caller's (`copy_and_prune`)."""
+def write_checkpoint(root: Path, tmp: Path, snapshot: Snapshot,
+                     shard_files: dict | None = None) -> Path:
+    """Rank 0, itself: the files, the manifest, the commit (store.finish_checkpoint); a
+    full disk in one line. Copying and pruning are the caller's (store.end_save)."""
     final = root / step_name(snapshot.trainer["step"])
     with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
         finish_checkpoint(tmp, final, as_bytes(checkpoint_files(snapshot)), header(snapshot),

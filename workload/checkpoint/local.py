@@ -2,13 +2,13 @@
 checkpoint is committed there first, then copied into the run folder, where it is taken
 only once complete and verified.
 
-Both places commit the same way (workload.checkpoint.folder: the commit point): the local
-save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest of
+Both places commit the same way (workload.checkpoint.writer.folder: the commit point):
+the local save is an ordinary one into `DIR/hpc-train-<run>-<digest>/checkpoints/` (the digest of
 the run folder's absolute path, so that runs sharing a node's disk never mix), and the
 copy goes into the run folder's `.tmp-step-N`, every file fsynced, and is verified against
-its manifest before it is committed (`copy_to_run`). `copy_and_prune` is how every save
-ends, the copy then the pruning in both places; with --checkpoint-async the writer process
-runs it, without, rank 0 does.
+its manifest before it is committed (store.py's `copy_to_run`). store.py's `end_save` is
+how every save ends, the copy then the pruning in both places; with --checkpoint-async the
+writer process runs it, without, rank 0 does.
 
 A resume (--resume auto) first looks at the local tier: a verified checkpoint there newer
 than the run folder's (the job ended before its copy did) is copied into the run folder
@@ -34,18 +34,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
-import sys
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from workload.errors import UsageError
-from workload.files import (create_new, open_regular, private_folder_problem, replace_file,
+from workload.files import (open_regular, private_folder_problem, replace_file,
                             umask_mode, unwritable_reason)
-from workload.held import let_go, make_held
-from workload.logs import logger, say
+from workload.logs import logger
 
 FLAG = "--checkpoint-local"
 # The id of the run folder the tier's checkpoints belong to: in the run folder's
@@ -87,87 +83,12 @@ def _shared_problem(folder: Path) -> str | None:
     return None
 
 
-def copy_and_prune(final: Path, keep: int, copy_to: Path | None = None,
-                   committed: Callable[[Path], None] | None = None) -> Path:
-    """How every save ends, in the trainer or in the writer process: the committed
-    checkpoint `final` copied into the run folder's checkpoints `copy_to` (when `final` is
-    the local tier's), then the checkpoints older than the newest `keep` pruned in each
-    folder that holds it. Its path in the run folder. `committed` is told that path before
-    the pruning (the writer process answers the loop then, so that the loop never waits
-    for the pruning); a pruning that fails once it was told is said on stderr, and the
-    next save's pruning tries again."""
-    from workload.checkpoint.folder import prune
-
-    folders = [final.parent]
-    if copy_to is not None:
-        folders.append(copy_to_run(final, copy_to).parent)
-    saved = folders[-1] / final.name
-    if committed is not None:
-        committed(saved)
-    for folder in folders:
-        try:
-            prune(folder, keep, newest=int(final.name.removeprefix("step-")))
-        except OSError as error:
-            if committed is None:
-                raise
-            say(f"checkpoint writer: could not prune the older checkpoints in {folder}: "
-                f"{error}", sys.stderr)
-    return saved
-
-
-def copy_to_run(path: Path, run_root: Path) -> Path:
-    """Copy the committed checkpoint `path` into the run folder with the same commit
-    (folder.publish; pruning is `copy_and_prune`'s); a full disk there in one line
-    (workload.checkpoint.diskfull)."""
-    from workload.checkpoint.folder import move_aside, publish
-    from workload.checkpoint.diskfull import guarded_copy
-    from workload.checkpoint.store import verify
-
-    final = run_root / path.name
-    tmp = run_root / f".tmp-{path.name}"
-    run_root.mkdir(parents=True, exist_ok=True)
-    if tmp.exists() or tmp.is_symlink():  # left by a job that ended while copying
-        move_aside(tmp, "incomplete")
-    # Private while written (see folder.publish), and reached only through its descriptor:
-    # the run folder's checkpoints may be written by others (workload.held.make_held).
-    held = make_held(tmp)
-    try:
-        with guarded_copy(run_root, held, path):
-            _copy_durably(path, held)
-            verify(held)  # the copy is what the manifest says, before it takes its place
-            publish(held, final)
-    finally:
-        let_go(held)
-    return final
-
-
-def _copy_durably(source: Path, target: Path) -> None:
-    """Every file of `source` copied into the new private folder `target`, each created
-    anew (never through a link); every file and folder fsynced, all at once
-    (durable.Syncs: the commit needs them all and no order among them)."""
-    from workload.checkpoint.durable import Syncs
-
-    with Syncs() as syncs:
-        for file in sorted(source.rglob("*")):
-            dest = target / file.relative_to(source)
-            if file.is_dir():
-                dest.mkdir()
-                continue
-            with (open(open_regular(file, follow_links=False), "rb") as reader,
-                  os.fdopen(create_new(dest), "wb") as copied):
-                shutil.copyfileobj(reader, copied, 1 << 20)
-                copied.flush()
-                syncs.file(os.dup(copied.fileno()))
-        for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
-            syncs.folder(folder)
-
-
 def promote_newer(local: Path, run_root: Path, keep: int) -> None:
     """Rank 0, at a resume: the local tier's newest verified checkpoint, when it is newer
     than the run folder's `latest`, copied into the run folder (one line)."""
-    from workload.checkpoint.diskfull import save_in_one_line
-    from workload.checkpoint.folder import latest_step, newest_loadable, step_name
-    from workload.checkpoint.store import verify
+    from workload.checkpoint.writer.diskfull import save_in_one_line
+    from workload.checkpoint.writer.folder import latest_step, newest_loadable, step_name
+    from workload.checkpoint.writer.store import end_save, verify
 
     if not local.is_dir():
         return
@@ -181,7 +102,7 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
         return
     where = f"step {head}" if head is not None else "none"
     with save_in_one_line(step, run_root):  # a name someone put in its way: one line
-        copy_and_prune(path, keep, copy_to=run_root)
+        end_save(path, keep, copy_to=run_root)
     logger.warning(f"{FLAG}: {path} is newer than the run folder's newest checkpoint "
                    f"({where}): the job ended before its copy did; copied into {run_root} "
                    f"as {step_name(step)}, verified, and resuming from it")
@@ -190,7 +111,7 @@ def promote_newer(local: Path, run_root: Path, keep: int) -> None:
 def remove_local(local: str, out: str | Path) -> bool:
     """The local tier's checkpoints of this run folder removed (--overwrite, a rollback,
     a run folder deleted); its private folder stays. Whether there were any."""
-    from workload.checkpoint.folder import remove_tree
+    from workload.checkpoint.writer.folder import remove_tree
 
     root = local_root(local, out) if local else None
     if root is None or not (root.is_dir() or root.is_symlink()):
@@ -206,7 +127,7 @@ def bind_to_run(local: str, out: Path) -> None:
     this user's own file that no one else may write (the run folder may be the group's):
     one a group member rewrote or put there says nothing, and the tier's id is written
     in its place, with a line, rather than the tier's newer checkpoints deleted."""
-    from workload.checkpoint.folder import checkpoints_dir
+    from workload.checkpoint.writer.folder import checkpoints_dir
 
     run_root = checkpoints_dir(out)
     tier = local_root(local, out).parent

@@ -6,12 +6,13 @@ four calls (docs/your-script.md).
     ckpt.save(step, model=model, optimizer=opt, scheduler=sched, extra={"epoch": epoch})
     ckpt.close()
 
-Nothing here writes or reads a file itself. A save is train's collective save
-(workload.checkpoint.saves: rank 0 writes under DDP, every rank its shard under FSDP2,
-the random states of every rank, a full disk in one line); a resume is train's
-(workload.checkpoint.resuming and folder: the newest verified checkpoint of the timeline,
-a damaged one moved aside with one line and the one before taken, every rank loading
-the same step); the lock is the run folder's (workload.checkpoint.lock). This module
+Nothing here writes or reads a file itself. This is the user's door to the one
+checkpoint object `train` holds too (workload.checkpoint.session's Session): a save is
+train's collective save (rank 0 writes under DDP, every rank its shard under FSDP2, the
+random states of every rank, a full disk in one line); a resume is train's (the newest
+verified checkpoint of the timeline, a damaged one moved aside with one line and the one
+before taken, every rank loading the same step); so are the preemption check and the
+ending; the lock is the run folder's (workload.checkpoint.lock). This module
 only adapts a loop's objects to the state those read and set: a step and no epoch or
 batch of train's (the loop keeps its own position in `extra`, saved in trainer.json),
 and a missing scheduler or scaler saved as an empty state.
@@ -87,7 +88,7 @@ class Checkpoints:
     interpreter's exit (atexit, which workload.launch.end_process runs too)."""
 
     def __init__(self, folder, keep: int = 3, async_save: bool = True):
-        from workload.checkpoint.folder import checkpoints_dir
+        from workload.checkpoint.writer.folder import checkpoints_dir
         from workload.distributed import DistInfo
 
         self.folder = folder_path(folder)
@@ -95,7 +96,7 @@ class Checkpoints:
         self.async_save = switch(async_save)
         self.root = checkpoints_dir(self.folder)
         self.info = DistInfo.of_group()
-        self._saves = _saves(self.info, self.async_save)
+        self._session = _session(self.info, self.async_save)
         self._meeting = Meeting(self.folder, self.info.rank, self.info.world_size)
         self.extra: dict = {}
         self._last: int | None = None  # the step of the last resume or save (None: neither)
@@ -110,27 +111,22 @@ class Checkpoints:
         """Load the newest good checkpoint into these objects (every rank calls it) and
         return its step, the step to start from: 0 when there is none. `self.extra` is
         then the `extra` this rank saved with it ({} when none)."""
-        from workload.checkpoint.folder import step_name
-        from workload.checkpoint.resuming import newest_on_every_rank
-        from workload.checkpoint.snapshot import restore
+        from workload.checkpoint.session import resume_newest
 
         self._open("resume")
         check_parts("resume", model, optimizer, scheduler, scaler)
         self._meeting.meet("resume")
-        self._saves.settle()
+        self._session.settle()
         state = _state(model, optimizer, scheduler, scaler)
         current = _settings(state)
-        step, snapshot = newest_on_every_rank(self.root, _read, self.info)
-        if step is None:
+        edited = _hyperparameters(optimizer)  # before the resume restores the checkpoint's
+        found = resume_newest(self.root, self.info, state, _read,
+                              lambda snapshot, path, _: _accept(snapshot, current, state, path))
+        if found is None:
             self.extra = {}
             self._last = 0
             return 0
-        path = self.root / step_name(step)
-        snapshot = snapshot or _read(path)
-        _same_loop(snapshot.config, current, path)
-        _fits(snapshot, state, path)
-        edited = _hyperparameters(optimizer)
-        restore(snapshot, state, self.info.rank, self.info.world_size)
+        path, snapshot = found
         if self.info.is_main:
             for line in _hyperparameter_lines(edited, _hyperparameters(optimizer), path):
                 logger.warning(line)
@@ -154,35 +150,27 @@ class Checkpoints:
         check_parts("save", model, optimizer, scheduler, scaler)
         extra = json_extra(extra)
         self._meeting.meet("save", f"of step {step}")  # before the save's first collective
-        self._saves.settle()
+        self._session.settle()
         self._goes_on(step)
         state = _state(model, optimizer, scheduler, scaler, step)
         sharded = is_sharded(model)
         snapshot = take_snapshot(state, _settings(state), self.info.world_size, sharded)
         snapshot.trainer.update(every_rank_extra(extra, self.info.world_size))
         self._last = step
-        return self._saves.save(self.root, snapshot, self.keep, state if sharded else None)
+        return self._session.save(self.root, snapshot, self.keep, state if sharded else None)
 
     def wait(self) -> None:
         """Until the save in flight is committed (every rank calls it); its error, if it
         failed, is raised here."""
         self._open("wait")
         self._meeting.meet("wait")
-        self._saves.settle()
+        self._session.settle()
 
     def preempted(self, flag) -> bool:
         """Whether any rank's PreemptionFlag (workload.launch) is set: one all-reduce, so
         that every rank stops at the same step (every rank calls it). A save in flight that
         failed meanwhile is raised here, on every rank, in the same all-reduce."""
-        mine = flag.is_set()
-        failed = self._saves.failed_by_now()
-        if self.info.world_size > 1:
-            from workload.distributed import any_rank
-
-            mine, failed = any_rank([mine, failed], self.info.device)
-        if failed:
-            self._saves.settle()
-        return mine
+        return self._session.preempted(flag)[0]
 
     def close(self) -> None:
         """Wait for the save in flight to be committed (its error raised here), stop the
@@ -218,11 +206,9 @@ class Checkpoints:
         try:
             if agree:
                 self._meeting.meet("close")
-                self._saves.settle()
-            else:
-                self._saves.wait_quietly()
+            self._session.end(agree)
         finally:
-            self._saves.stop()
+            self._session.stop()  # also when a rank did not come to the meeting
             self._held.close()
             self._held = None
 
@@ -232,7 +218,7 @@ class Checkpoints:
         lock released. Not in a forked child (a DataLoader worker), whose parent's it is."""
         if os.getpid() != self._pid or self._held is None:
             return
-        step = self._saves.in_flight
+        step = self._session.in_flight
         if step is not None:
             logger.warning(f"{NAMED} {self.folder}: the loop ended without close(); waiting "
                            f"for the save of step {step} to be committed")
@@ -252,10 +238,10 @@ class Checkpoints:
 
 # --- the arguments ----------------------------------------------------------------------
 
-def _saves(info, background: bool):
-    from workload.checkpoint.saves import Saves
+def _session(info, background: bool):
+    from workload.checkpoint.session import Session
 
-    return Saves(info, background)
+    return Session(info, background)
 
 
 # --- what a checkpoint records of its loop ------------------------------------------------
@@ -282,7 +268,7 @@ def _read(path: Path):
     """One checkpoint, verified, its files read and checked (CorruptCheckpoint: moved
     aside, the one before is tried). Whether it fits the live objects is decided after,
     on every rank: one of this loop that does not is another loop's, never moved."""
-    from workload.checkpoint.durable import CorruptCheckpoint
+    from workload.checkpoint.writer.durable import CorruptCheckpoint
     from workload.checkpoint.snapshot import read_checkpoint
 
     snapshot = read_checkpoint(path)
@@ -342,6 +328,12 @@ def _same(one, other) -> bool:
         return repr(one) == repr(other)
 
 
+def _accept(snapshot, current: dict, state: _LoopState, path: Path) -> None:
+    """The checkpoint chosen is this loop's (its recorded settings) and fits its objects."""
+    _same_loop(snapshot.config, current, path)
+    _fits(snapshot, state, path)
+
+
 def _same_loop(saved: dict, current: dict, path: Path) -> None:
     found = _differences(saved, current)
     if found:
@@ -354,7 +346,7 @@ def _fits(snapshot, state: _LoopState, path: Path) -> None:
     """Every tensor, number and switch of the checkpoint against the live objects: one of
     this loop that does not fit them is refused like another loop's, nothing moved."""
     from workload.checkpoint.content import check_fits
-    from workload.checkpoint.durable import CorruptCheckpoint
+    from workload.checkpoint.writer.durable import CorruptCheckpoint
 
     try:
         check_fits(snapshot, state, path, schedule_per_step=False)
@@ -366,7 +358,7 @@ def _fits(snapshot, state: _LoopState, path: Path) -> None:
 
 def _newest_saved(root: Path, info) -> int | None:
     """Rank 0's newest complete checkpoint in `root`, on every rank (None: none)."""
-    from workload.checkpoint.folder import complete_steps
+    from workload.checkpoint.writer.folder import complete_steps
     from workload.distributed import main_rank_numbers
 
     steps = complete_steps(root) if info.is_main else []

@@ -2,7 +2,7 @@
 bad argument a UsageError of one line naming the value, what was expected and the fix,
 raised before anything is written. What a save accepts is what a resume reads back: the
 step and `extra` are held to the reader's own limits (the counts of
-workload.checkpoint.content, the JSON of workload.checkpoint.durable), so no save writes
+workload.checkpoint.content, the JSON of workload.checkpoint.writer.durable), so no save writes
 a checkpoint that no resume can load. Importing this module imports no torch; the checks
 of a step and of `extra` do.
 """

@@ -1,26 +1,26 @@
-"""Resume: which checkpoint a run continues from.
+"""`train`'s resume: which checkpoint a run continues from.
 
 `prepare` runs before training (--resume never / --overwrite), `resume` loads the newest
-complete, verified checkpoint of the run's timeline (all ranks agree on its step first);
-a bad one is moved aside and the one before is tried. Which steps are on the timeline, a
-rollback and what `--overwrite` removes are the folder's (workload.checkpoint.folder);
-this module decides whether a checkpoint fits this run.
+complete, verified checkpoint of the run's timeline through the one resume both doors
+share (workload.checkpoint.session's `resume_newest`: all ranks agree on its step first;
+a bad one is moved aside and the one before is tried). Which steps are on the timeline, a
+rollback and what `--overwrite` removes are the folder's
+(workload.checkpoint.writer.folder); this module decides whether a checkpoint fits this
+run, by train's settings.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from workload import distributed
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
-                                        roll_back, step_name, written_by_train)
+from workload.checkpoint.writer.folder import (checkpoints_dir, remove_tree,
+                                               roll_back, written_by_train)
 from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
+from workload.checkpoint.session import resume_newest
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
-from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
-                                       old_format_message)
+from workload.checkpoint.writer.store import (CorruptCheckpoint, OldFormat, Snapshot)
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of, out_of_range
 from workload.errors import UsageError
 from workload.files import json_text, path_kind, read_jsonl_records, replace_file
@@ -87,24 +87,20 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
     current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
-        snapshot = _read_explicit(path, current, state)
+        restore(_read_explicit(path, current, state), state, info.rank, info.world_size)
     else:
         root = checkpoints_dir(out)
         local = cfg.checkpoint.checkpoint_local
-        if local and info.is_main:  # the others wait in newest_on_every_rank's collective
+        if local and info.is_main:  # the others wait in resume_newest's collective
             promote_newer(local_root(local, out), root, cfg.checkpoint.keep_checkpoints)
-        step, snapshot = newest_on_every_rank(
-            root, lambda p: _read_auto(p, current, state), info)
-        if step is None:
+        found = resume_newest(root, info, state, lambda p: _read_auto(p, current, state),
+                              lambda snapshot, p, chosen_here: _accept_auto(
+                                  snapshot, current, state, p, chosen_here),
+                              read=read_checkpoint)
+        if found is None:
             logger.info(f"no checkpoint in {root}: starting from step 0")
             return
-        path = root / step_name(step)
-        chosen_here = snapshot is not None  # rank 0's: _read_auto checked that it fits
-        snapshot = snapshot or read_checkpoint(path)
-        check_same_run(snapshot.config, current, path, strict=True)
-        if not chosen_here:
-            check_fits(snapshot, state, path)
-    restore(snapshot, state, info.rank, info.world_size)
+        path = found[0]
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
@@ -149,27 +145,6 @@ def _read_explicit(path: Path, current: dict, state) -> Snapshot:
     return snapshot
 
 
-def newest_on_every_rank(root: Path, load: Callable[[Path], Snapshot], info
-                         ) -> tuple[int | None, Snapshot | None]:
-    """--resume auto (and a user's loop, workload.checkpoint.loop): rank 0 finds the newest
-    checkpoint that `load` takes (its snapshot is returned there) and every rank learns
-    its step (None: there is none), so that all load the same one; one of the old format
-    stops every rank."""
-    snapshot = None
-    refused = None
-    if info.is_main:
-        try:
-            snapshot = newest_loadable(root, load)
-        except OldFormat as error:  # never moved aside: the run stops, nothing is lost
-            refused = str(error)
-    step = snapshot.trainer["step"] if snapshot else 0
-    old_format, found, step = distributed.main_rank_numbers(
-        [refused is not None, snapshot is not None, step], info)
-    if old_format:
-        raise UsageError(refused or old_format_message(root))
-    return (step if found else None), snapshot
-
-
 def _read_auto(path: Path, current: dict, state) -> Snapshot:
     """--resume auto: a checkpoint that loads; a checkpoint of another run is refused
     later, with its settings; one of this run that does not fit the model is corrupt."""
@@ -177,6 +152,15 @@ def _read_auto(path: Path, current: dict, state) -> Snapshot:
     if not differences(snapshot.config, current):
         check_fits(snapshot, state, path)
     return snapshot
+
+
+def _accept_auto(snapshot: Snapshot, current: dict, state, path: Path,
+                 chosen_here: bool) -> None:
+    """--resume auto: the checkpoint chosen is this run's; whether it fits the model was
+    checked as rank 0 chose it (`_read_auto`), and is checked here on the other ranks."""
+    check_same_run(snapshot.config, current, path, strict=True)
+    if not chosen_here:
+        check_fits(snapshot, state, path)
 
 
 def differences(saved: dict, current: dict) -> str:

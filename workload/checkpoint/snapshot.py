@@ -2,8 +2,8 @@
 a collective), read back (`read_checkpoint`) and put back (`restore`), FSDP's shards
 included, and the random states an exact resume needs. One module because each of these
 crosses between the live model, optimizer and generators and what the files hold; the
-files and their safety rules are workload.checkpoint.store's and formats', when a save
-runs is workload.checkpoint.saving's, and how, saves'.
+files and their safety rules are workload.checkpoint.writer.store's and formats', when a save
+runs is workload.checkpoint.policy's, and how, saves'.
 
 FSDP2 checkpoints as safetensors: every rank writes its own shard, and any number of ranks
 reads them back.
@@ -38,12 +38,12 @@ from torch import nn
 
 from workload.checkpoint.content import (check_loaded, check_state, numpy_state, python_state,
                                          read_config)
-from workload.checkpoint.durable import (CorruptCheckpoint, json_bytes, read_json, record_bytes,
-                                         write_durably)
+from workload.checkpoint.writer.durable import (CorruptCheckpoint, json_bytes, read_json,
+                                                record_bytes, write_durably)
 from workload.checkpoint.formats import (PART_FORMAT, Shard, assemble, cpu_copy, decode, encode,
                                          part_files, read_part, read_tensors, safetensors_bytes)
-from workload.checkpoint.store import (FORMAT_VERSION, MODEL_FILE, SHARDS_DIR, Snapshot,
-                                       verify)
+from workload.checkpoint.writer.store import (FORMAT_VERSION, MODEL_FILE, SHARDS_DIR, Snapshot,
+                                              verify)
 from workload.distributed import gather_objects, unwrap
 from workload.logs import logger
 

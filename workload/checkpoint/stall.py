@@ -12,18 +12,17 @@ fsync or a write on a file system that stalls) is nearly done: it is waited for 
 DISK_WAIT_S after the signal, then left. One in neither state that used no CPU time for
 HUNG_S seconds (waiting on a lock, say) is left then. The line at the signal says which.
 
-While it waits, the writer is this process's `waited_writer()`: train's stall watchdog
-(workload.training.watchdog) names it in its stall line, with what to do, rather than
-advise waiting for a collective timeout that a wait for one process never reaches.
+While it waits, the writer's StallWatch is the one checkpoint object's
+`Session.waited_writer()` (workload.checkpoint.session), which train passes to its stall
+watchdog (workload.training.watchdog): the stall line names it, with what to do, rather
+than advise waiting for a collective timeout that a wait for one process never reaches.
+The preemption flag the wait acts on is passed the same way: the loop's own.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from workload.files import proc_stat_fields
 from workload.logs import logger
@@ -41,9 +40,6 @@ HUNG_S = 10.0
 DISK_WAIT_S = 60.0
 STATES = {"R": "running", "S": "sleeping", "D": "waiting for a disk (uninterruptible)",
           "T": "stopped", "t": "stopped by a debugger", "Z": "ended, not yet reaped"}
-# The signals a PreemptionFlag may hold (workload.launch.preemption's choices).
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT,
-                      signal.SIGHUP)
 
 
 class StallWatch:
@@ -120,34 +116,3 @@ class StallWatch:
                     "disk), then leaving without it")
         return (f"waiting for it to commit, and leaving without it once it has used no CPU "
                 f"time for {HUNG_S:.0f} s")
-
-
-_waited: list[StallWatch] = []  # the writer this process waits for now, if any
-
-
-@contextmanager
-def waiting_for(watch: StallWatch) -> Iterator[StallWatch]:
-    """`watch` is waited_writer() while the loop waits for it."""
-    _waited.append(watch)
-    try:
-        yield watch
-    finally:
-        _waited.remove(watch)
-
-
-def waited_writer() -> StallWatch | None:
-    """The checkpoint writer this process waits for now (read by the stall watchdog's
-    thread), None while it waits for none."""
-    return next(iter(_waited), None)
-
-
-def preemption_signal() -> str | None:
-    """The signal a PreemptionFlag of this process recorded, None when none did. The flag
-    is found through the handler it installed (its bound method), so that any loop's
-    flag counts, train's and a user's alike."""
-    for number in PREEMPTION_SIGNALS:
-        name = getattr(getattr(signal.getsignal(number), "__self__", None), "signal_name",
-                       None)
-        if isinstance(name, str):
-            return name
-    return None

@@ -69,24 +69,33 @@ class PreemptionFlag:
     def __init__(self):
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
+        self._handling: set[int] = set()  # the signals this flag's handler answers now
 
     def install(self, names: tuple[str, ...] = DEFAULT_SIGNALS) -> PreemptionFlag:
         for name in dict.fromkeys(names):  # dict: unique, in order
             number = getattr(signal, "SIG" + name)
             self._previous[number] = signal.signal(number, self._handle)
+            self._handling.add(number)
         return self
+
+    def handles(self, signal_name: str) -> bool:
+        """Whether this flag answers `signal_name` (SIGTERM, ...): installed, not ignored
+        or uninstalled since."""
+        return getattr(signal, signal_name) in self._handling
 
     def ignore(self, name: str) -> PreemptionFlag:
         """Ignore SIG<name> until uninstall(): the stack-dump signal until its handler is
         set (docs/hangs.md), so that a dump asked for during start-up kills nothing."""
         number = getattr(signal, "SIG" + name)
         self._previous.setdefault(number, signal.signal(number, signal.SIG_IGN))
+        self._handling.discard(number)
         return self
 
     def uninstall(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
+        self._handling.clear()
 
     def _handle(self, number: int, frame) -> None:
         if number == signal.SIGINT and self.signal_name == "SIGINT":
@@ -130,18 +139,11 @@ class StartUpFlag(PreemptionFlag):
 
     def take_over(self, flag: PreemptionFlag) -> None:
         """`flag`, just installed, holds the first recorded signal it handles."""
-        taken = [name for name in self.recorded
-                 if signal.getsignal(getattr(signal, name)) == flag._handle]
+        taken = [name for name in self.recorded if flag.handles(name)]
         if taken and not flag.is_set():
             flag.signal_name = taken[0]
         # From here a checkpoint may exist: a signal `flag` does not take is recorded only.
         self.ending = frozenset()
-
-
-def start_up_flag() -> StartUpFlag | None:
-    """The StartUpFlag answering SIGTERM now, if one is (run_command installed it)."""
-    flag = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-    return flag if isinstance(flag, StartUpFlag) else None
 
 
 def end_before_work(prog: str, signal_name: str) -> None:
@@ -287,6 +289,9 @@ def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
 def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
     while number := os.read(read_fd, 1):
         name = signal.Signals(number[0]).name
+        # The one place a handler is read: this thread stands in for the handler that
+        # cannot run while the main thread waits in C++, so it must do what that handler
+        # (whichever the command or a user's script installed) would.
         status = status_while_waiting(signal.getsignal(number[0]), name, stderr_fd)
         if status is None:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,8 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
                   compile_cache(cfg, info, folder.root), StepProbe(state.step, info.device),
                   state.parts["energy"], FirstStep(clock, info, previous), nccl_log)
     wings.energy.probe = wings.probe  # the images its per-image energy divides by
-    watchdog = stall_watchdog(cfg, info, folder, wings.probe)
+    watchdog = stall_watchdog(cfg, info, folder, wings.probe,
+                              wings.checkpointer.session.waited_writer)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
     # The checkpointer's end commits the save in flight: before the final model, the
@@ -167,13 +169,14 @@ class FirstStep:
             log_startup(self.found, self.previous)
 
 
-def stall_watchdog(cfg: TrainConfig, info: DistInfo, folder: RunFolder,
-                   probe: StepProbe) -> StallWatchdog:
-    """The stall watchdog of this rank, and the stack dump on SIGUSR1 where the
+def stall_watchdog(cfg: TrainConfig, info: DistInfo, folder: RunFolder, probe: StepProbe,
+                   waited_writer: Callable[[], object | None]) -> StallWatchdog:
+    """The stall watchdog of this rank (`waited_writer`: the checkpoint writer the loop
+    waits for now, named in its stall line), and the stack dump on SIGUSR1 where the
     preemption signal is another."""
     watchdog = StallWatchdog(probe, folder.diagnostics, info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
-                             attempt_id(info.is_main, info.device))
+                             attempt_id(info.is_main, info.device), waited_writer)
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
         enable_dump_on_signal(watchdog.folder, info.rank)
     return watchdog

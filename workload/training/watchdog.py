@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from workload import distributed
-from workload.checkpoint import waited_writer
 from workload.files import open_append, write_json
 from workload.held import let_go
 from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
@@ -130,8 +129,13 @@ class StallWatchdog:
     """The thread; `check(now)` is one look (called by the thread, or by a test)."""
 
     def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
-                 timeout_s: float, attempt: float = 0.0):
+                 timeout_s: float, attempt: float = 0.0,
+                 waited_writer: Callable[[], object | None] = lambda: None):
         self.activity = activity
+        # The checkpoint writer process the loop waits for now, None while it waits for
+        # none (workload.checkpoint.session's Session.waited_writer): named in the stall
+        # line, with what to do.
+        self.waited_writer = waited_writer
         self.folder = folder
         self.timeout_s = timeout_s
         self.rank = rank
@@ -217,7 +221,7 @@ class StallWatchdog:
         another, but not one that waits for its own checkpoint writer (a stopped or hung
         process), which is named instead, nor a run of one process, which has no
         collective to time out (a hung file system holds it for as long as it hangs)."""
-        writer = waited_writer()
+        writer = self.waited_writer()
         if writer is not None:
             return f"waiting for {writer.waiting()}"
         if self.world_size == 1:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workload import errors
-from workload.checkpoint.folder import complete_steps
+from workload.checkpoint.writer.folder import complete_steps
 from workload.errors import UsageError
 from workload.held import named_for_the_user, remove_held
 

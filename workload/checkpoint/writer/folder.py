@@ -2,7 +2,8 @@
 run may continue from, and every change to it (a save taking its place, `latest`,
 pruning, moving a bad one aside, a rollback, what `--overwrite` removes).
 
-Layout of `<output-dir>/checkpoints/` (what one step folder holds: workload.checkpoint.store):
+Layout of `<output-dir>/checkpoints/` (what one step folder holds:
+workload.checkpoint.writer.store):
     step-000000120/         one complete checkpoint (the name is the optimizer step)
     latest                  the name of the newest complete checkpoint (replaced atomically)
     step-000000100.corrupt-20261122-161500/     a bad one, moved aside
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from workload.checkpoint.durable import CorruptCheckpoint, fsync_dir
+from workload.checkpoint.writer.durable import CorruptCheckpoint, fsync_dir
 from workload.files import open_to_group, replace_file
 from workload.held import holding, rename_held
 from workload.logs import logger
@@ -158,7 +159,7 @@ def roll_back(root: Path, path: Path, step: int) -> None:
 def publish(tmp: Path, final: Path) -> None:
     """A finished save's folder takes its place: renamed into place, then `latest`
     replaced, the commit point (this module's docstring). Pruning is the caller's, after
-    it (local.copy_and_prune: the writer process prunes only once it has told the loop
+    it (store.end_save: the writer process prunes only once it has told the loop
     the checkpoint is committed)."""
     root = final.parent
     # A save's folder is private (0700) while it is written: in a run folder others may

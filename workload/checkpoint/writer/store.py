@@ -1,7 +1,7 @@
 """Atomic, verified checkpoints: one step folder, written and read back.
 
 Layout of one checkpoint in `<output-dir>/checkpoints/` (every file safetensors or JSON;
-the folder around it, `latest` and the ones moved aside: workload.checkpoint.folder):
+the folder around it, `latest` and the ones moved aside: workload.checkpoint.writer.folder):
     step-000000120/         one complete checkpoint (the name is the optimizer step)
         model.safetensors   the model's state dict (single process, DDP)
         optimizer.json      the optimizer's state dict, tensors as references into
@@ -18,7 +18,7 @@ its own: its rows of each parameter and optimizer state, and the layout) take th
 model.safetensors and optimizer.*. A save writes into `.tmp-step-...` beside the others
 (same filesystem, so the rename is atomic), the manifest last, and fsyncs every file and
 the folder, all at once (`finish_checkpoint`); the folder's `publish` then commits it
-(workload.checkpoint.folder: the commit point). Loading verifies the manifest (read as
+(workload.checkpoint.writer.folder: the commit point). Loading verifies the manifest (read as
 strict JSON, its names plain ones inside the folder) and refuses a JSON file that starts
 like a pickle or a zip archive; nothing is ever unpickled.
 """
@@ -27,17 +27,21 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload.checkpoint.durable import (CorruptCheckpoint, Syncs, read_json, record_bytes,
-                                         sniff, write_soon)
-from workload.checkpoint.folder import publish
-from workload.files import sha256_file
-from workload.logs import shown
+from workload.checkpoint.writer.durable import (CorruptCheckpoint, Syncs, read_json, record_bytes,
+                                                sniff, write_soon)
+from workload.checkpoint.writer.diskfull import guarded_copy
+from workload.checkpoint.writer.folder import move_aside, prune, publish
+from workload.files import create_new, open_regular, sha256_file
+from workload.held import let_go, make_held
+from workload.logs import say, shown
 
 MANIFEST = "MANIFEST.json"
 SHARDS_DIR = "shards"
@@ -90,7 +94,7 @@ def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileCon
                       head: dict, shard_files: dict | None = None) -> None:
     """Rank 0 or its writer process: `files` (in writing order: see workload.checkpoint.
     snapshot's `checkpoint_files`), the manifest last, then the commit (folder.publish;
-    pruning is the caller's: local.copy_and_prune). `head`: `header` of the
+    pruning is the caller's: `end_save`). `head`: `header` of the
     snapshot; `shard_files`: the manifest entries of the FSDP shards every rank wrote,
     gathered. Torch-free: the writer process runs it on tensors
     it never turns into torch's."""
@@ -113,6 +117,76 @@ def finish_checkpoint(tmp: Path, final: Path, files: Iterable[tuple[str, FileCon
         write_soon(tmp / MANIFEST, record_bytes(manifest), syncs)
         syncs.folder(tmp)
     publish(tmp, final)
+
+
+# --- how every save ends --------------------------------------------------------------
+
+def end_save(final: Path, keep: int, copy_to: Path | None = None,
+             committed: Callable[[Path], None] | None = None) -> Path:
+    """How every save ends once `finish_checkpoint` committed it, in the trainer or in
+    the writer process, with a local tier or without: the checkpoint `final` copied into
+    the run folder's checkpoints `copy_to` (when `final` is the local tier's), then the
+    checkpoints older than the newest `keep` pruned in each folder that holds it. Its
+    path in the run folder. `committed` is told that path before the pruning (the writer
+    process answers the loop then, so that the loop never waits for the pruning); a
+    pruning that fails once it was told is said on stderr, and the
+    next save's pruning tries again."""
+    folders = [final.parent]
+    if copy_to is not None:
+        folders.append(copy_to_run(final, copy_to).parent)
+    saved = folders[-1] / final.name
+    if committed is not None:
+        committed(saved)
+    for folder in folders:
+        try:
+            prune(folder, keep, newest=int(final.name.removeprefix("step-")))
+        except OSError as error:
+            if committed is None:
+                raise
+            say(f"checkpoint writer: could not prune the older checkpoints in {folder}: "
+                f"{error}", sys.stderr)
+    return saved
+
+
+def copy_to_run(path: Path, run_root: Path) -> Path:
+    """Copy the committed checkpoint `path` into the run folder with the same commit
+    (folder.publish; pruning is `end_save`'s); a full disk there in one line
+    (workload.checkpoint.writer.diskfull)."""
+    final = run_root / path.name
+    tmp = run_root / f".tmp-{path.name}"
+    run_root.mkdir(parents=True, exist_ok=True)
+    if tmp.exists() or tmp.is_symlink():  # left by a job that ended while copying
+        move_aside(tmp, "incomplete")
+    # Private while written (see folder.publish), and reached only through its descriptor:
+    # the run folder's checkpoints may be written by others (workload.held.make_held).
+    held = make_held(tmp)
+    try:
+        with guarded_copy(run_root, held, path):
+            _copy_durably(path, held)
+            verify(held)  # the copy is what the manifest says, before it takes its place
+            publish(held, final)
+    finally:
+        let_go(held)
+    return final
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    """Every file of `source` copied into the new private folder `target`, each created
+    anew (never through a link); every file and folder fsynced, all at once
+    (durable.Syncs: the commit needs them all and no order among them)."""
+    with Syncs() as syncs:
+        for file in sorted(source.rglob("*")):
+            dest = target / file.relative_to(source)
+            if file.is_dir():
+                dest.mkdir()
+                continue
+            with (open(open_regular(file, follow_links=False), "rb") as reader,
+                  os.fdopen(create_new(dest), "wb") as copied):
+                shutil.copyfileobj(reader, copied, 1 << 20)
+                copied.flush()
+                syncs.file(os.dup(copied.fileno()))
+        for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+            syncs.folder(folder)
 
 
 # --- loading -------------------------------------------------------------------------------

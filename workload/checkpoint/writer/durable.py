@@ -1,7 +1,7 @@
 """A checkpoint's files as bytes, without torch: written durably (fsync) and hashed from
 memory, JSON read strictly, and the formats a checkpoint never holds (a pickle, a zip
 archive) refused by their first bytes. The background writer process
-(workload.checkpoint.writer) imports this side of the formats only, so that it starts in
+(workload.checkpoint.writer.process) imports this side of the formats only, so that it starts in
 a fraction of a second where torch would take seconds; the trees of tensors and their
 safetensors files are workload.checkpoint.formats'.
 """

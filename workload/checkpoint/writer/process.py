@@ -9,14 +9,13 @@ file has no name) and the checkpoint's files in writing order: a JSON file as it
 safetensors file as where each tensor lies in the buffer. safetensors writes each of its
 files straight from the buffer (`serialize_file` takes the address of each tensor's bytes:
 no copy into Python objects, no torch), and its sha256 is taken from the buffer while the
-file is fsynced; the rest is what a save in the trainer does: workload.checkpoint.store's
-`finish_checkpoint` (the JSON files, the manifest, the commit: workload.checkpoint.
-folder's commit point; a full disk in one line), then workload.checkpoint.local's
-`copy_and_prune`, which copies the checkpoint into the run folder for the local tier,
-lets this process answer one JSON line, and only then prunes the older checkpoints
-(deleting 137 MB of files takes about 50 ms on the development machine's ext4): the loop
-learns of the commit without waiting for it, and the next request is read once the
-pruning is done, so a save never meets one in progress.
+file is fsynced; the rest is what a save in the trainer does: store.py's
+`finish_checkpoint` (the JSON files, the manifest, the commit: folder.py's commit point;
+a full disk in one line), then store.py's `end_save`, which copies the checkpoint into the
+run folder for the local tier, lets this process answer one JSON line, and only then
+prunes the older checkpoints (deleting 137 MB of files takes about 50 ms on the
+development machine's ext4): the loop learns of the commit without waiting for it, and the
+next request is read once the pruning is done, so a save never meets one in progress.
 """
 
 from __future__ import annotations
@@ -42,10 +41,9 @@ try:  # safetensors 0.8 and later: `serialize_file` takes each tensor's address 
 except ImportError:  # earlier releases (a base image's own): each tensor's bytes
     TensorSpec = None
 
-from workload.checkpoint.diskfull import DiskFull, failure_line, guarded_save
-from workload.checkpoint.durable import SAFETENSORS_METADATA, Syncs
-from workload.checkpoint.local import copy_and_prune
-from workload.checkpoint.store import finish_checkpoint
+from workload.checkpoint.writer.diskfull import DiskFull, failure_line, guarded_save
+from workload.checkpoint.writer.durable import SAFETENSORS_METADATA, Syncs
+from workload.checkpoint.writer.store import end_save, finish_checkpoint
 from workload.launch.preemption import LOOP_SIGNALS
 
 # Ignored by the writer: the loop's (preemption's, whichever --preempt-signal names: a job
@@ -152,17 +150,17 @@ def _spec(buffer: Buffer, address: int, offset: int, dtype: str, shape: list, nb
     return TensorSpec(dtype=dtype, shape=shape, data_ptr=address + offset, data_len=nbytes)
 
 
-def _commit(request: dict, buffer: Buffer, answer: Callable[[Path], None]) -> None:
-    """The checkpoint committed, copied into the run folder for the local tier, `answer`
-    told where it is, then the older ones pruned (local.copy_and_prune, as a save in the
-    trainer ends)."""
+def _save(request: dict, buffer: Buffer, answer: Callable[[Path], None]) -> None:
+    """The request's checkpoint written and committed (store.finish_checkpoint), then
+    ended as a save in the trainer ends (store.end_save): copied into the run folder for
+    the local tier, `answer` told where it is, then the older ones pruned."""
     root = Path(request["root"])
     tmp = Path(request["tmp"])
     final = root / request["final"]
     with guarded_save(root, tmp, lambda: request["size"]):
         finish_checkpoint(tmp, final, _files(request, buffer), request["header"])
     copy_to = request.get("copy_to")
-    copy_and_prune(final, request["keep"], Path(copy_to) if copy_to else None, answer)
+    end_save(final, request["keep"], Path(copy_to) if copy_to else None, answer)
 
 
 def die_with(parent: int, started_by_main_thread: bool) -> None:
@@ -207,7 +205,7 @@ def serve() -> None:
         if request == STOP:
             break
         try:
-            _commit(request, buffer, lambda saved: _answer(replies, {"saved": str(saved)}))
+            _save(request, buffer, lambda saved: _answer(replies, {"saved": str(saved)}))
         except DiskFull as error:
             _answer(replies, {"disk_full": str(error)})
         except Exception as error:  # noqa: BLE001 (sent back, the loop raises it)

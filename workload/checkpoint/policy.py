@@ -1,5 +1,6 @@
-"""Saving's policy: when to save, and what a preemption does. How a save is made is
-workload.checkpoint.saves's (the one save entry).
+"""`train`'s door to its checkpoints: when to save, and what a preemption does. How a
+save is made, the resume, the preemption check and the ending are the one checkpoint
+object's (workload.checkpoint.session), which a user's loop's Checkpoints holds too.
 
 `Checkpointer` decides when to save (every N steps or T seconds with --checkpoint-every,
 at each epoch end, where --max-steps stops the run, and once when preempted, then the
@@ -9,7 +10,7 @@ step limit's gives one checkpoint).
 Preemption: the signal handler only sets a flag (workload.launch.preemption, torch-free,
 which a user's own script uses too; nothing else is safe inside a signal handler, least of
 all a collective or a file write). At the next step boundary every rank contributes its
-flag to one all-reduce (workload.distributed's `any_rank`), so a signal that reached a
+flag to one all-reduce (`Session.preempted`), so a signal that reached a
 single rank stops all of them at the same step and none is left waiting in a collective.
 The trainer then saves one checkpoint, waits until it is committed, and exits with
 workload.launch's REQUEUE_EXIT_STATUS; the batch script sees it and runs `scontrol
@@ -21,10 +22,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from workload import distributed
-from workload.checkpoint.folder import checkpoints_dir
 from workload.checkpoint.local import local_root
-from workload.checkpoint.saves import Saves
+from workload.checkpoint.session import Session
+from workload.checkpoint.writer.folder import checkpoints_dir
 from workload.checkpoint.snapshot import is_sharded, run_settings, take_snapshot
 from workload.launch.preemption import PreemptionFlag, request_requeue
 from workload.logs import logger
@@ -41,7 +41,7 @@ class Preempted(Exception):
 class Checkpointer:
     """Saves every N steps or T seconds, at each epoch end, at the step limit, and once on
     preemption; with --checkpoint-async (the default) rank 0's writer process commits each
-    save in the background (workload.checkpoint.saves). Used as a context manager: its
+    save in the background (workload.checkpoint.session). Used as a context manager: its
     end waits for the save in flight and commits it, on leaving normally; on an exception
     it waits too, with no collective."""
 
@@ -59,7 +59,7 @@ class Checkpointer:
         self.root = checkpoints_dir(out)
         self.batches_per_epoch = batches_per_epoch
         self.last_save = time.monotonic()
-        self.saves = Saves(info, cfg.checkpoint.checkpoint_async)
+        self.session = Session(info, cfg.checkpoint.checkpoint_async, flag)
         self.said_sharded = False
         local = cfg.checkpoint.checkpoint_local
         self.local = local_root(local, out) if local else None  # written first, then copied
@@ -68,16 +68,12 @@ class Checkpointer:
         state = self.state
         due_steps = bool(self.every_steps) and state.step % self.every_steps == 0
         due_time = bool(self.every_s) and time.monotonic() - self.last_save >= self.every_s
-        preempt = self.flag.is_set()
-        failed = self.saves.failed_by_now()
-        if self.info.world_size > 1:  # one collective: every rank takes the same decision
-            preempt, due_time, failed = distributed.any_rank([preempt, due_time, failed],
-                                                             self.info.device)
-        if failed:  # the save in flight failed: said now, not at the next save
-            self.settle()
+        # One collective: every rank takes the same decision; a save in flight that
+        # failed is said now, not at the next save.
+        preempt, due_time = self.session.preempted(self.flag, due_time)
         if preempt:
             self.save("preemption")
-            self.settle(say=True)  # committed before any rank leaves
+            self.session.settle(say=True)  # committed before any rank leaves
             why = self.flag.signal_name or "a signal to another rank"
             request_requeue(state.step, why)  # every rank, before any of them exits
             raise Preempted(state.step, why)
@@ -98,21 +94,21 @@ class Checkpointer:
         position = (state.step, state.epoch, state.batch)
         if position == self.saved_at:  # saved already (a periodic save at the step limit)
             return
-        self.settle()  # at most one save in flight: the one before is committed first
+        self.session.settle()  # at most one save in flight: the one before is committed first
         started = time.perf_counter()
         sharded = is_sharded(self.state.model)
         snapshot = take_snapshot(self.state, self.settings, self.info.world_size, sharded)
         self._say_sharded(sharded)
-        path = self.saves.save(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
+        path = self.session.save(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
                                self.state if sharded else None, self.local)
-        done = "handed to the writer" if self.saves.in_flight is not None else "saved"
+        done = "handed to the writer" if self.session.in_flight is not None else "saved"
         logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
                     f"in {time.perf_counter() - started:.2f}s")
         self.last_save = time.monotonic()
         self.saved_at = position
 
     def _say_sharded(self, sharded: bool) -> None:
-        wanted = [flag for flag, on in (("--checkpoint-async", self.saves.enabled),
+        wanted = [flag for flag, on in (("--checkpoint-async", self.session.enabled),
                                         ("--checkpoint-local", bool(self.local))) if on]
         if sharded and wanted and not self.said_sharded:
             self.said_sharded = True
@@ -121,22 +117,8 @@ class Checkpointer:
                         f"node-local tier take rank 0's state only): {' and '.join(wanted)} "
                         "apply to DDP and one-process runs")
 
-    def settle(self, say: bool = False) -> None:
-        """Every rank: the save in flight committed (its failure raised on every rank);
-        `say`: with a line (the run's last save)."""
-        step = self.saves.in_flight
-        self.saves.settle()
-        if say and step is not None:
-            logger.info(f"checkpoint at step {step} committed by the background writer")
-
     def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, kind, *exc) -> None:
-        try:
-            if kind is None:
-                self.settle(say=True)
-            else:
-                self.saves.wait_quietly()
-        finally:
-            self.saves.stop()
+        self.session.end(agree=kind is None, say=True)
