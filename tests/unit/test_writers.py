@@ -37,6 +37,8 @@ WRITERS = {
         "inside that private temporary folder",
     ("workload.bench.commit", "timed_write", "open"):
         "a new file (mode x: O_EXCL) inside that private temporary folder",
+    ("workload.errors", "_refuses_writes", "os.open"):
+        "an unnamed file (O_TMPFILE): nothing at any name, gone as it is closed",
     ("workload.bench.first_step", "measure", "tempfile.TemporaryDirectory"):
         "a private (0700) folder of a name no one can foresee",
     ("workload.bench.first_step", "measure", ".mkdir"):
