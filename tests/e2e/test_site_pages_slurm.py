@@ -14,8 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 from tests.helpers.sites import LMOD_BEHIND
-from tests.helpers.twins import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
-                                 twin_data)
+from tests.helpers.twins import (CIFAR_TRAIN_IMAGES, CONTINUED_STEP, FIRST_STEP, Twin,
+                                 centre_faults, twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,6 +55,10 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     for log in [result.login, *(log for _, log in result.jobs.values())]:
         sizes = set(re.findall(r"train: .*, world size (\d+) ", log))
         assert sizes <= {str(SITES[site])}, (sizes, log[-3000:])
+    # Every training read the CIFAR-100 the page's data step fetched from the twin's
+    # internet (its 320 images), none a data set that needs no files.
+    trainings = re.findall(r"train: \S+ \([\d.]+ M parameters\) on (\w+ \(\d+) training", text)
+    assert trainings and set(trainings) == {f"cifar100 ({CIFAR_TRAIN_IMAGES}"}, trainings
     # No launch warning tells the user to undo what the page had them type.
     assert "is already set and kept" not in text, text[-4000:]
     # Every rank of every training step gets the CPUs the centre gives a GPU, and every
@@ -74,6 +78,17 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
         saved = list(twin.root.rglob("checkpoints"))
         under = twin.root / home.format(user=twin.user).lstrip("/")
         assert saved and all(under in path.parents for path in saved), (under, saved)
+
+
+def test_the_training_reads_the_folder_the_data_step_wrote(slurm_cluster, tmp_path):
+    # Alps's data step fetches into another folder than the one step 4 trains on: the
+    # training finds no CIFAR-100 there, as at the centre (issue 60, item 4).
+    step = "train --dataset cifar100 --data-dir $SCRATCH/data --download --prepare-data\n   ```"
+    page = mutated("cscs-alps", ((step, step.replace("/data", "/cifar")),))
+    result = run_page(slurm_cluster, tmp_path, "cscs-alps", page, continue_run=False)
+    assert result.status != 0, result.text()[-4000:]
+    assert re.search(r"CIFAR-100 not found: looked for \S+/scratch/\S+/data/cifar-100-python/"
+                     "train", result.text()), result.text()[-4000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:

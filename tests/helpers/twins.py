@@ -12,9 +12,11 @@ What the twin changes on the page's text, and nothing else (the documented
 substitutions): the page's project placeholder becomes the twin's project; a path under
 a site file system (/cluster/..., /capstor/..., /scratch/...) lives under the twin's root
 folder, and a home folder link to one (Alliance's ~/scratch) points there; the
-dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
-of TINY_TRAIN, whose data step makes the data folder the real download would leave
-(the tiny dataset needs no files); a continue step's <jobid> is the page's first job,
+page's `--dataset cifar100` (and the job scripts' default) trains the tiny way of
+TINY_TRAIN, still on CIFAR-100 read from the page's --data-dir: its data step's
+`--download` fetches a small CIFAR-shaped archive from the twin's stand-in internet
+(StandInInternet), so a job reading another folder than the one the data step wrote
+fails as it would at the centre; a continue step's <jobid> is the page's first job,
 whose training goes on to step 4 (CONTINUED_TRAIN); the user's own `my_train.py` is
 OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
 the job's tasks). The commands the suite's machine lacks are the stand-ins of
@@ -24,6 +26,7 @@ still checked); `module` is Lmod itself over module files made from the twin's t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,11 +34,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
+import threading
 import tomllib
+import weakref
 from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.helpers import REPO, TESTS, wait_until_ended
+from tests.helpers import REPO, TESTS, wait_until_ended, write_cifar100
 from tests.helpers.steps import page_steps
 from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
 
@@ -50,9 +58,11 @@ STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "s
 
 
 def tiny_train(steps: int) -> list[str]:
-    """The tiny training that stands in for the page's dataset: digits at 16 px, stopped
-    at `steps`, a step line in the log for each ("train: step 2/2 (epoch 1): loss ...")."""
-    return ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
+    """The page's CIFAR-100 training made tiny: the stand-in download's images at 16 px,
+    stopped at `steps`, a step line in the log for each ("train: step 2/2 (epoch 1): loss
+    ..."). The dataset stays CIFAR-100, read from the page's --data-dir: no dataset that
+    needs no files stands in for it."""
+    return ["--dataset", "cifar100", "--device", "cpu", "--model", "wrn", "--width", "8",
             "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
             "--epochs", "1", "--max-steps", str(steps), "--log-every", "1",
             "--dist-timeout", "120"]
@@ -64,6 +74,70 @@ FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 # for the time limit: both end the job with a checkpoint of its last step) goes on to 4.
 CONTINUED_TRAIN = tiny_train(4)
 CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
+
+# The stand-in download: enough images for 4 steps of 16 on each of 4 ranks, and a test
+# split, laid out and pickled as the real cifar-100-python.tar.gz holds them.
+CIFAR_TRAIN_IMAGES, CIFAR_TEST_IMAGES = 320, 16
+# What the twin's image runs at start-up when a command downloads (twin_bin.run_in_image
+# puts this folder first on its PYTHONPATH): torchvision's CIFAR-100 address and
+# checksums become the stand-in's, the one thing of the real internet the suite cannot
+# have (a name and a certificate of www.cs.toronto.edu); the fetch, the checksums' check
+# and the unpacking are torchvision's own.
+INTERNET_HOOK = """\
+import json, os
+from torchvision.datasets import CIFAR100
+served = json.loads(open(os.environ["TWIN_CIFAR_DOWNLOAD"]).read())
+CIFAR100.url, CIFAR100.tgz_md5 = served["url"], served["tgz_md5"]
+CIFAR100.train_list = [["train", served["train"]]]
+CIFAR100.test_list = [["test", served["test"]]]
+CIFAR100.meta = dict(CIFAR100.meta, md5=served["meta"])
+"""
+
+
+class StandInInternet:
+    """The twin's internet: an HTTP server on the loopback (the cluster's nodes are this
+    host) serving a small CIFAR-shaped cifar-100-python.tar.gz, and the start-up hook that
+    points torchvision's download at it (INTERNET_HOOK). Whether a node may reach it at
+    all is the twin's [network] table's (twin_bin.check_network)."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        served = self.archive(folder)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(
+            QuietHandler, directory=str(folder)))
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        weakref.finalize(self, self.server.shutdown)
+        served["url"] = f"http://127.0.0.1:{self.server.server_port}/cifar-100-python.tar.gz"
+        self.description = folder / "cifar100.json"
+        self.description.write_text(json.dumps(served))
+        self.hook = folder / "hook"
+        self.hook.mkdir(exist_ok=True)
+        (self.hook / "sitecustomize.py").write_text(INTERNET_HOOK)
+
+    @staticmethod
+    def archive(folder: Path) -> dict[str, str]:
+        """The archive's files and their md5 sums (torchvision checks each)."""
+        contents = write_cifar100(folder / "contents", CIFAR_TRAIN_IMAGES, CIFAR_TEST_IMAGES)
+        archive = folder / "cifar-100-python.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(contents, arcname=contents.name)
+        shutil.rmtree(contents.parent)
+        md5 = {name: hashlib.md5(tar_member(archive, name)).hexdigest()
+               for name in ("train", "test", "meta")}
+        return md5 | {"tgz_md5": hashlib.md5(archive.read_bytes()).hexdigest()}
+
+    def environment(self) -> dict[str, str]:
+        return {"TWIN_CIFAR_DOWNLOAD": str(self.description), "TWIN_INTERNET_HOOK": str(self.hook)}
+
+
+def tar_member(archive: Path, name: str) -> bytes:
+    with tarfile.open(archive) as tar:
+        return tar.extractfile(f"cifar-100-python/{name}").read()
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # (the test's output is the page's, not the server's)
+        pass
 
 
 def twin_data(site: str) -> dict:
@@ -238,6 +312,7 @@ class Twin:
             made.parent.mkdir(parents=True, exist_ok=True)
             made.write_text(json.dumps(image | {"env": {}}))
         self.user = os.environ.get("USER") or "user"
+        self.internet = StandInInternet(self.state / "internet")
         self.centre_on_cluster()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
         suffix = self.data["compute"].get("host_suffix")
@@ -287,9 +362,6 @@ class Twin:
         text = text.replace("<project>", slurm.get("account", "<project>"))
         for root in self.data["files"]["roots"]:
             text = re.sub(rf"(?<![\w./~-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
-        # The tiny dataset needs no files: the folder the real download leaves is made.
-        text = re.sub(r"--data-dir (\S+) --download --prepare-data",
-                      r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
         # The user's own script, and a process per GPU: one per CPU of the cluster's nodes.
         text = text.replace("my_train.py", OWN_SCRIPT)
         text = re.sub(r"--nproc-per-node=\d+", f"--nproc-per-node={CLUSTER_CPUS}", text)
@@ -337,6 +409,7 @@ class Twin:
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
+            **self.internet.environment(),
             **module_settings(self.site, self.root),
             **self.login_functions()}
 
