@@ -182,6 +182,10 @@ CATALOGUE = [
             re.escape("started the container with the image's entrypoint (the EDF's "
                       "entrypoint = true), run once a node, and every task there took its "
                       "RANK=0 LOCAL_RANK=0")),
+    Mistake("cscs: an EDF naming a variable the host does not set", "cscs-alps",
+            ((CSCS_EDF, CSCS_EDF.replace('"s|<scratch>|$SCRATCH|g"',
+                                         "'s|<scratch>|${SCRATCHDIR}|g'")),),
+            re.escape("${SCRATCHDIR} is not defined (the CE refuses an undefined variable")),
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),
@@ -360,7 +364,8 @@ VARIANTS = [
     Variant("cscs: an EDF with ${SCRATCH} and ${USER}, which the CE expands", "cscs-alps",
             ((CSCS_EDF, CSCS_EDF.replace('"s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g"',
                                          "'s|<scratch>|${SCRATCH}|g' -e 's|<user>|${USER}|g'")),),
-            f"https://docs.cscs.ch/software/container-engine/edf/, {ISSUE_60}"),
+            "https://docs.cscs.ch/software/container-engine/edf/ (Environment variable "
+            "expansion), read 2026-12-05"),
     Variant("cscs: the EDF named by its path", "cscs-alps",
             (("srun -N1 -n1 --cpus-per-task=72 --environment=hpc-train",
               "srun -N1 -n1 --cpus-per-task=72 --environment=$HOME/.edf/hpc-train.toml"),),
