@@ -332,6 +332,7 @@ ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_sc
                     "#Ratios_in_bundles")
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
 FIR_POLICIES = "https://docs.alliancecan.ca/wiki/Fir, Site-specific policies"
+CLARIDEN = "https://docs.cscs.ch/clusters/clariden/ (Slurm partitions)"
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -384,6 +385,19 @@ VARIANTS = [
               "--no-container-entrypoint \\\n  train"),),
             "https://github.com/NVIDIA/pyxis, read 2026-11-25"),
     # (NERSC's three are made on the job line one after another, in this order.)
+    # Clariden's three from CSCS's pages, read 2026-12-05 in their source (eth-cscs/cscs-docs,
+    # docs/clusters/clariden.md and docs/running/slurm.md, as of 2026-08-20).
+    Variant("clariden: a job of normal's whole 12 hours", "cscs-clariden",
+            ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=12:00:00")),),
+            f"{CLARIDEN}, read 2026-12-05"),
+    Variant("clariden: the partition named, --partition=normal", "cscs-clariden",
+            (("srun -N1 -n1 --cpus-per-task=72 --environment=hpc-train",
+              "srun -N1 -n1 --partition=normal --cpus-per-task=72 --environment=hpc-train"),),
+            f"{CLARIDEN} and https://docs.cscs.ch/running/slurm/, read 2026-12-05"),
+    Variant("clariden: one GH200 a rank, --gpus-per-task=1", "cscs-clariden",
+            ((ALPS_RUN, ALPS_RUN.replace("--cpus-per-task=72", "--cpus-per-task=72 "
+                                         "--gpus-per-task=1")),),
+            "https://docs.cscs.ch/running/slurm/ (NVIDIA GH200 GPU nodes), read 2026-12-05"),
     Variant("nersc: --qos=regular, the long form", "nersc-perlmutter",
             ((NERSC_JOB, "```bash\n   sbatch --qos=regular --account"),),
             "https://docs.nersc.gov/jobs/policy/, read 2026-12-04"),
@@ -413,8 +427,10 @@ def test_the_centres_own_correct_forms_pass_in_its_twin(slurm_cluster, tmp_path,
 
 def test_every_centre_has_three_correct_variants_from_its_documentation():
     """Item 7 of issue 60: at least three for each centre whose pages could be read (JSC's
-    could not: its twin is strict and has none), each naming where the centre gives it."""
+    could not, on 2026-12-05: the stored copies of its batch-system pages end before
+    their partitions and GPU requests; its twin is strict and has none), each naming
+    where the centre gives it."""
     counts = {site: sum(variant.site == site for variant in VARIANTS)
-              for site in SITES if site not in ("jsc-juwels-booster", "cscs-clariden")}
+              for site in SITES if site != "jsc-juwels-booster"}
     assert all(count >= 3 for count in counts.values()), counts
     assert all(re.search(r"https://\S+", variant.source) for variant in VARIANTS)
