@@ -14,8 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 from tests.helpers.sites import LMOD_BEHIND
-from tests.helpers.twins import (CIFAR_TRAIN_IMAGES, CONTINUED_STEP, FIRST_STEP, Twin,
-                                 centre_faults, twin_data)
+from tests.helpers.twins import (CIFAR_TRAIN_IMAGES, CONTINUED_PAST, CONTINUED_STEP,
+                                 FIRST_STEP, Twin, centre_faults, twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -89,6 +89,28 @@ def test_the_training_reads_the_folder_the_data_step_wrote(slurm_cluster, tmp_pa
     assert result.status != 0, result.text()[-4000:]
     assert re.search(r"CIFAR-100 not found: looked for \S+/scratch/\S+/data/cifar-100-python/"
                      "train", result.text()), result.text()[-4000:]
+
+
+def test_the_continue_step_meets_a_real_time_limit(slurm_cluster, tmp_path):
+    # JSC's page (issue 60, item 6): its job trains until SLURM ends it at its time limit
+    # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
+    # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
+    # step, rather than exit 75 itself); then the page's continue step submits the job
+    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint.
+    result = run_page(slurm_cluster, tmp_path, "jsc-juwels-booster",
+                      page_of("jsc-juwels-booster"), time_limited=True)
+    assert result.status == 0, result.text()[-4000:]
+    first = min(result.jobs)
+    state, log = result.jobs[first]
+    assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in log, (state, log[-3000:])
+    stopped = re.search(r"train: preempted by SIGTERM at step (\d+): checkpoint written", log)
+    assert stopped, log[-3000:]
+    step = int(stopped[1])
+    state, log = result.jobs[max(result.jobs)]  # the continue step's job
+    assert state == "COMPLETED", log[-3000:]
+    assert re.search(rf"resumed from \S*runs/{first}/checkpoints/step-0*{step}: step {step}",
+                     log), log[-3000:]
+    assert f"checkpoint (step limit) at step {step + CONTINUED_PAST}" in log, log[-3000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:

@@ -17,7 +17,9 @@ TINY_TRAIN, still on CIFAR-100 read from the page's --data-dir: its data step's
 `--download` fetches a small CIFAR-shaped archive from the twin's stand-in internet
 (StandInInternet), so a job reading another folder than the one the data step wrote
 fails as it would at the centre; a continue step's <jobid> is the page's first job,
-whose training goes on to step 4 (CONTINUED_TRAIN); the user's own `my_train.py` is
+whose training goes on to step 4 (CONTINUED_TRAIN), or, where the run meets a real time
+limit (Twin.run(time_limited=True)), past the checkpoint that limit left; the page's
+`--time` is then TIME_LIMIT_MINUTES; the user's own `my_train.py` is
 OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
 the job's tasks). The commands the suite's machine lacks are the stand-ins of
 tests/helpers/twin_bin.py (the image is the host's Python environment, its architecture
@@ -57,15 +59,15 @@ STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "s
              "shifterimg")
 
 
-def tiny_train(steps: int) -> list[str]:
+def tiny_train(steps: int | str, epochs: int = 1, log_every: int = 1) -> list[str]:
     """The page's CIFAR-100 training made tiny: the stand-in download's images at 16 px,
-    stopped at `steps`, a step line in the log for each ("train: step 2/2 (epoch 1): loss
-    ..."). The dataset stays CIFAR-100, read from the page's --data-dir: no dataset that
-    needs no files stands in for it."""
+    stopped at `steps`, a step line in the log each `log_every` ("train: step 2/2 (epoch
+    1): loss ..."). The dataset stays CIFAR-100, read from the page's --data-dir: no
+    dataset that needs no files stands in for it."""
     return ["--dataset", "cifar100", "--device", "cpu", "--model", "wrn", "--width", "8",
             "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
-            "--epochs", "1", "--max-steps", str(steps), "--log-every", "1",
-            "--dist-timeout", "120"]
+            "--epochs", str(epochs), "--max-steps", str(steps), "--log-every",
+            str(log_every), "--dist-timeout", "120"]
 
 
 TINY_TRAIN = tiny_train(2)
@@ -74,6 +76,13 @@ FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 # for the time limit: both end the job with a checkpoint of its last step) goes on to 4.
 CONTINUED_TRAIN = tiny_train(4)
 CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
+# A run that meets a real time limit (Twin.run(time_limited=True)): the jobs before the
+# continue step get TIME_LIMIT_MINUTES (the page's hours scaled down; the cluster's
+# KillWait is 5 s, SLURM's default 30) and a training no step limit ends first; the
+# continue step's training goes CONTINUED_PAST steps past the checkpoint the limit left.
+TIME_LIMIT_MINUTES = 1
+UNTIL_THE_TIME_LIMIT = tiny_train(10**6, epochs=10**4, log_every=50)
+CONTINUED_PAST = 2
 
 # The stand-in download: enough images for 4 steps of 16 on each of 4 ranks, and a test
 # split, laid out and pickled as the real cifar-100-python.tar.gz holds them.
@@ -313,6 +322,7 @@ class Twin:
             made.write_text(json.dumps(image | {"env": {}}))
         self.user = os.environ.get("USER") or "user"
         self.internet = StandInInternet(self.state / "internet")
+        self.time_limited = False
         self.centre_on_cluster()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
         suffix = self.data["compute"].get("host_suffix")
@@ -454,21 +464,37 @@ class Twin:
 
     def continuation(self) -> list[str]:
         """Before a continue step: the user waits until the jobs before it have ended (each
-        left its checkpoint), and the continued training goes on past their step limit."""
+        left its checkpoint), and the continued training goes on past their step limit
+        (after a time limit: CONTINUED_PAST steps past the first job's last checkpoint)."""
         jobs = self.state / "jobs.txt"
-        return [f"export TWIN_TRAIN_ARGS={shlex.quote(json.dumps(CONTINUED_TRAIN))}",
-                f"for job in $(cat {jobs}); do while squeue -h -j $job -t PD,CF,R,CG,S "
-                "2>/dev/null | grep -q .; do sleep 1; done; done"]
+        waited = [f"for job in $(cat {jobs}); do while squeue -h -j $job -t PD,CF,R,CG,S "
+                  "2>/dev/null | grep -q .; do sleep 1; done; done"]
+        if not self.time_limited:
+            return [f"export TWIN_TRAIN_ARGS={shlex.quote(json.dumps(CONTINUED_TRAIN))}",
+                    *waited]
+        further = json.dumps(tiny_train("@STEP@", epochs=10**4, log_every=1))
+        return [*waited, "unset TWIN_TIME_LIMIT",
+                f"step=$(find {self.root} {self.home} -path \"*/runs/$(head -n 1 {jobs})/"
+                "checkpoints/step-*\" -prune -printf '%f\\n' | sed 's/^step-0*//' | "
+                "sort -n | tail -n 1)",
+                f"export TWIN_TRAIN_ARGS=\"$(printf '%s' {shlex.quote(further)} | "
+                f"sed \"s/@STEP@/$((step + {CONTINUED_PAST}))/\")\""]
 
     def run(self, page: str, timeout: float = 400, launch_check: bool = False,
-            continue_run: bool = True, steps_check: bool = False) -> Result:
+            continue_run: bool = True, steps_check: bool = False,
+            time_limited: bool = False) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
         (LAUNCH_CHECK=1, jobs/lib/launch.sh); steps_check: so do the page's own training
         steps (TWIN_STEPS_CHECK=1, twin_bin.layout_check): the same steps asked of SLURM,
         without torch. A check leaves no checkpoint, so the continue steps are left out
-        under launch_check, as they are when not continue_run."""
+        under launch_check, as they are when not continue_run. time_limited: the jobs
+        before the continue step train until SLURM ends them at a real time limit
+        (TIME_LIMIT_MINUTES, UNTIL_THE_TIME_LIMIT)."""
+        self.time_limited = time_limited
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {}) | (
-            {"TWIN_STEPS_CHECK": "1"} if steps_check else {})
+            {"TWIN_STEPS_CHECK": "1"} if steps_check else {}) | ({
+                "TWIN_TIME_LIMIT": str(TIME_LIMIT_MINUTES),
+                "TWIN_TRAIN_ARGS": json.dumps(UNTIL_THE_TIME_LIMIT)} if time_limited else {})
         script = self.login_script(page, continue_run and not launch_check)
         done = subprocess.run(["bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
