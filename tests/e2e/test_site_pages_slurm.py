@@ -14,8 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 from tests.twins.site_modules import LMOD_BEHIND
-from tests.twins.twin import (CONTINUED_STEP, FIRST_STEP, Twin, centre_faults,
-                              twin_data)
+from tests.twins.twin import (CIFAR_TRAIN_IMAGES, CONTINUED_PAST, CONTINUED_STEP,
+                              FIRST_STEP, Twin, centre_faults, twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,6 +55,10 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
     for log in [result.login, *(log for _, log in result.jobs.values())]:
         sizes = set(re.findall(r"train: .*, world size (\d+) ", log))
         assert sizes <= {str(SITES[site])}, (sizes, log[-3000:])
+    # Every training read the CIFAR-100 the page's data step fetched from the twin's
+    # internet (its 320 images), none a data set that needs no files.
+    trainings = re.findall(r"train: \S+ \([\d.]+ M parameters\) on (\w+ \(\d+) training", text)
+    assert trainings and set(trainings) == {f"cifar100 ({CIFAR_TRAIN_IMAGES}"}, trainings
     # No launch warning tells the user to undo what the page had them type.
     assert "is already set and kept" not in text, text[-4000:]
     # Every rank of every training step gets the CPUs the centre gives a GPU, and every
@@ -74,6 +78,39 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
         saved = list(twin.root.rglob("checkpoints"))
         under = twin.root / home.format(user=twin.user).lstrip("/")
         assert saved and all(under in path.parents for path in saved), (under, saved)
+
+
+def test_the_training_reads_the_folder_the_data_step_wrote(slurm_cluster, tmp_path):
+    # Alps's data step fetches into another folder than the one step 4 trains on: the
+    # training finds no CIFAR-100 there, as at the centre (issue 60, item 4).
+    step = "train --dataset cifar100 --data-dir $SCRATCH/data --download --prepare-data\n   ```"
+    page = mutated("cscs-alps", ((step, step.replace("/data", "/cifar")),))
+    result = run_page(slurm_cluster, tmp_path, "cscs-alps", page, continue_run=False)
+    assert result.status != 0, result.text()[-4000:]
+    assert re.search(r"CIFAR-100 not found: looked for \S+/scratch/\S+/data/cifar-100-python/"
+                     "train", result.text()), result.text()[-4000:]
+
+
+def test_the_continue_step_meets_a_real_time_limit(slurm_cluster, tmp_path):
+    # JSC's page (issue 60, item 6): its job trains until SLURM ends it at its time limit
+    # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
+    # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
+    # step, rather than exit 75 itself); then the page's continue step submits the job
+    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint.
+    result = run_page(slurm_cluster, tmp_path, "jsc-juwels-booster",
+                      page_of("jsc-juwels-booster"), time_limited=True)
+    assert result.status == 0, result.text()[-4000:]
+    first = min(result.jobs)
+    state, log = result.jobs[first]
+    assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in log, (state, log[-3000:])
+    stopped = re.search(r"train: preempted by SIGTERM at step (\d+): checkpoint written", log)
+    assert stopped, log[-3000:]
+    step = int(stopped[1])
+    state, log = result.jobs[max(result.jobs)]  # the continue step's job
+    assert state == "COMPLETED", log[-3000:]
+    assert re.search(rf"resumed from \S*runs/{first}/checkpoints/step-0*{step}: step {step}",
+                     log), log[-3000:]
+    assert f"checkpoint (step limit) at step {step + CONTINUED_PAST}" in log, log[-3000:]
 
 
 def mutated(site: str, edits: tuple[tuple[str, str], ...]) -> str:
@@ -167,6 +204,10 @@ CATALOGUE = [
             re.escape("started the container with the image's entrypoint (the EDF's "
                       "entrypoint = true), run once a node, and every task there took its "
                       "RANK=0 LOCAL_RANK=0")),
+    Mistake("cscs: an EDF naming a variable the host does not set", "cscs-alps",
+            ((CSCS_EDF, CSCS_EDF.replace('"s|<scratch>|$SCRATCH|g"',
+                                         "'s|<scratch>|${SCRATCHDIR}|g'")),),
+            re.escape("${SCRATCHDIR} is not defined (the CE refuses an undefined variable")),
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),
@@ -313,6 +354,7 @@ ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_sc
                     "#Ratios_in_bundles")
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
 FIR_POLICIES = "https://docs.alliancecan.ca/wiki/Fir, Site-specific policies"
+CLARIDEN = "https://docs.cscs.ch/clusters/clariden/ (Slurm partitions)"
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -345,7 +387,8 @@ VARIANTS = [
     Variant("cscs: an EDF with ${SCRATCH} and ${USER}, which the CE expands", "cscs-alps",
             ((CSCS_EDF, CSCS_EDF.replace('"s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g"',
                                          "'s|<scratch>|${SCRATCH}|g' -e 's|<user>|${USER}|g'")),),
-            f"https://docs.cscs.ch/software/container-engine/edf/, {ISSUE_60}"),
+            "https://docs.cscs.ch/software/container-engine/edf/ (Environment variable "
+            "expansion), read 2026-12-05"),
     Variant("cscs: the EDF named by its path", "cscs-alps",
             (("srun -N1 -n1 --cpus-per-task=72 --environment=hpc-train",
               "srun -N1 -n1 --cpus-per-task=72 --environment=$HOME/.edf/hpc-train.toml"),),
@@ -364,6 +407,19 @@ VARIANTS = [
               "--no-container-entrypoint \\\n  train"),),
             "https://github.com/NVIDIA/pyxis, read 2026-11-25"),
     # (NERSC's three are made on the job line one after another, in this order.)
+    # Clariden's three from CSCS's pages, read 2026-12-05 in their source (eth-cscs/cscs-docs,
+    # docs/clusters/clariden.md and docs/running/slurm.md, as of 2026-08-20).
+    Variant("clariden: a job of normal's whole 12 hours", "cscs-clariden",
+            ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=12:00:00")),),
+            f"{CLARIDEN}, read 2026-12-05"),
+    Variant("clariden: the partition named, --partition=normal", "cscs-clariden",
+            (("srun -N1 -n1 --cpus-per-task=72 --environment=hpc-train",
+              "srun -N1 -n1 --partition=normal --cpus-per-task=72 --environment=hpc-train"),),
+            f"{CLARIDEN} and https://docs.cscs.ch/running/slurm/, read 2026-12-05"),
+    Variant("clariden: one GH200 a rank, --gpus-per-task=1", "cscs-clariden",
+            ((ALPS_RUN, ALPS_RUN.replace("--cpus-per-task=72", "--cpus-per-task=72 "
+                                         "--gpus-per-task=1")),),
+            "https://docs.cscs.ch/running/slurm/ (NVIDIA GH200 GPU nodes), read 2026-12-05"),
     Variant("nersc: --qos=regular, the long form", "nersc-perlmutter",
             ((NERSC_JOB, "```bash\n   sbatch --qos=regular --account"),),
             "https://docs.nersc.gov/jobs/policy/, read 2026-12-04"),
@@ -393,8 +449,10 @@ def test_the_centres_own_correct_forms_pass_in_its_twin(slurm_cluster, tmp_path,
 
 def test_every_centre_has_three_correct_variants_from_its_documentation():
     """Item 7 of issue 60: at least three for each centre whose pages could be read (JSC's
-    could not: its twin is strict and has none), each naming where the centre gives it."""
+    could not, on 2026-12-05: the stored copies of its batch-system pages end before
+    their partitions and GPU requests; its twin is strict and has none), each naming
+    where the centre gives it."""
     counts = {site: sum(variant.site == site for variant in VARIANTS)
-              for site in SITES if site not in ("jsc-juwels-booster", "cscs-clariden")}
+              for site in SITES if site != "jsc-juwels-booster"}
     assert all(count >= 3 for count in counts.values()), counts
     assert all(re.search(r"https://\S+", variant.source) for variant in VARIANTS)

@@ -439,6 +439,9 @@ ALLIANCE_APPTAINER = "https://docs.alliancecan.ca/wiki/Apptainer"
 ALLIANCE_FIR = "https://docs.alliancecan.ca/wiki/Fir"
 OLIVIA_PRESET = "jobs/presets/sigma2-olivia.sh"
 NVIDIA_NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+# NERSC's intended use of each QOS, read 2026-12-05 (docs.nersc.gov's own page gives the
+# default QOS but its stored copy ends before "Policies").
+NERSC_INTENT = "https://nersc.gitlab.io/jobs/policy/"
 # (item, file, right value, its page, the wrong form or None)
 CORRECTIONS_60 = [
     ("A1", ALLIANCE_PAGE, "`--mem-per-gpu=280G`", ALLIANCE_BUNDLES, "250 GB a GPU, Fir's"),
@@ -455,6 +458,8 @@ CORRECTIONS_60 = [
     ("N1", NERSC_PAGE, "TRAIN_RUN_ID=<jobid> sbatch -q regular", NERSC_POLICY, None),
     ("N1", "jobs/sites/nersc-perlmutter.sbatch", "#SBATCH --qos=regular", NERSC_POLICY,
      "##SBATCH --qos=regular"),
+    ("N1", NERSC_PAGE, '"production runs are not permitted in the debug QOS"', NERSC_INTENT,
+     "as issue 60 reports it"),
     ("O1", OLIVIA_PAGE, "cuda 12.9", "", "cuda 13.x"),
     ("O2", OLIVIA_JOB, "NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1", OLIVIA_MULTINODE,
      "NCCL/2.30.4-GCCcore-14.3.0-CUDA-13.0.0}"),

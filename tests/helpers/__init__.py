@@ -144,6 +144,23 @@ def by_check(data: dict, check: str) -> list[dict]:
     return [f for f in data["findings"] if f["check"] == check]
 
 
+class Python2Pickler(pickle._Pickler):
+    """Protocol 2 as Python 2 wrote the published CIFAR files: its strings (bytes here)
+    as BINSTRING, which Python 3 reads as str under encoding="latin1" (torchvision's
+    reader) and as bytes under encoding="bytes" (ours)."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_python2_string(self, text: bytes) -> None:
+        if len(text) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(text)]) + text)
+        else:
+            self.write(pickle.BINSTRING + len(text).to_bytes(4, "little") + text)
+        self.memoize(text)
+
+    dispatch[bytes] = save_python2_string
+
+
 def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
     """Files laid out and pickled as the official cifar-100-python.tar.gz holds them."""
     folder = root / "cifar-100-python"
@@ -158,7 +175,11 @@ def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
             b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
         }
         with open(folder / split, "wb") as f:
-            pickle.dump(entry, f, protocol=2)  # the protocol of the published files
+            Python2Pickler(f, protocol=2).dump(entry)  # the protocol of the published files
+    with open(folder / "meta", "wb") as f:
+        Python2Pickler(f, protocol=2).dump({
+            b"fine_label_names": [f"class{k}".encode() for k in range(100)],
+            b"coarse_label_names": [f"group{k}".encode() for k in range(20)]})
     return folder
 
 

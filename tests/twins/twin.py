@@ -12,10 +12,14 @@ What the twin changes on the page's text, and nothing else (the documented
 substitutions): the page's project placeholder becomes the twin's project; a path under
 a site file system (/cluster/..., /capstor/..., /scratch/...) lives under the twin's root
 folder, and a home folder link to one (Alliance's ~/scratch) points there; the
-dataset (`--dataset cifar100`, and the job scripts' default) becomes the tiny training
-of TINY_TRAIN, whose data step makes the data folder the real download would leave
-(the tiny dataset needs no files); a continue step's <jobid> is the page's first job,
-whose training goes on to step 4 (CONTINUED_TRAIN); the user's own `my_train.py` is
+page's `--dataset cifar100` (and the job scripts' default) trains the tiny way of
+TINY_TRAIN, still on CIFAR-100 read from the page's --data-dir: its data step's
+`--download` fetches a small CIFAR-shaped archive from the twin's stand-in internet
+(StandInInternet), so a job reading another folder than the one the data step wrote
+fails as it would at the centre; a continue step's <jobid> is the page's first job,
+whose training goes on to step 4 (CONTINUED_TRAIN), or, where the run meets a real time
+limit (Twin.run(time_limited=True)), past the checkpoint that limit left; the page's
+`--time` is then TIME_LIMIT_MINUTES; the user's own `my_train.py` is
 OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
 the job's tasks). The commands the suite's machine lacks are the stand-ins of
 tests/twins/stand_ins (the image is the host's Python environment, its architecture
@@ -24,6 +28,7 @@ still checked); `module` is Lmod itself over module files made from the twin's t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,11 +36,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
+import threading
 import tomllib
+import weakref
 from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.helpers import REPO, TESTS
+from tests.helpers import REPO, TESTS, write_cifar100
 from tests.slurm.jobs import wait_until_ended
 from tests.twins.page_steps import page_steps
 from tests.twins.stand_ins import STAND_IN
@@ -51,13 +61,15 @@ STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "s
              "shifterimg")
 
 
-def tiny_train(steps: int) -> list[str]:
-    """The tiny training that stands in for the page's dataset: digits at 16 px, stopped
-    at `steps`, a step line in the log for each ("train: step 2/2 (epoch 1): loss ...")."""
-    return ["--dataset", "digits", "--device", "cpu", "--model", "wrn", "--width", "8",
+def tiny_train(steps: int | str, epochs: int = 1, log_every: int = 1) -> list[str]:
+    """The page's CIFAR-100 training made tiny: the stand-in download's images at 16 px,
+    stopped at `steps`, a step line in the log each `log_every` ("train: step 2/2 (epoch
+    1): loss ..."). The dataset stays CIFAR-100, read from the page's --data-dir: no
+    dataset that needs no files stands in for it."""
+    return ["--dataset", "cifar100", "--device", "cpu", "--model", "wrn", "--width", "8",
             "--blocks-per-stage", "1", "--image-size", "16", "--batch-size", "16",
-            "--epochs", "1", "--max-steps", str(steps), "--log-every", "1",
-            "--dist-timeout", "120"]
+            "--epochs", str(epochs), "--max-steps", str(steps), "--log-every",
+            str(log_every), "--dist-timeout", "120"]
 
 
 TINY_TRAIN = tiny_train(2)
@@ -66,6 +78,77 @@ FIRST_STEP = re.compile(r"train: step \d+/2 \(epoch 1\): loss")
 # for the time limit: both end the job with a checkpoint of its last step) goes on to 4.
 CONTINUED_TRAIN = tiny_train(4)
 CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
+# A run that meets a real time limit (Twin.run(time_limited=True)): the jobs before the
+# continue step get TIME_LIMIT_MINUTES (the page's hours scaled down; the cluster's
+# KillWait is 5 s, SLURM's default 30) and a training no step limit ends first; the
+# continue step's training goes CONTINUED_PAST steps past the checkpoint the limit left.
+TIME_LIMIT_MINUTES = 1
+UNTIL_THE_TIME_LIMIT = tiny_train(10**6, epochs=10**4, log_every=50)
+CONTINUED_PAST = 2
+
+# The stand-in download: enough images for 4 steps of 16 on each of 4 ranks, and a test
+# split, laid out and pickled as the real cifar-100-python.tar.gz holds them.
+CIFAR_TRAIN_IMAGES, CIFAR_TEST_IMAGES = 320, 16
+# What the twin's image runs at start-up when a command downloads (stand_ins.images.run_in_image
+# puts this folder first on its PYTHONPATH): torchvision's CIFAR-100 address and
+# checksums become the stand-in's, the one thing of the real internet the suite cannot
+# have (a name and a certificate of www.cs.toronto.edu); the fetch, the checksums' check
+# and the unpacking are torchvision's own.
+INTERNET_HOOK = """\
+import json, os
+from torchvision.datasets import CIFAR100
+served = json.loads(open(os.environ["TWIN_CIFAR_DOWNLOAD"]).read())
+CIFAR100.url, CIFAR100.tgz_md5 = served["url"], served["tgz_md5"]
+CIFAR100.train_list = [["train", served["train"]]]
+CIFAR100.test_list = [["test", served["test"]]]
+CIFAR100.meta = dict(CIFAR100.meta, md5=served["meta"])
+"""
+
+
+class StandInInternet:
+    """The twin's internet: an HTTP server on the loopback (the cluster's nodes are this
+    host) serving a small CIFAR-shaped cifar-100-python.tar.gz, and the start-up hook that
+    points torchvision's download at it (INTERNET_HOOK). Whether a node may reach it at
+    all is the twin's [network] table's (stand_ins.images.check_network)."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        served = self.archive(folder)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(
+            QuietHandler, directory=str(folder)))
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        weakref.finalize(self, self.server.shutdown)
+        served["url"] = f"http://127.0.0.1:{self.server.server_port}/cifar-100-python.tar.gz"
+        self.description = folder / "cifar100.json"
+        self.description.write_text(json.dumps(served))
+        self.hook = folder / "hook"
+        self.hook.mkdir(exist_ok=True)
+        (self.hook / "sitecustomize.py").write_text(INTERNET_HOOK)
+
+    @staticmethod
+    def archive(folder: Path) -> dict[str, str]:
+        """The archive's files and their md5 sums (torchvision checks each)."""
+        contents = write_cifar100(folder / "contents", CIFAR_TRAIN_IMAGES, CIFAR_TEST_IMAGES)
+        archive = folder / "cifar-100-python.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(contents, arcname=contents.name)
+        shutil.rmtree(contents.parent)
+        md5 = {name: hashlib.md5(tar_member(archive, name)).hexdigest()
+               for name in ("train", "test", "meta")}
+        return md5 | {"tgz_md5": hashlib.md5(archive.read_bytes()).hexdigest()}
+
+    def environment(self) -> dict[str, str]:
+        return {"TWIN_CIFAR_DOWNLOAD": str(self.description), "TWIN_INTERNET_HOOK": str(self.hook)}
+
+
+def tar_member(archive: Path, name: str) -> bytes:
+    with tarfile.open(archive) as tar:
+        return tar.extractfile(f"cifar-100-python/{name}").read()
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # (the test's output is the page's, not the server's)
+        pass
 
 
 def twin_data(site: str) -> dict:
@@ -240,6 +323,8 @@ class Twin:
             made.parent.mkdir(parents=True, exist_ok=True)
             made.write_text(json.dumps(image | {"env": {}}))
         self.user = os.environ.get("USER") or "user"
+        self.internet = StandInInternet(self.state / "internet")
+        self.time_limited = False
         self.centre_on_cluster()
         # A node's other network name (JUWELS's "<node>i") resolves as the node's does.
         suffix = self.data["compute"].get("host_suffix")
@@ -289,9 +374,6 @@ class Twin:
         text = text.replace("<project>", slurm.get("account", "<project>"))
         for root in self.data["files"]["roots"]:
             text = re.sub(rf"(?<![\w./~-]){re.escape(root)}(?=/|\s|$)", f"{self.root}{root}", text)
-        # The tiny dataset needs no files: the folder the real download leaves is made.
-        text = re.sub(r"--data-dir (\S+) --download --prepare-data",
-                      r"--data-dir \1 --download --prepare-data && mkdir -p \1 || exit 1", text)
         # The user's own script, and a process per GPU: one per CPU of the cluster's nodes.
         text = text.replace("my_train.py", OWN_SCRIPT)
         text = re.sub(r"--nproc-per-node=\d+", f"--nproc-per-node={CLUSTER_CPUS}", text)
@@ -338,6 +420,7 @@ class Twin:
             "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
+            **self.internet.environment(),
             **module_settings(self.site, self.root),
             **self.login_functions()}
 
@@ -382,21 +465,37 @@ class Twin:
 
     def continuation(self) -> list[str]:
         """Before a continue step: the user waits until the jobs before it have ended (each
-        left its checkpoint), and the continued training goes on past their step limit."""
+        left its checkpoint), and the continued training goes on past their step limit
+        (after a time limit: CONTINUED_PAST steps past the first job's last checkpoint)."""
         jobs = self.state / "jobs.txt"
-        return [f"export TWIN_TRAIN_ARGS={shlex.quote(json.dumps(CONTINUED_TRAIN))}",
-                f"for job in $(cat {jobs}); do while squeue -h -j $job -t PD,CF,R,CG,S "
-                "2>/dev/null | grep -q .; do sleep 1; done; done"]
+        waited = [f"for job in $(cat {jobs}); do while squeue -h -j $job -t PD,CF,R,CG,S "
+                  "2>/dev/null | grep -q .; do sleep 1; done; done"]
+        if not self.time_limited:
+            return [f"export TWIN_TRAIN_ARGS={shlex.quote(json.dumps(CONTINUED_TRAIN))}",
+                    *waited]
+        further = json.dumps(tiny_train("@STEP@", epochs=10**4, log_every=1))
+        return [*waited, "unset TWIN_TIME_LIMIT",
+                f"step=$(find {self.root} {self.home} -path \"*/runs/$(head -n 1 {jobs})/"
+                "checkpoints/step-*\" -prune -printf '%f\\n' | sed 's/^step-0*//' | "
+                "sort -n | tail -n 1)",
+                f"export TWIN_TRAIN_ARGS=\"$(printf '%s' {shlex.quote(further)} | "
+                f"sed \"s/@STEP@/$((step + {CONTINUED_PAST}))/\")\""]
 
     def run(self, page: str, timeout: float = 400, launch_check: bool = False,
-            continue_run: bool = True, steps_check: bool = False) -> Result:
+            continue_run: bool = True, steps_check: bool = False,
+            time_limited: bool = False) -> Result:
         """launch_check: the job scripts run the layout's check instead of training
         (LAUNCH_CHECK=1, jobs/lib/launch.sh); steps_check: so do the page's own training
         steps (TWIN_STEPS_CHECK=1, stand_ins/slurm.layout_check): the same steps asked of SLURM,
         without torch. A check leaves no checkpoint, so the continue steps are left out
-        under launch_check, as they are when not continue_run."""
+        under launch_check, as they are when not continue_run. time_limited: the jobs
+        before the continue step train until SLURM ends them at a real time limit
+        (TIME_LIMIT_MINUTES, UNTIL_THE_TIME_LIMIT)."""
+        self.time_limited = time_limited
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {}) | (
-            {"TWIN_STEPS_CHECK": "1"} if steps_check else {})
+            {"TWIN_STEPS_CHECK": "1"} if steps_check else {}) | ({
+                "TWIN_TIME_LIMIT": str(TIME_LIMIT_MINUTES),
+                "TWIN_TRAIN_ARGS": json.dumps(UNTIL_THE_TIME_LIMIT)} if time_limited else {})
         script = self.login_script(page, continue_run and not launch_check)
         done = subprocess.run(["bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,

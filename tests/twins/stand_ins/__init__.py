@@ -39,7 +39,8 @@ step); the login node everywhere else.
   runs a locally built image through its entrypoint.
 - What reaches the internet (a build's or pull's registry, `git clone`, `train
   --download`) does so from a compute node only as the twin's [network] table allows:
-  through the centre's proxy, set in the command's environment, directly, or not at all.
+  through the centre's proxy, set in the command's environment, directly, or not at all;
+  `train --download` then fetches the stand-in internet's CIFAR-shaped archive.
 """
 
 import sys

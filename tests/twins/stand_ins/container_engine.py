@@ -26,36 +26,56 @@ def find_edf(name: str) -> Path:
     return path.resolve()
 
 
-def expanded(value):
-    """The EDF with ${VAR} expanded from the environment in every string field, as the CE
-    does (the EDF reference, as issue 60 reports it, read 2026-12-04); an unset name stays
-    as written."""
+# The CE's expansion (the EDF reference, "Environment variable expansion":
+# https://docs.cscs.ch/software/container-engine/edf/, read 2026-12-05 in its source,
+# eth-cscs/cscs-docs docs/software/container-engine/edf.md as of 2026-08-20): ${VAR} in
+# every EDF parameter, from the host's variables and the image's, "the later taking
+# precedence"; an undefined one "results in an error", ${VAR:-} is empty then; $${VAR}
+# is the literal ${VAR}.
+EDF_VARIABLE = re.compile(r"\$(\$?)\{(\w+)(:-)?\}")
+
+
+def expanded(value, variables: dict[str, str], edf: str):
+    """The EDF's value with its ${VAR} expanded as the CE does (EDF_VARIABLE); an undefined
+    one stops the step, naming it (the CE's wording is NOT CONFIRMED)."""
     if isinstance(value, dict):
-        return {key: expanded(item) for key, item in value.items()}
+        return {key: expanded(item, variables, edf) for key, item in value.items()}
     if isinstance(value, list):
-        return [expanded(item) for item in value]
-    if isinstance(value, str):
-        return re.sub(r"\$\{(\w+)\}", lambda found: os.environ.get(found.group(1),
-                                                                 found.group(0)), value)
-    return value
+        return [expanded(item, variables, edf) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(found: re.Match) -> str:
+        escaped, name, empty_if_unset = found.groups()
+        if escaped:
+            return found.group(0)[1:]
+        if name not in variables and not empty_if_unset:
+            fail(f"error: container-engine: {edf}: ${{{name}}} is not defined (the CE refuses "
+                 "an undefined variable; ${VAR:-} for an empty one) [twin: the CE's wording "
+                 "is NOT CONFIRMED]")
+        return variables.get(name, "")
+    return EDF_VARIABLE.sub(one, value)
 
 
 def ce_task(args: list[str]) -> None:
     """In the step, on the node: the EDF's image, mounts, workdir and env."""
-    edf = expanded(tomllib.loads(Path(args[0]).read_text()))
-    image = site_path(edf["image"])
+    raw = tomllib.loads(Path(args[0]).read_text())
+    # The image's own name knows the host's variables only; the rest knows the image's too.
+    image_name = expanded(raw["image"], dict(os.environ), args[0])
+    image = site_path(image_name)
     if not image.is_file():
-        fail(f"error: container-engine: the EDF's image {edf['image']} ({args[0]}) does not "
+        fail(f"error: container-engine: the EDF's image {image_name} ({args[0]}) does not "
              "exist [twin: the CE's wording is NOT CONFIRMED]")
     check_arch(image)
+    image_env = json.loads(image.read_text()).get("env", {})
+    edf = expanded(raw, dict(os.environ) | image_env, args[0])
     for mount in edf.get("mounts", []):
         source = mount.split(":")[0]
         if not site_path(source).exists():
             fail(f"error: container-engine: mount source {source} does not exist")
     # The image's variables win over the host's (the CE is a customised pyxis, with
-    # pyxis's rule: issue 60's reading of CSCS's run page, 2026-12-04), the EDF's env over
-    # both (the EDF reference).
-    image_env = json.loads(image.read_text()).get("env", {})
+    # pyxis's rule; the EDF reference's [env]: "Inherited from the host and the image by
+    # default"), the EDF's env over both (the EDF reference).
     env = pyxis_env({}, image_env, args[2:], "set it in the EDF's [env]") | {
         k: str(v) for k, v in edf.get("env", {}).items()}
     if "workdir" in edf:

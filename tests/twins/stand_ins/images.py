@@ -66,10 +66,17 @@ def check_arch(image: Path) -> None:
 
 def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> None:
     """The host's Python environment as the image's: its PATH, the given library path. A
-    download (`train --download`) needs the internet from where it runs."""
+    download (`train --download`) needs the internet from where it runs, and there reaches
+    the twin's stand-in internet (twin.StandInInternet: its start-up hook first on
+    PYTHONPATH)."""
     if "--download" in command:
         program = next((arg for arg in command if Path(arg).name == "train"), command[0])
         check_network(f"{Path(program).name} --download", env)
+        env["PYTHONPATH"] = ":".join(filter(None, (env.get("TWIN_INTERNET_HOOK"),
+                                                   env.get("PYTHONPATH"))))
+        # The route was the centre's (its proxy checked above); the stand-in internet is
+        # this host's loopback, which the centre's proxy address would not reach.
+        env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
     env["PATH"] = CONFIG["image_path"]
     env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
     # The centre's network interfaces (JUWELS's ib0) are the cluster's loopback; any other

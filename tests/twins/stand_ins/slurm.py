@@ -317,6 +317,8 @@ def sbatch(args: list[str]) -> None:
     script = Path(rest[0])
     listed = script_header(script) + listed
     options = dict(listed)  # the command line wins, as in sbatch
+    if os.environ.get("TWIN_TIME_LIMIT"):  # the page's hours scaled to a real, short limit
+        options["time"] = os.environ["TWIN_TIME_LIMIT"]
     check_numbers("sbatch", options)
     check_request("sbatch", options)
     # The script without the header lines the cluster cannot have (the command line
