@@ -12,6 +12,10 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
   name it, the collective timeout ends the step, and the step restarts without it.
 - A one-node job whose node is drained as its step fails is requeued with the node
   excluded, and starts elsewhere although the node is back in service.
+- A training of two nodes, no spare and MIN_NODES=1 whose rank 1 fails with a GPU error
+  (CUDA's "unspecified launch failure"): the node is recorded and left behind, and the
+  step shrinks onto the other node in the same job, ending bit for bit as a run resumed
+  from the same checkpoint on one node.
 - A run whose every job ends at a time limit with a new checkpoint is never stopped: a
   chain of five jobs (more than the former fixed cap of 3 time limits) ends COMPLETED,
   even with MAX_ATTEMPTS_WITHOUT_PROGRESS=1.
@@ -249,3 +253,58 @@ def test_a_hang_on_one_node_is_left_behind_and_the_run_continues(slurm_cluster, 
     bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
     assert [(b["node"], b["why"].split(":")[0]) for b in bad] == [(hung, "diagnose")]
     assert job_field(slurm_cluster, job, "Restarts") == "0"
+
+
+# A broken GPU as PyTorch shows it: a CUDA op of the rank raises. Python runs this file
+# (sitecustomize, found on PYTHONPATH) in every process of the job; in train's processes
+# on the node named, the step's 10th backward pass raises CUDA's error.
+BROKEN_GPU = """import os
+if os.environ.get("SLURMD_NODENAME") == os.environ.get("BROKEN_GPU_NODE"):
+    import torch
+    backward, passes = torch.Tensor.backward, []
+
+    def broken(self, *args, **kwargs):
+        passes.append(1)
+        if len(passes) == 10:
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        return backward(self, *args, **kwargs)
+    torch.Tensor.backward = broken
+"""
+
+
+def test_a_gpu_error_leaves_its_node_behind_and_the_run_shrinks(slurm_cluster, tmp_path):
+    """Two nodes, no spare, MIN_NODES=1: rank 1's GPU fails at step 10; its node is
+    recorded and left behind, and the step goes on on the other node alone, resuming the
+    2-rank checkpoint in 1 rank. It ends with the weights of a run that trained in 2 ranks
+    to that checkpoint (--max-steps) and was resumed in 1 (docs/checkpoints.md#another-
+    number-of-processes)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BROKEN_GPU)
+    broken = slurm_cluster.nodes[1]
+    job, run, log = train_job(slurm_cluster, tmp_path / "shrunk", "--nodes=2", "--no-kill",
+                              args=("--epochs", "1"), MIN_NODES="1", BROKEN_GPU_NODE=broken,
+                              PYTHONPATH=str(tmp_path / "site"))
+    assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
+        log.read_text()[-4000:]
+    text = log.read_text()
+    why = "rank 1 failed with a GPU error: RuntimeError: CUDA error: unspecified launch failure"
+    assert (f"decision: shrink on {slurm_cluster.nodes[0]}, leaving {broken} behind: status "
+            f"1; diagnose: {why}") in text, text[-4000:]
+    bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
+    assert [(b["node"], b["why"], b["job"]) for b in bad] == [(broken, why, str(job))]
+    records = attempts(run)
+    assert [r["action"] for r in records] == ["shrink", "done"]
+    assert job_field(slurm_cluster, job, "Restarts") == "0"  # the same job, no queue
+    step = records[0]["checkpointed"]
+    assert step and re.search(rf"resumed from \S*runs/{job}/checkpoints/step-0*{step}\b", text)
+    # The reference: 2 ranks to that checkpoint, then 1 rank on from it, in the same folder.
+    first, ref_run, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=2",
+                                        args=("--epochs", "1", "--max-steps", str(step)))
+    assert wait_until_ended(slurm_cluster, first, ref_log, timeout=300) == "COMPLETED"
+    then, _, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=1",
+                                 args=("--epochs", "1"), TRAIN_RUN_ID=str(first))
+    assert wait_until_ended(slurm_cluster, then, ref_log, timeout=300) == "COMPLETED"
+    shrunk = json.loads((run / "summary.json").read_text())
+    reference = json.loads((ref_run / "summary.json").read_text())
+    assert shrunk["world_size"] == reference["world_size"] == 1
+    assert shrunk["model_sha256"] == reference["model_sha256"]

@@ -13,9 +13,11 @@ import pytest
 from tests.helpers import run_diagnose as diagnose
 from workload.diagnose.decision import (DONE, REQUEUE, RESTART, SHRINK, STOP, Ending, Nodes,
                                         Progress, decide)
+from workload.diagnose.hardware import FABRIC, GPU, hardware_kind
 
 TWO_AND_SPARE = Nodes(step=("n1", "n2"), spares=("n3",))
 HANG = "rank 1 wrote no stall dump while the others did"
+GPU_ERROR = "rank 1 failed with a GPU error: RuntimeError: CUDA error: unspecified launch failure"
 # (ending, verdict, progress, nodes, max without progress) -> (action, next nodes, left behind)
 CASES = {
     "finished": (Ending(0), "", Progress(10, 20), TWO_AND_SPARE, 3, (DONE, (), ())),
@@ -37,6 +39,12 @@ CASES = {
     "a hang's node left behind": (Ending(1), HANG, Progress(10, 20),
                                   Nodes(("n1", "n2"), ("n3",), ("n1",)), 3,
                                   (RESTART, ("n2", "n3"), ("n1",))),
+    "a GPU error's node left behind: the spare in":
+        (Ending(1), GPU_ERROR, Progress(10, 20), Nodes(("n1", "n2"), ("n3",), ("n2",)), 3,
+         (RESTART, ("n1", "n3"), ("n2",))),
+    "a GPU error, no spare: shrink where allowed":
+        (Ending(1), GPU_ERROR, Progress(10, 20), Nodes(("n1", "n2"), (), ("n2",), 1), 3,
+         (SHRINK, ("n1",), ("n2",))),
     "a crash naming no node restarts on the same nodes":
         (Ending(1), "", Progress(10, 20), TWO_AND_SPARE, 3, (RESTART, ("n1", "n2"), ())),
     "no spare: shrink where allowed": (Ending(1), "", Progress(10, 20),
@@ -122,7 +130,9 @@ def test_a_hang_records_its_node_and_the_step_restarts_on_the_spare(tmp_path):
     assert diagnose(run, "--bad-nodes").stdout == "bad nodes: none\n"
 
 
-def test_a_hang_the_steps_end_cleared_in_the_heartbeats_still_names_its_node(tmp_path):
+# A stall dump's header past the 120 characters diagnose prints: its time still counts.
+@pytest.mark.parametrize("host", ["nid001", "nid001-gpu-a100-rack17.cluster.example.org"])
+def test_a_hang_the_steps_end_cleared_in_the_heartbeats_still_names_its_node(tmp_path, host):
     """The collective timeout ended the step, and SLURM's SIGCONT let the frozen rank take
     a last step: both heartbeats say finished, not stalled; rank 0's stall dump of this
     attempt is still there, rank 1 has none."""
@@ -134,7 +144,7 @@ def test_a_hang_the_steps_end_cleared_in_the_heartbeats_still_names_its_node(tmp
         path.write_text(path.read_text().replace('"stalled": true', '"stalled": false')
                         .replace('"attempt": 1.0', '"attempt": 1796430500.0'))
     (run / "diagnostics" / "rank-0.txt").write_text(
-        "stalled: no step done for 3 s; rank 0 on nid001, pid 1, step 6, phase "
+        f"stalled: no step done for 3 s; rank 0 on {host}, pid 1, step 6, phase "
         "forward/backward, at 2026-12-05T00:29:39+0000\n")
     assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
                              "exclude": "nid002"}
@@ -149,6 +159,65 @@ def test_an_earlier_attempts_hang_names_no_node_again(tmp_path):
     after(run, 1)
     diagnose(run, "--clear-bad-nodes")
     assert after(run, 1)["exclude"] == ""
+
+
+# A rank's error (its last heartbeat's) -> whether a broken GPU or fabric gives it.
+ERRORS = {
+    "RuntimeError: CUDA error: unspecified launch failure": GPU,
+    "RuntimeError: CUDA error: an uncorrectable ECC error was encountered": GPU,
+    "RuntimeError: CUDA error: unknown error": GPU,
+    "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable": GPU,
+    "RuntimeError: NVML error: GPU is lost": GPU,
+    "RuntimeError: Xid 79: GPU has fallen off the bus": GPU,
+    "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error": GPU,
+    "DistBackendError: NCCL error in: /opt/pytorch/torch/csrc/distributed/c10d/NCCLUtils."
+    "hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details)": FABRIC,
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "",
+    "RuntimeError: CUDA error: out of memory": "",
+    "RuntimeError: CUDA error: device-side assert triggered": "",
+    "RuntimeError: CUDA error: an illegal memory access was encountered": "",
+    "RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:1234": "",
+    "ValueError: bad label": "",
+}
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_which_errors_are_the_hardwares(error):
+    assert hardware_kind(error) == ERRORS[error]
+
+
+def failed_ranks(run: Path, *errors: str) -> None:
+    """This attempt's ranks (rank r on nid00<r+1>), each ended with its error ("": none)."""
+    folder = run / "diagnostics"
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, error in enumerate(errors):
+        (folder / f"heartbeat-{rank}.json").write_text(json.dumps(dict(
+            rank=rank, world_size=len(errors), host=f"nid00{rank + 1}", pid=10, step=6,
+            phase="exited", time=4e9, stalled=False, attempt=1.0,
+            **({"error": error} if error else {}))))
+
+
+def test_a_ranks_gpu_error_records_its_node_and_the_step_restarts_on_the_spare(tmp_path):
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    error = "RuntimeError: CUDA error: unspecified launch failure"
+    failed_ranks(run, "RuntimeError: [gloo] Connection closed by peer", error)
+    assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
+                             "exclude": "nid002"}
+    why = f"rank 1 failed with a GPU error: {error}"
+    assert diagnose(run, "--bad-nodes").stdout.startswith(f"bad node: nid002: {why} (job 42,")
+    record = json.loads((run / "attempts.jsonl").read_text())
+    assert record["verdict"] == why
+    assert record["reasons"][0] == f"status 1; diagnose: {why}"
+
+
+def test_an_nccl_system_error_names_a_node_only_when_not_every_rank_has_it(tmp_path):
+    nccl = "DistBackendError: NCCL error in: x.cpp:1, unhandled system error"
+    everywhere, one = tmp_path / "everywhere", tmp_path / "one"
+    failed_ranks(everywhere, nccl, nccl)
+    assert after(everywhere, 1)["exclude"] == ""
+    failed_ranks(one, "", nccl)
+    assert after(one, 1)["exclude"] == "nid002"
 
 
 def test_three_attempts_without_a_new_checkpoint_stop_the_run(tmp_path):

@@ -11,23 +11,19 @@ without evaluating them, and the decision's line on stderr, into the job's log.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from datetime import datetime
 
 from workload.checkpoint import checkpoints_dir, latest_step
 from workload.diagnose.attempts import (attempts, bad_nodes, is_node_name, record_attempt,
                                         record_bad_nodes)
 from workload.diagnose.decision import (DEFAULT_MAX_WITHOUT_PROGRESS, Decision, Ending, Nodes,
                                         Progress, decide)
+from workload.diagnose.hardware import hardware_nodes
 from workload.diagnose.verdict import diagnosis, is_stalled, rank_list
 from workload.errors import LaunchError, UsageError
 from workload.files import unwritable_reason
 from workload.launch.variables import expand_nodes
 from workload.runfolder import RunFolder
-
-# The time at the end of a stall dump's header (workload/training/watchdog.py).
-_DUMPED_AT = re.compile(r" at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[+-][0-9]{4})$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,11 +88,8 @@ def stalled_this_attempt(record: dict, attempt: float) -> bool:
     collective timeout (SLURM's SIGCONT with its SIGTERM) let a frozen rank finish one."""
     if is_stalled(record):
         return True
-    match = _DUMPED_AT.search(record.get("header", ""))
-    if not match:
-        return False
-    when = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S%z").timestamp()
-    return when >= attempt - 1  # the dump's time is in whole seconds
+    # The dump's time is in whole seconds.
+    return record.get("dumped_at", float("-inf")) >= attempt - 1
 
 
 def named_nodes(found: dict | None) -> dict[str, str]:
@@ -146,15 +139,15 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
     history, _ = attempts(run)
     found = this_attempts_diagnosis(run, history[-1]["time"] if history else 0.0)
     hung = named_nodes(found)
+    broken = hardware_nodes(found["ranks"]) if found else {}
     down = {node: "SLURM says it is down" for node in node_list("--down", args.down)}
-    record_bad_nodes(run, {**hung, **down}, args.job)
+    record_bad_nodes(run, {**broken, **hung, **down}, args.job)
     bad = tuple(bad_nodes(run))
     ending = Ending(args.after_step, args.requeue_asked, args.time_limit)
     progress = progress_of(run, history)
     nodes = Nodes(step=step, spares=tuple(n for n in allocation if n not in step), bad=bad,
                   minimum=args.min_nodes)
-    verdict = (found["verdict"] if found and found["suspect_ranks"]
-               else next((why.removeprefix("diagnose: ") for why in hung.values()), ""))
+    verdict = verdict_of(found, hung, broken)
     decision = decide(ending, verdict, progress, nodes, args.max_without_progress)
     record_attempt(run, dict(job=args.job, status=ending.status, ending=ending.kind(),
                              started_from=progress.started_from,
@@ -163,6 +156,16 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
                              action=decision.action, nodes=list(decision.nodes),
                              exclude=list(decision.exclude), reasons=list(decision.reasons)))
     return decision
+
+
+def verdict_of(found: dict | None, hung: dict[str, str], broken: dict[str, str]) -> str:
+    """The failure as diagnose reads it: a hardware error names its rank (the ranks a
+    failed rank's srun killed are no hang's suspects), else the hang's verdict."""
+    if broken:
+        return next(iter(broken.values()))
+    if found and found["suspect_ranks"]:
+        return found["verdict"]
+    return next((why.removeprefix("diagnose: ") for why in hung.values()), "")
 
 
 def print_for_the_job(decision: Decision) -> None:

@@ -43,6 +43,7 @@ DUMP_SIGNAL = signal.SIGUSR1
 STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
 FINISHED = "finished"  # the last heartbeat's phase: ended, or failed
 EXITED = "exited"
+ERROR_CHARS = 400  # a rank's error in its last heartbeat: NCCL names the fault after a path
 # Every variable flight_recorder_env may set (the old buffer name only for an old torch).
 FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
                         "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",

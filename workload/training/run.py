@@ -221,8 +221,10 @@ def watching(watchdog: StallWatchdog):
         return
     try:
         yield watchdog
-    finally:
-        watchdog.__exit__(None, None, None)
+    except BaseException as error:  # its last heartbeat says how the rank failed
+        watchdog.__exit__(type(error), error, error.__traceback__)
+        raise
+    watchdog.__exit__(None, None, None)
 
 
 def nccl_transport_warning(info: DistInfo, nccl_log: Path | None, sys_class: Path = SYS_CLASS):
