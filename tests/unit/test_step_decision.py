@@ -14,6 +14,7 @@ from tests.helpers import run_diagnose as diagnose
 from workload.diagnose.decision import (DONE, REQUEUE, RESTART, SHRINK, STOP, Ending, Nodes,
                                         Progress, decide)
 from workload.diagnose.hardware import FABRIC, GPU, hardware_kind
+from workload.training.startup import StartupClock
 
 TWO_AND_SPARE = Nodes(step=("n1", "n2"), spares=("n3",))
 HANG = "rank 1 wrote no stall dump while the others did"
@@ -209,6 +210,30 @@ def test_a_ranks_gpu_error_records_its_node_and_the_step_restarts_on_the_spare(t
     record = json.loads((run / "attempts.jsonl").read_text())
     assert record["verdict"] == why
     assert record["reasons"][0] == f"status 1; diagnose: {why}"
+
+
+def test_a_gpu_failing_at_start_up_names_its_node_and_an_earlier_error_no_node(
+        tmp_path, monkeypatch):
+    """Attempt 1: rank 0's GPU error on nid001 (its heartbeat); the node is cleared by a
+    user. Attempt 2 fails before its first step, rank 1's GPU on nid002 as it is first
+    used (its start-up record): nid002 is named, nid001 not again."""
+    run = tmp_path / "run"
+    checkpointed(run, 4)
+    failed_ranks(run, "RuntimeError: CUDA error: unspecified launch failure", "")
+    for rank in (0, 1):  # attempt 1's heartbeats, older than its decision
+        path = run / "diagnostics" / f"heartbeat-{rank}.json"
+        path.write_text(path.read_text().replace('"time": 4000000000.0', '"time": 1.0'))
+    assert after(run, 1)["exclude"] == "nid001"
+    diagnose(run, "--clear-bad-nodes")
+    monkeypatch.setenv("SLURMD_NODENAME", "nid002")
+    clock = StartupClock(run / "diagnostics" / "startup-rank-1.json")
+    clock.mark("imports")
+    clock.failed(RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    assert after(run, 1) == {"action": "restart", "nodes": "nid001,nid003",
+                             "exclude": "nid002"}
+    assert diagnose(run, "--bad-nodes").stdout.startswith(
+        "bad node: nid002: rank 1 failed with a GPU error: RuntimeError: CUDA error: "
+        "uncorrectable ECC error encountered (job 42,")
 
 
 def test_an_nccl_system_error_names_a_node_only_when_not_every_rank_has_it(tmp_path):

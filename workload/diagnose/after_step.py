@@ -18,7 +18,7 @@ from workload.diagnose.attempts import (attempts, bad_nodes, is_node_name, recor
                                         record_bad_nodes)
 from workload.diagnose.decision import (DEFAULT_MAX_WITHOUT_PROGRESS, Decision, Ending, Nodes,
                                         Progress, decide)
-from workload.diagnose.hardware import hardware_nodes
+from workload.diagnose.hardware import hardware_nodes, rank_errors
 from workload.diagnose.verdict import diagnosis, is_stalled, rank_list
 from workload.errors import LaunchError, UsageError
 from workload.files import unwritable_reason
@@ -70,14 +70,19 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--min-nodes {args.min_nodes}: expected 0 (never shrink) or more")
 
 
-def this_attempts_diagnosis(run: RunFolder, since: float) -> dict | None:
-    """diagnose's reading of the run's files, when its newest heartbeat is this attempt's
-    (newer than the last decision): an earlier attempt's would name its nodes again."""
+def run_diagnosis(run: RunFolder) -> dict | None:
+    """diagnose's reading of the run's files (None: no diagnostics folder, the step never
+    reached train's start)."""
     try:
-        found = diagnosis(run.root)
-    except UsageError:  # no diagnostics folder: the step never reached train's start
+        return diagnosis(run.root)
+    except UsageError:
         return None
-    newest = max((r.get("time", 0) for r in found["ranks"].values()), default=0)
+
+
+def this_attempts_heartbeats(found: dict | None, since: float) -> dict | None:
+    """`found` when its newest heartbeat is this attempt's (newer than the last decision):
+    an earlier attempt's hang would name its nodes again."""
+    newest = max((r.get("time", 0) for r in found["ranks"].values()), default=0) if found else 0
     return found if newest > since else None
 
 
@@ -137,9 +142,11 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
     allocation = node_list("--allocation", args.allocation)
     step = node_list("--step-nodes", args.step_nodes) or allocation
     history, _ = attempts(run)
-    found = this_attempts_diagnosis(run, history[-1]["time"] if history else 0.0)
+    since = history[-1]["time"] if history else 0.0
+    read = run_diagnosis(run)
+    found = this_attempts_heartbeats(read, since)
     hung = named_nodes(found)
-    broken = hardware_nodes(found["ranks"]) if found else {}
+    broken = hardware_nodes(rank_errors(read["ranks"], since)) if read else {}
     down = {node: "SLURM says it is down" for node in node_list("--down", args.down)}
     record_bad_nodes(run, {**broken, **hung, **down}, args.job)
     bad = tuple(bad_nodes(run))

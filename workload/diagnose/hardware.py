@@ -1,6 +1,7 @@
 """A rank's error that a broken GPU or fabric gives, read from the last heartbeat its stall
-watchdog wrote as the rank failed (`error`: the exception's type and message), and the
-nodes such ranks ran on: diagnose's decision leaves them behind (docs/failures.md).
+watchdog wrote as the rank failed, or from its start-up record when it failed before its
+first step (`error`: the exception's type and message), and the nodes such ranks ran on:
+diagnose's decision leaves them behind (docs/failures.md).
 
 Only errors that name the hardware count, not every CUDA error: "out of memory", a
 device-side assert or an illegal memory access come from the program, fail the same way
@@ -36,18 +37,34 @@ def hardware_kind(error: str) -> str:
     return FABRIC if _FABRIC.search(error) else ""
 
 
-def hardware_nodes(ranks: dict[str, dict]) -> dict[str, str]:
-    """node -> why, for the ranks of this attempt (diagnose's `ranks`: rank -> record)
-    that failed with the hardware's error. A GPU error names its rank's node. An NCCL
-    system error names its node only when some rank did not have one: when every rank
-    has, a peer or the fabric between them failed, and no node can be told apart."""
-    kinds = {rank: hardware_kind(r.get("error", "")) for rank, r in ranks.items()}
+def rank_errors(ranks: dict[str, dict], since: float) -> dict[str, tuple[str, str]]:
+    """rank -> (its node, its error or ""), from diagnose's `ranks` (rank -> record):
+    the error of the last heartbeat (a failure in training) or of the start-up record (a
+    failure before the first step), each only when written after `since` (the last
+    decision): an earlier attempt's error must not name its node again."""
+    found = {}
+    for rank, r in ranks.items():
+        if r.get("error") and r.get("time", 0) > since:
+            found[rank] = (r.get("host", ""), r["error"])
+        elif r.get("startup_error") and r.get("startup_at", 0) > since:
+            found[rank] = (r.get("startup_host", ""), r["startup_error"])
+        else:
+            found[rank] = (r.get("host", ""), "")
+    return found
+
+
+def hardware_nodes(errors: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """node -> why, for the ranks of this attempt (rank_errors) that failed with the
+    hardware's error. A GPU error names its rank's node. An NCCL system error names its
+    node only when some rank did not have one: when every rank has, a peer or the fabric
+    between them failed, and no node can be told apart."""
+    kinds = {rank: hardware_kind(error) for rank, (_, error) in errors.items()}
     every_rank_fabric = all(kind == FABRIC for kind in kinds.values())
     named: dict[str, str] = {}
     for rank, kind in sorted(kinds.items(), key=lambda item: int(item[0])):
-        host = ranks[rank].get("host")
+        host, error = errors[rank]
         if (not kind or (kind == FABRIC and every_rank_fabric) or not is_node_name(host)
                 or host in named):
             continue
-        named[host] = f"rank {rank} failed with {kind}: {ranks[rank]['error']}"
+        named[host] = f"rank {rank} failed with {kind}: {error}"
     return named

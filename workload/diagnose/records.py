@@ -68,7 +68,8 @@ def heartbeat(data: bytes, rank: int) -> dict:
 
 
 def startup(data: bytes, rank: int) -> dict:
-    """train's start-up record: the last phase this rank finished, and when."""
+    """train's start-up record: the last phase this rank finished, and when; and, when
+    the start-up failed, the rank's error and its node."""
     record = json_object(data)
     last = record.get("last_phase")
     at = record.get("at")
@@ -77,7 +78,9 @@ def startup(data: bytes, rank: int) -> dict:
         raise Skipped("not a start-up record (last_phase or at)")
     if problem := record_problem(record, ("at",)):
         raise Skipped(shown(problem))
-    return {"startup_last": last, "startup_at": at}
+    failed = {f"startup_{key}": shown(record[key], ERROR_CHARS) for key in ("error", "host")
+              if isinstance(record.get(key), str)}
+    return {"startup_last": last, "startup_at": at, **failed}
 
 
 def last_dump(data: bytes, rank: int) -> dict:

@@ -36,9 +36,8 @@ from workload import distributed
 from workload.checkpoint import waited_writer
 from workload.files import open_append, write_json
 from workload.held import let_go
-from workload.launch.diagnostics import (ERROR_CHARS, EXITED, FINISHED, STALL_MARK,
-                                         dump_command, heartbeat_file, hold_diagnostics,
-                                         stacks_file)
+from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command, error_text,
+                                         heartbeat_file, hold_diagnostics, stacks_file)
 from workload.launch.variables import node_name
 from workload.logs import logger
 
@@ -261,14 +260,6 @@ class StallWatchdog:
         record = flight_record()
         if record is not None:
             write_json(self.held / f"fr-rank-{self.rank}.json", record)
-
-
-def error_text(error: BaseException | None) -> str:
-    """An exception as its heartbeat keeps it: its type and message (not a SystemExit's
-    status nor a Ctrl-C: no error of the run's), cut where diagnose stops reading."""
-    if not isinstance(error, Exception):
-        return ""
-    return f"{type(error).__name__}: {error}"[:ERROR_CHARS]
 
 
 def attempt_id(is_main: bool, device: torch.device) -> float:
