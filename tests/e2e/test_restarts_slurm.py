@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (REPO, TINY, job_field, sbatch, step_pids, stop_step, wait_for,
-                           wait_until_ended)
+from tests.helpers import (REPO, TINY, hold_step, job_field, sbatch, step_pids, stop_step,
+                           wait_for, wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -204,14 +204,32 @@ def lose_node(cluster, job: int, node: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def newest_saved(latest: Path) -> int:
+    """The step the run folder's `latest` names (0: none yet)."""
+    text = latest.read_text().strip() if latest.exists() else ""
+    return int(text[5:]) if re.fullmatch(r"step-[0-9]{9}", text) else 0
+
+
 def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp_path):
+    """With --checkpoint-local: the survivor (rank 0's node, which the restart keeps)
+    holds a newer checkpoint than the run folder, as when the step ended while it was
+    being copied there, and the restarted step resumes from that copy."""
     job, run, log = train_job(slurm_cluster, tmp_path / "lost", "--partition=spares",
-                              "--nodes=3", "--no-kill", SPARE_NODES="1")
-    latest = run / "checkpoints" / "latest"
+                              "--nodes=3", "--no-kill", SPARE_NODES="1",
+                              args=("--checkpoint-local", str(tmp_path / "node-local")))
+    checkpoints = run / "checkpoints"
     lost = slurm_cluster.nodes[1]
     try:
-        wait_for(latest.exists, "the first checkpoint", log, poll=0.05)
-        stop_step(slurm_cluster, job, slurm_cluster.nodes[0])  # held: it cannot finish first
+        wait_for(lambda: newest_saved(checkpoints / "latest") >= 8, "a second checkpoint",
+                 log, poll=0.05)
+        # Held (its checkpoint writer too): it cannot finish first.
+        hold_step(slurm_cluster, job, log, slurm_cluster.nodes[0])
+        # As if the step had ended while the newest was being copied into the run folder
+        # (tests/e2e/test_checkpoint_local.py does the same): the run folder's newest is
+        # the one before it, the node-local tier still has it.
+        newest = newest_saved(checkpoints / "latest")
+        (checkpoints / f"step-{newest:09d}").rename(checkpoints / f".tmp-step-{newest:09d}")
+        (checkpoints / "latest").write_text(f"step-{newest - 4:09d}\n")
         lose_node(slurm_cluster, job, lost)
         assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
             log.read_text()[-4000:]
@@ -223,7 +241,11 @@ def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp
     assert (f"decision: restart on {slurm_cluster.nodes[0]},{slurm_cluster.spare}, leaving "
             f"{lost} behind") in text, text[-4000:]
     assert job_field(slurm_cluster, job, "Restarts") == "0"  # the same job, no queue
-    assert re.search(rf"resumed from \S*runs/{job}/checkpoints/step-\d+", text)
+    assert (f"is newer than the run folder's newest checkpoint (step {newest - 4})"
+            in text), text[-4000:]
+    # The newest copy of the tier: that step, or one its writer committed there as it was held.
+    resumed = re.search(rf"resumed from \S*runs/{job}/checkpoints/step-([0-9]+): ", text)
+    assert resumed and int(resumed.group(1)) >= newest, text[-4000:]
     assert [r["action"] for r in attempts(run)] == ["restart", "done"]
     ref, ref_run, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=2")
     assert wait_until_ended(slurm_cluster, ref, ref_log, timeout=300) == "COMPLETED"
