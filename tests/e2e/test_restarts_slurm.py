@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (REPO, TINY, hold_step, job_field, sbatch, step_pids, stop_step,
-                           wait_for, wait_until_ended)
+from tests.helpers import (DOCTOR_FAST, REPO, TINY, hold_step, job_field, sbatch, step_pids,
+                           stop_step, wait_for, wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -305,10 +305,16 @@ def test_a_gpu_error_leaves_its_node_behind_and_the_run_shrinks(slurm_cluster, t
     broken = slurm_cluster.nodes[1]
     job, run, log = train_job(slurm_cluster, tmp_path / "shrunk", "--nodes=2", "--no-kill",
                               args=("--epochs", "1"), MIN_NODES="1", BROKEN_GPU_NODE=broken,
-                              PYTHONPATH=str(tmp_path / "site"))
+                              PYTHONPATH=str(tmp_path / "site"), PREFLIGHT="1",
+                              PREFLIGHT_ARGS=" ".join(DOCTOR_FAST))
     assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
         log.read_text()[-4000:]
     text = log.read_text()
+    # doctor's preflight ran on both nodes first, and found them fit: its GPU breaks later.
+    report = json.loads((tmp_path / "shrunk" / f".train-preflight-{job}.json").read_text())
+    assert sorted(place["node"] for place in report["ranks"]) == list(slurm_cluster.nodes)
+    assert ("decision: restart on " + ",".join(slurm_cluster.nodes)
+            + ": doctor's preflight found every node fit") in text, text[-4000:]
     why = "rank 1 failed with a GPU error: RuntimeError: CUDA error: unspecified launch failure"
     assert (f"decision: shrink on {slurm_cluster.nodes[0]}, leaving {broken} behind: status "
             f"1; diagnose: {why}") in text, text[-4000:]

@@ -14,6 +14,7 @@ from tests.helpers import run_diagnose as diagnose
 from workload.diagnose.decision import (DONE, REQUEUE, RESTART, SHRINK, STOP, Ending, Nodes,
                                         Progress, decide)
 from workload.diagnose.hardware import FABRIC, GPU, hardware_kind
+from workload.doctor.findings import FAIL, OK, Finding, write_json_report
 from workload.training.startup import StartupClock
 
 TWO_AND_SPARE = Nodes(step=("n1", "n2"), spares=("n3",))
@@ -97,12 +98,17 @@ def checkpointed(run: Path, step: int) -> None:
     (run / "checkpoints" / "latest").write_text(f"step-{step:09d}\n")
 
 
-def after(run: Path, status: int, *flags: str) -> dict[str, str]:
-    done = diagnose(run, "--after-step", str(status), "--job", "42", "--allocation",
-                    "nid[001-003]", "--step-nodes", "nid[001-002]", *flags)
+def answered(run: Path, *flags: str) -> dict[str, str]:
+    """diagnose's decision as the job script reads it (a later flag overrides these)."""
+    done = diagnose(run, "--job", "42", "--allocation", "nid[001-003]", "--step-nodes",
+                    "nid[001-002]", *flags)
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith("decision: ")
     return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+def after(run: Path, status: int, *flags: str) -> dict[str, str]:
+    return answered(run, "--after-step", str(status), *flags)
 
 
 def hung_rank(run: Path, time: float) -> None:
@@ -283,3 +289,55 @@ def test_a_record_that_is_a_link_is_not_read_nor_written_through(tmp_path):
     (run / "attempts.jsonl").symlink_to(target)
     done = diagnose(run, "--after-step", "1")
     assert done.returncode != 0 and target.read_text() == ""
+
+
+def doctor_report(path: Path, failed: dict[int, tuple[str, str]]) -> Path:
+    """doctor --json's report of 2 ranks (rank r on nid00<r+1>), written by doctor's own
+    writer: `failed` rank -> (check, detail) of a failed check, the rest ok."""
+    ranks = [dict(rank=rank, node=f"nid00{rank + 1}", local_rank=0, device="cuda:0")
+             for rank in (0, 1)]
+    findings = [(rank, Finding(failed[rank][0], FAIL, failed[rank][1], "drain the node")
+                 if rank in failed else Finding("gpu-health", OK, "1 GPU(s) not throttled"))
+                for rank in (0, 1)]
+    findings.append((0, Finding("output-dir", FAIL, "runs is not writable")))  # the job's
+    write_json_report(path, dict(world_size=2, ranks=ranks, findings=findings))
+    return path
+
+
+def preflight(run: Path, report: Path, *flags: str) -> dict[str, str]:
+    return answered(run, "--preflight", str(report), *flags)
+
+
+def test_a_node_doctors_preflight_finds_unfit_is_left_out_of_the_first_step(tmp_path):
+    run = tmp_path / "run"
+    detail = "rank 1 on nid002 (NVIDIA H100): 2 uncorrected ECC errors (volatile)"
+    report = doctor_report(tmp_path / "preflight.json", {1: ("gpu-health", detail)})
+    assert preflight(run, report) == {"action": "restart", "nodes": "nid001,nid003",
+                                      "exclude": "nid002"}
+    assert diagnose(run, "--bad-nodes").stdout.startswith(
+        f"bad node: nid002: doctor's preflight: gpu-health failed: {detail} (job 42,")
+    assert not (run / "attempts.jsonl").exists()  # no step was attempted
+    # No spare left, and one node allowed: the step shrinks; else the job is requeued.
+    assert preflight(run, report, "--allocation", "nid[001-002]", "--min-nodes", "1") == {
+        "action": "shrink", "nodes": "nid001", "exclude": "nid002"}
+    assert preflight(run, report, "--allocation", "nid[001-002]")["action"] == "requeue"
+
+
+def test_a_check_failed_on_every_node_or_not_the_hardwares_names_none(tmp_path):
+    """--device cuda where no GPU was asked for fails `gpu` everywhere: the job's setting,
+    as is an output folder that cannot be written."""
+    run = tmp_path / "run"
+    missing = ("gpu", "--device cuda, but no GPU is visible")
+    report = doctor_report(tmp_path / "preflight.json", {0: missing, 1: missing})
+    assert preflight(run, report) == {"action": "restart", "nodes": "nid001,nid002",
+                                      "exclude": ""}
+    assert diagnose(run, "--bad-nodes").stdout == "bad nodes: none\n"
+
+
+@pytest.mark.parametrize("text", ["", "[1, 2]", '{"ranks": [], "findings": {}}'])
+def test_a_preflight_report_that_is_not_doctors_is_one_line_and_status_2(tmp_path, text):
+    (tmp_path / "report.json").write_text(text)
+    done = diagnose(tmp_path / "run", "--preflight", str(tmp_path / "report.json"))
+    assert done.returncode == 2 and "--preflight" in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1
+

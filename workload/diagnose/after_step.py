@@ -19,6 +19,7 @@ from workload.diagnose.attempts import (attempts, bad_nodes, is_node_name, recor
 from workload.diagnose.decision import (DEFAULT_MAX_WITHOUT_PROGRESS, Decision, Ending, Nodes,
                                         Progress, decide)
 from workload.diagnose.hardware import hardware_nodes, rank_errors
+from workload.diagnose.preflight import preflight
 from workload.diagnose.verdict import diagnosis, is_stalled, rank_list
 from workload.errors import LaunchError, UsageError
 from workload.files import unwritable_reason
@@ -44,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="nodes SLURM says are down, drained or failing")
     after.add_argument("--min-nodes", type=int, default=0, metavar="N",
                        help="the fewest nodes the run may shrink to (default: never shrink)")
+    after.add_argument("--preflight", metavar="REPORT", default=None,
+                       help="before the first step: record the nodes doctor's JSON REPORT "
+                            "found unfit and print the step's nodes (the other flags as "
+                            "with --after-step)")
     after.add_argument("--max-without-progress", type=int, metavar="N",
                        default=DEFAULT_MAX_WITHOUT_PROGRESS,
                        help="stop after N attempts in a row with no new checkpoint "
@@ -126,13 +131,28 @@ def progress_of(run: RunFolder, history: list[dict]) -> Progress:
 
 def after_step(run: RunFolder, args: argparse.Namespace) -> Decision:
     """Gather, decide, record (the bad nodes, then the attempt)."""
+    return recorded(run, args, decided)
+
+
+def before_first_step(run: RunFolder, args: argparse.Namespace) -> Decision:
+    """doctor's preflight read, its unfit nodes recorded, the first step's nodes chosen."""
+    def chosen(run: RunFolder, args: argparse.Namespace) -> Decision:
+        allocation = node_list("--allocation", args.allocation)
+        return preflight(run, args, allocation,
+                         node_list("--step-nodes", args.step_nodes) or allocation)
+    return recorded(run, args, chosen)
+
+
+def recorded(run: RunFolder, args: argparse.Namespace, decision) -> Decision:
+    """`decision(run, args)`, which records in the run folder, once the input is checked
+    and the folder can be written."""
     check_numbers(args)
     # Made when missing, as train makes it: a step that failed before train did still
     # counts as an attempt.
     if problem := unwritable_reason(run.root, create=True):
         raise UsageError(f"RUN_DIR {run.root}: {problem}; the decision is recorded there")
     try:
-        return decided(run, args)
+        return decision(run, args)
     except OSError as exc:  # a record that is a link, a FIFO, a full disk
         raise UsageError(f"cannot record the decision in {run.root} ({exc.strerror or exc}); "
                          f"move {exc.filename or 'the file'} away") from None
