@@ -6,14 +6,17 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
   queue) until three attempts in a row wrote no new checkpoint, then stops with one line
   (the last step, the attempts, the last failure) and a non-zero status.
 - A training of two nodes and a spare (three nodes, --no-kill) loses a node mid-run (its
-  slurmd stopped, its rank killed, the node set DOWN): the step restarts on the spare in
-  the same job and the run ends with the weights of an uninterrupted one.
+  slurmd stopped, its rank killed, the node set DOWN) while the survivor's node-local
+  checkpoint (--checkpoint-local) is newer than the run folder's: the step restarts on
+  the spare in the same job, resumes from that copy, and the run ends with the weights
+  of an uninterrupted one.
 - A hang on one node of such a job (its processes frozen): the stall watchdog's dumps
   name it, the collective timeout ends the step, and the step restarts without it.
 - A one-node job whose node is drained as its step fails is requeued with the node
   excluded, and starts elsewhere although the node is back in service.
-- A training of two nodes, no spare and MIN_NODES=1 whose rank 1 fails with a GPU error
-  (CUDA's "unspecified launch failure"): the node is recorded and left behind, and the
+- A training of two nodes, no spare and MIN_NODES=1 (doctor's preflight first finds both
+  fit) whose rank 1 fails with a GPU error (CUDA's "unspecified launch failure"): the
+  node is recorded and left behind, and the
   step shrinks onto the other node in the same job, ending bit for bit as a run resumed
   from the same checkpoint on one node.
 - A run whose every job ends at a time limit with a new checkpoint is never stopped: a
