@@ -6,10 +6,10 @@ MIN_NODES allows; else the queue), printed as `--after-step` prints its decision
 
 A node is unfit when one of its ranks failed a check of its own hardware: its GPU
 invisible (`gpu`), its matmul failed or wrong (`matmul`), its GPU's health (`gpu-health`:
-an uncorrected ECC error, a throttle). A check that failed on every node of the report
-is the job's own setting (`--device cuda` with no GPU asked for), not a node's, and
-names none. The report is data: read as a regular file of bounded size, every field
-checked by type before it is used."""
+an uncorrected ECC error; a warning, a throttle, does not count). A check that failed
+on every node of the report is the job's own setting (`--device cuda` with no GPU asked
+for), not a node's, and names none. The report is data: read as a regular file of
+bounded size, every field checked by type before it is used."""
 
 from __future__ import annotations
 
