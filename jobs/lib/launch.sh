@@ -27,6 +27,10 @@
 #   SPARE_NODES    requeueable launches: nodes of the allocation kept out of the first
 #                  step, to restart a failed step on in the same job (sbatch --nodes=N+S
 #                  --no-kill; default 0; docs/failures.md)
+#   PREFLIGHT      requeueable train launches: 1 runs `doctor` on every node of the
+#                  allocation before the first step, in the step's layout, and leaves the
+#                  nodes it finds unfit out (docs/failures.md); default 0
+#   PREFLIGHT_ARGS doctor's flags for it, split at spaces (e.g. --sweep-max-mib 64)
 #   TRAIN_RUN_DIR  requeueable launches: the run folder the decision after each step reads
 #                  and records in (docs/failures.md); default: train's --output-dir; a
 #                  SCRIPT's run has none unless this names it (its --output-dir)
@@ -123,6 +127,25 @@ keep_spares() {
   job_err "spare node(s) kept for a restart: ${nodes[*]: -spares}"
 }
 
+# With PREFLIGHT=1 (a train step), doctor's command into PREFLIGHT_STEP: on the whole
+# allocation, spares included (a restart may need them), its report into
+# TRAIN_PREFLIGHT_REPORT; jobs/lib/requeue.sh runs it before the first step.
+preflight_command() {
+  local kept=${STEP_NODES:-}
+  PREFLIGHT_STEP=()
+  case ${PREFLIGHT:-0} in
+    0) return 0 ;;
+    1) [[ $1 == train ]] || return 0 ;;
+    *) job_err "PREFLIGHT=${PREFLIGHT@Q}: expected 1 (doctor before the first step) or 0"
+       exit 2 ;;
+  esac
+  shift
+  export TRAIN_PREFLIGHT_REPORT=${PWD}/.train-preflight-${SLURM_JOB_ID:-local}.json
+  export STEP_NODES=""
+  listed_command PREFLIGHT_STEP preflight "$@"
+  STEP_NODES=${kept}
+}
+
 # Runs the step; MODE requeueable runs it under jobs/lib/requeue.sh, which gets the srun
 # command itself (not a function in a background subshell), so the signals it passes on
 # reach srun, which sends them to every task, and runs the decision (DECIDE: diagnose in
@@ -138,6 +161,7 @@ launch_step() {
   listed_command STEP "$@"
   if [[ ${mode} == requeueable ]]; then
     listed_command DECIDE decide "$@"
+    preflight_command "$@"
     # shellcheck source=jobs/lib/requeue.sh
     source "$(jobs_dir)/lib/requeue.sh"
     run_requeueable "${STEP[@]}"

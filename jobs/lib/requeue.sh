@@ -286,6 +286,32 @@ decide_after_step() {
   decide_without_command "${status}"
 }
 
+# doctor's preflight (PREFLIGHT_STEP: jobs/lib/launch.sh sets it with PREFLIGHT=1), then
+# the decision on its report: the unfit nodes recorded and left out of the first step (a
+# spare in their place, or fewer nodes where MIN_NODES allows), or, with too few left,
+# the job requeued without them. doctor's own status is not the decision's: a check that
+# fails on every node is the job's setting, which train then names itself.
+run_preflight() {
+  local answer status=0
+  ((${#PREFLIGHT_STEP[@]} && ${#DECIDE[@]})) || return 0
+  rm -f "${TRAIN_PREFLIGHT_REPORT}"
+  "${PREFLIGHT_STEP[@]}" || status=$?
+  requeue_log "doctor's preflight ended with status ${status}"
+  answer=$(mktemp)
+  if "${DECIDE[@]}" --preflight="${TRAIN_PREFLIGHT_REPORT}" --job="${SLURM_JOB_ID:-local}" \
+    --allocation="${SLURM_JOB_NODELIST:-}" --step-nodes="${STEP_NODES:-}" \
+    --min-nodes="${MIN_NODES}" >"${answer}" && read_decision "${answer}"; then
+    rm -f "${answer}"
+    case ${ACTION} in
+      restart | shrink) next_step ;;
+      requeue) ACTION_KIND=failure; continue_run ;;
+    esac
+    return 0
+  fi
+  rm -f "${answer}"
+  requeue_log "doctor's preflight gave no decision (${DECIDE[*]}): the step runs where it was"
+}
+
 # Runs the step in the background, passing this shell's signals on; its status in
 # STEP_STATUS, train's requeue request (the file's line) in ASKED.
 run_step() {
@@ -342,6 +368,8 @@ run_requeueable() {
   STEP=("$@")
   trap "forward_signal USR2" USR2
   trap "forward_signal TERM" TERM
+  [[ $(declare -p PREFLIGHT_STEP 2>/dev/null) == "declare -a"* ]] || PREFLIGHT_STEP=()
+  run_preflight
   while true; do
     run_step "${STEP[@]}"
     decide_after_step "${STEP_STATUS}"

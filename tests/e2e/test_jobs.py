@@ -355,6 +355,41 @@ def test_the_job_runs_what_the_decision_says(stubs):
     assert "leaving nid002 behind" in done.stderr
 
 
+def test_doctors_preflight_leaves_its_unfit_node_out_of_the_first_step(stubs):
+    """PREFLIGHT=1: doctor on the whole allocation in the step's layout, then the
+    decision on its report, whose nodes the first step runs on; with too few left, the
+    job is requeued without the unfit node and no step runs."""
+    answering(stubs, "action=restart\nnodes=nid001,nid003\nexclude=nid002\n",
+              "action=done\nnodes=\nexclude=\n")
+    done, calls = launch(stubs, "--epochs", "5", function="launch_train_requeueable",
+                         SLURM_JOB_NODELIST="nid[001-003]", SLURM_NNODES="3", PREFLIGHT="1",
+                         PREFLIGHT_ARGS="--sweep-max-mib 2")
+    assert done.returncode == 0, done.stderr
+    report = str(stubs.parent / ".train-preflight-77.json")
+    assert calls[0]["argv"] == ["--kill-on-bad-exit=1", "--ntasks=12", "--ntasks-per-node=4",
+                                "--cpus-per-task=18", *APPTAINER, "doctor", "--output-dir",
+                                "runs/77", "--json", report, "--sweep-max-mib", "2"]
+    assert calls[1]["argv"][:3] == ["--kill-on-bad-exit=1", "--nodes=2",
+                                    "--nodelist=nid001,nid003"]
+    assert other_calls(stubs)[0] == (
+        f"{DECIDE} --preflight={report} --job=77 --allocation=nid[001-003] --step-nodes= "
+        "--min-nodes=0")
+    (stubs.parent / "calls").unlink()
+    (stubs.parent / "srun.jsonl").unlink()
+    answering(stubs, "action=requeue\nnodes=\nexclude=nid002\n")
+    done, calls = launch(stubs, function="launch_train_requeueable", PREFLIGHT="1")
+    assert done.returncode == 0, done.stderr
+    assert [call["argv"][-4] for call in calls] == ["--output-dir"]  # doctor's alone
+    assert other_calls(stubs)[-2:] == ["scontrol requeue 77",
+                                       "scontrol update JobId=77 ExcNodeList=nid002"]
+
+
+def test_preflight_is_1_or_0(stubs):
+    done, calls = launch(stubs, function="launch_train_requeueable", PREFLIGHT="yes")
+    assert done.returncode == 2 and calls == []
+    assert done.stderr == "job: PREFLIGHT='yes': expected 1 (doctor before the first step) or 0\n"
+
+
 @pytest.mark.parametrize(("status", "ends"), [(3, 3), (0, 1)])
 def test_a_stop_ends_the_job_non_zero_without_a_requeue(stubs, status, ends):
     answering(stubs, "action=stop\nnodes=\nexclude=\n")

@@ -6,12 +6,19 @@ each attempt costs a step launch) with TRAIN_RUN_DIR naming its run folder.
   queue) until three attempts in a row wrote no new checkpoint, then stops with one line
   (the last step, the attempts, the last failure) and a non-zero status.
 - A training of two nodes and a spare (three nodes, --no-kill) loses a node mid-run (its
-  slurmd stopped, its rank killed, the node set DOWN): the step restarts on the spare in
-  the same job and the run ends with the weights of an uninterrupted one.
+  slurmd stopped, its rank killed, the node set DOWN) while the survivor's node-local
+  checkpoint (--checkpoint-local) is newer than the run folder's: the step restarts on
+  the spare in the same job, resumes from that copy, and the run ends with the weights
+  of an uninterrupted one.
 - A hang on one node of such a job (its processes frozen): the stall watchdog's dumps
   name it, the collective timeout ends the step, and the step restarts without it.
 - A one-node job whose node is drained as its step fails is requeued with the node
   excluded, and starts elsewhere although the node is back in service.
+- A training of two nodes, no spare and MIN_NODES=1 (doctor's preflight first finds both
+  fit) whose rank 1 fails with a GPU error (CUDA's "unspecified launch failure"): the
+  node is recorded and left behind, and the
+  step shrinks onto the other node in the same job, ending bit for bit as a run resumed
+  from the same checkpoint on one node.
 - A run whose every job ends at a time limit with a new checkpoint is never stopped: a
   chain of five jobs (more than the former fixed cap of 3 time limits) ends COMPLETED,
   even with MAX_ATTEMPTS_WITHOUT_PROGRESS=1.
@@ -29,8 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, wait_for
-from tests.slurm.jobs import job_field, sbatch, step_pids, stop_step, wait_until_ended
+from tests.helpers import DOCTOR_FAST, REPO, TINY, wait_for
+from tests.slurm.jobs import (hold_step, job_field, sbatch, step_pids, stop_step,
+                              wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -200,14 +208,32 @@ def lose_node(cluster, job: int, node: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def newest_saved(latest: Path) -> int:
+    """The step the run folder's `latest` names (0: none yet)."""
+    text = latest.read_text().strip() if latest.exists() else ""
+    return int(text[5:]) if re.fullmatch(r"step-[0-9]{9}", text) else 0
+
+
 def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp_path):
+    """With --checkpoint-local: the survivor (rank 0's node, which the restart keeps)
+    holds a newer checkpoint than the run folder, as when the step ended while it was
+    being copied there, and the restarted step resumes from that copy."""
     job, run, log = train_job(slurm_cluster, tmp_path / "lost", "--partition=spares",
-                              "--nodes=3", "--no-kill", SPARE_NODES="1")
-    latest = run / "checkpoints" / "latest"
+                              "--nodes=3", "--no-kill", SPARE_NODES="1",
+                              args=("--checkpoint-local", str(tmp_path / "node-local")))
+    checkpoints = run / "checkpoints"
     lost = slurm_cluster.nodes[1]
     try:
-        wait_for(latest.exists, "the first checkpoint", log, poll=0.05)
-        stop_step(slurm_cluster, job, slurm_cluster.nodes[0])  # held: it cannot finish first
+        wait_for(lambda: newest_saved(checkpoints / "latest") >= 8, "a second checkpoint",
+                 log, poll=0.05)
+        # Held (its checkpoint writer too): it cannot finish first.
+        hold_step(slurm_cluster, job, log, slurm_cluster.nodes[0])
+        # As if the step had ended while the newest was being copied into the run folder
+        # (tests/e2e/test_checkpoint_local.py does the same): the run folder's newest is
+        # the one before it, the node-local tier still has it.
+        newest = newest_saved(checkpoints / "latest")
+        (checkpoints / f"step-{newest:09d}").rename(checkpoints / f".tmp-step-{newest:09d}")
+        (checkpoints / "latest").write_text(f"step-{newest - 4:09d}\n")
         lose_node(slurm_cluster, job, lost)
         assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
             log.read_text()[-4000:]
@@ -219,7 +245,11 @@ def test_a_node_lost_mid_run_continues_on_the_spare_bit_exact(slurm_cluster, tmp
     assert (f"decision: restart on {slurm_cluster.nodes[0]},{slurm_cluster.spare}, leaving "
             f"{lost} behind") in text, text[-4000:]
     assert job_field(slurm_cluster, job, "Restarts") == "0"  # the same job, no queue
-    assert re.search(rf"resumed from \S*runs/{job}/checkpoints/step-\d+", text)
+    assert (f"is newer than the run folder's newest checkpoint (step {newest - 4})"
+            in text), text[-4000:]
+    # The newest copy of the tier: that step, or one its writer committed there as it was held.
+    resumed = re.search(rf"resumed from \S*runs/{job}/checkpoints/step-([0-9]+): ", text)
+    assert resumed and int(resumed.group(1)) >= newest, text[-4000:]
     assert [r["action"] for r in attempts(run)] == ["restart", "done"]
     ref, ref_run, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=2")
     assert wait_until_ended(slurm_cluster, ref, ref_log, timeout=300) == "COMPLETED"
@@ -249,3 +279,64 @@ def test_a_hang_on_one_node_is_left_behind_and_the_run_continues(slurm_cluster, 
     bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
     assert [(b["node"], b["why"].split(":")[0]) for b in bad] == [(hung, "diagnose")]
     assert job_field(slurm_cluster, job, "Restarts") == "0"
+
+
+# A broken GPU as PyTorch shows it: a CUDA op of the rank raises. Python runs this file
+# (sitecustomize, found on PYTHONPATH) in every process of the job; in train's processes
+# on the node named, the step's 10th backward pass raises CUDA's error.
+BROKEN_GPU = """import os
+if os.environ.get("SLURMD_NODENAME") == os.environ.get("BROKEN_GPU_NODE"):
+    import torch
+    backward, passes = torch.Tensor.backward, []
+
+    def broken(self, *args, **kwargs):
+        passes.append(1)
+        if len(passes) == 10:
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        return backward(self, *args, **kwargs)
+    torch.Tensor.backward = broken
+"""
+
+
+def test_a_gpu_error_leaves_its_node_behind_and_the_run_shrinks(slurm_cluster, tmp_path):
+    """Two nodes, no spare, MIN_NODES=1: rank 1's GPU fails at step 10; its node is
+    recorded and left behind, and the step goes on on the other node alone, resuming the
+    2-rank checkpoint in 1 rank. It ends with the weights of a run that trained in 2 ranks
+    to that checkpoint (--max-steps) and was resumed in 1 (docs/checkpoints.md#another-
+    number-of-processes)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BROKEN_GPU)
+    broken = slurm_cluster.nodes[1]
+    job, run, log = train_job(slurm_cluster, tmp_path / "shrunk", "--nodes=2", "--no-kill",
+                              args=("--epochs", "1"), MIN_NODES="1", BROKEN_GPU_NODE=broken,
+                              PYTHONPATH=str(tmp_path / "site"), PREFLIGHT="1",
+                              PREFLIGHT_ARGS=" ".join(DOCTOR_FAST))
+    assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
+        log.read_text()[-4000:]
+    text = log.read_text()
+    # doctor's preflight ran on both nodes first, and found them fit: its GPU breaks later.
+    report = json.loads((tmp_path / "shrunk" / f".train-preflight-{job}.json").read_text())
+    assert sorted(place["node"] for place in report["ranks"]) == list(slurm_cluster.nodes)
+    assert ("decision: restart on " + ",".join(slurm_cluster.nodes)
+            + ": doctor's preflight found every node fit") in text, text[-4000:]
+    why = "rank 1 failed with a GPU error: RuntimeError: CUDA error: unspecified launch failure"
+    assert (f"decision: shrink on {slurm_cluster.nodes[0]}, leaving {broken} behind: status "
+            f"1; diagnose: {why}") in text, text[-4000:]
+    bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
+    assert [(b["node"], b["why"], b["job"]) for b in bad] == [(broken, why, str(job))]
+    records = attempts(run)
+    assert [r["action"] for r in records] == ["shrink", "done"]
+    assert job_field(slurm_cluster, job, "Restarts") == "0"  # the same job, no queue
+    step = records[0]["checkpointed"]
+    assert step and re.search(rf"resumed from \S*runs/{job}/checkpoints/step-0*{step}\b", text)
+    # The reference: 2 ranks to that checkpoint, then 1 rank on from it, in the same folder.
+    first, ref_run, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=2",
+                                        args=("--epochs", "1", "--max-steps", str(step)))
+    assert wait_until_ended(slurm_cluster, first, ref_log, timeout=300) == "COMPLETED"
+    then, _, ref_log = train_job(slurm_cluster, tmp_path / "reference", "--nodes=1",
+                                 args=("--epochs", "1"), TRAIN_RUN_ID=str(first))
+    assert wait_until_ended(slurm_cluster, then, ref_log, timeout=300) == "COMPLETED"
+    shrunk = json.loads((run / "summary.json").read_text())
+    reference = json.loads((ref_run / "summary.json").read_text())
+    assert shrunk["world_size"] == reference["world_size"] == 1
+    assert shrunk["model_sha256"] == reference["model_sha256"]

@@ -53,3 +53,8 @@ def test_a_rank_stuck_in_its_start_is_named_with_its_phase_by_diagnose(tmp_path)
     assert "rank 0" in verdict.stdout, verdict.stdout + verdict.stderr
     assert "start-up: finished imports at " in verdict.stdout
     assert "then in process group" in verdict.stdout, verdict.stdout
+    # Its record keeps how the start failed, and where, for the decision after the step
+    # (a GPU that fails as it is first used names its node: workload/diagnose/hardware.py).
+    record = json.loads((out / "diagnostics" / "startup-rank-0.json").read_text())
+    assert record["last_phase"] == "imports" and record["host"], record
+    assert "timed out" in record["error"].lower() or "timeout" in record["error"].lower(), record

@@ -72,3 +72,11 @@ def test_the_summary_shows_the_power_draw_beside_the_limit():
     assert found[0].detail.endswith("°C, power 312-655 W of a 700 W limit")
     # A GPU or driver without the power queries: the line goes without it.
     assert "power" not in nvml.nvml_findings([healthy(power_w=None)], HOSTS)[0].detail
+
+
+def test_a_failing_gpus_finding_is_its_ranks_in_the_report():
+    """The report says which rank, so which node, a GPU's problem is (diagnose
+    --preflight leaves that node out); the lines of the whole job are rank 0's."""
+    found = nvml.nvml_findings_by_rank([healthy()] * 2 + [healthy(ecc_uncorrected=2),
+                                                          "this rank runs on the CPU"], HOSTS)
+    assert [(rank, f.status) for rank, f in found] == [(2, FAIL), (0, OK), (0, INFO)]

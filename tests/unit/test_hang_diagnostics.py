@@ -18,6 +18,7 @@ from tests.helpers import REPO, clean_env
 from workload.checkpoint.stall import StallWatch
 from workload.launch.diagnostics import apply_defaults, flight_recorder_env
 from workload.launch.diagnostics import EXITED, FINISHED
+from workload.training.run import watching
 from workload.training.watchdog import (CHECKPOINT, COMPUTE, DATA, EVALUATION, HUNG_WRITE_S,
                                         STARTUP, Activity, StallWatchdog)
 
@@ -119,6 +120,17 @@ def test_the_last_heartbeat_says_the_run_ended(tmp_path):
     with pytest.raises(KeyboardInterrupt), StallWatchdog(activity, tmp_path, 0, 1, 300.0):
         raise KeyboardInterrupt
     assert json.loads((tmp_path / "heartbeat-0.json").read_text())["phase"] == EXITED
+
+
+def test_a_failed_ranks_last_heartbeat_names_its_error(tmp_path):
+    """train's watch (training/run.py) hands the rank's exception to its last heartbeat,
+    where diagnose's decision reads a broken GPU's error (workload/diagnose/hardware.py)."""
+    error = "CUDA error: unspecified launch failure" + " (more)" * 80
+    with pytest.raises(RuntimeError), watching(StallWatchdog(Activity(), tmp_path, 0, 1, 300.0)):
+        raise RuntimeError(error)
+    beat = json.loads((tmp_path / "heartbeat-0.json").read_text())
+    assert beat["phase"] == EXITED
+    assert beat["error"] == f"RuntimeError: {error}"[:400]
 
 
 def test_the_stall_timeout_follows_slow_steps(tmp_path):

@@ -256,6 +256,8 @@ NO_NUMBER_USED = {
                                        "the trainer state's, itself walked",
     "workload/bench/first_step.py": "the summary.json of the train it started itself, in "
                                     "a folder of its own",
+    "workload/diagnose/preflight.py": "doctor's report: a rank is only matched with the "
+                                      "report's own rank map, never sized or counted",
 }
 PARSES = re.compile(r"strict_json\(|read_json_file\(|read_jsonl_(records|lines)\(|"
                     r"read_json\(|json\.loads?\(")

@@ -72,6 +72,27 @@ def test_phases_follow_the_marks_and_the_job_start_comes_first(tmp_path):
     assert record["last_phase"] == "process group" and record["since"] == "job start"
 
 
+def test_a_start_up_that_fails_keeps_its_error_and_node_until_the_first_step(tmp_path,
+                                                                              monkeypatch):
+    """The record says how the rank failed before its first step (a GPU that fails as it
+    is first used), where diagnose's decision reads it; after that, the stall watchdog's
+    last heartbeat does."""
+    monkeypatch.setenv("SLURMD_NODENAME", "nid002")
+    path = tmp_path / "diagnostics" / "startup-rank-1.json"
+    clock = StartupClock(path)
+    clock.mark("imports")
+    clock.failed(RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    record = json.loads(path.read_text())
+    assert (record["error"], record["host"]) == (
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered", "nid002")
+    read = startup(path.read_bytes(), 1)
+    assert (read["startup_error"], read["startup_host"]) == (record["error"], "nid002")
+    clock = StartupClock(path)
+    clock.mark("first step")
+    clock.failed(RuntimeError("CUDA error: unspecified launch failure"))
+    assert "error" not in json.loads(path.read_text())
+
+
 def test_no_record_is_written_where_the_run_folder_does_not_exist(tmp_path):
     clock = StartupClock(tmp_path / "run" / "diagnostics" / "startup-rank-0.json")
     clock.mark("imports")

@@ -94,6 +94,9 @@ def diagnose(args: argparse.Namespace) -> None:
     if args.after_step is not None:
         after_step.print_for_the_job(after_step.after_step(run, args))
         return
+    if args.preflight is not None:
+        after_step.print_for_the_job(after_step.before_first_step(run, args))
+        return
     if args.bad_nodes or args.clear_bad_nodes is not None:
         manage_bad_nodes(run, args)
         return

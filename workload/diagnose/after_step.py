@@ -11,23 +11,20 @@ without evaluating them, and the decision's line on stderr, into the job's log.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from datetime import datetime
 
 from workload.checkpoint import checkpoints_dir, latest_step
 from workload.diagnose.attempts import (attempts, bad_nodes, is_node_name, record_attempt,
                                         record_bad_nodes)
 from workload.diagnose.decision import (DEFAULT_MAX_WITHOUT_PROGRESS, Decision, Ending, Nodes,
                                         Progress, decide)
+from workload.diagnose.hardware import hardware_nodes, rank_errors
+from workload.diagnose.preflight import preflight
 from workload.diagnose.verdict import diagnosis, is_stalled, rank_list
 from workload.errors import LaunchError, UsageError
 from workload.files import unwritable_reason
 from workload.launch.variables import expand_nodes
 from workload.runfolder import RunFolder
-
-# The time at the end of a stall dump's header (workload/training/watchdog.py).
-_DUMPED_AT = re.compile(r" at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[+-][0-9]{4})$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="nodes SLURM says are down, drained or failing")
     after.add_argument("--min-nodes", type=int, default=0, metavar="N",
                        help="the fewest nodes the run may shrink to (default: never shrink)")
+    after.add_argument("--preflight", metavar="REPORT", default=None,
+                       help="before the first step: record the nodes doctor's JSON REPORT "
+                            "found unfit and print the step's nodes (the other flags as "
+                            "with --after-step)")
     after.add_argument("--max-without-progress", type=int, metavar="N",
                        default=DEFAULT_MAX_WITHOUT_PROGRESS,
                        help="stop after N attempts in a row with no new checkpoint "
@@ -74,14 +75,19 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--min-nodes {args.min_nodes}: expected 0 (never shrink) or more")
 
 
-def this_attempts_diagnosis(run: RunFolder, since: float) -> dict | None:
-    """diagnose's reading of the run's files, when its newest heartbeat is this attempt's
-    (newer than the last decision): an earlier attempt's would name its nodes again."""
+def run_diagnosis(run: RunFolder) -> dict | None:
+    """diagnose's reading of the run's files (None: no diagnostics folder, the step never
+    reached train's start)."""
     try:
-        found = diagnosis(run.root)
-    except UsageError:  # no diagnostics folder: the step never reached train's start
+        return diagnosis(run.root)
+    except UsageError:
         return None
-    newest = max((r.get("time", 0) for r in found["ranks"].values()), default=0)
+
+
+def this_attempts_heartbeats(found: dict | None, since: float) -> dict | None:
+    """`found` when its newest heartbeat is this attempt's (newer than the last decision):
+    an earlier attempt's hang would name its nodes again."""
+    newest = max((r.get("time", 0) for r in found["ranks"].values()), default=0) if found else 0
     return found if newest > since else None
 
 
@@ -92,11 +98,8 @@ def stalled_this_attempt(record: dict, attempt: float) -> bool:
     collective timeout (SLURM's SIGCONT with its SIGTERM) let a frozen rank finish one."""
     if is_stalled(record):
         return True
-    match = _DUMPED_AT.search(record.get("header", ""))
-    if not match:
-        return False
-    when = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S%z").timestamp()
-    return when >= attempt - 1  # the dump's time is in whole seconds
+    # The dump's time is in whole seconds.
+    return record.get("dumped_at", float("-inf")) >= attempt - 1
 
 
 def named_nodes(found: dict | None) -> dict[str, str]:
@@ -128,13 +131,28 @@ def progress_of(run: RunFolder, history: list[dict]) -> Progress:
 
 def after_step(run: RunFolder, args: argparse.Namespace) -> Decision:
     """Gather, decide, record (the bad nodes, then the attempt)."""
+    return recorded(run, args, decided)
+
+
+def before_first_step(run: RunFolder, args: argparse.Namespace) -> Decision:
+    """doctor's preflight read, its unfit nodes recorded, the first step's nodes chosen."""
+    def chosen(run: RunFolder, args: argparse.Namespace) -> Decision:
+        allocation = node_list("--allocation", args.allocation)
+        return preflight(run, args, allocation,
+                         node_list("--step-nodes", args.step_nodes) or allocation)
+    return recorded(run, args, chosen)
+
+
+def recorded(run: RunFolder, args: argparse.Namespace, decision) -> Decision:
+    """`decision(run, args)`, which records in the run folder, once the input is checked
+    and the folder can be written."""
     check_numbers(args)
     # Made when missing, as train makes it: a step that failed before train did still
     # counts as an attempt.
     if problem := unwritable_reason(run.root, create=True):
         raise UsageError(f"RUN_DIR {run.root}: {problem}; the decision is recorded there")
     try:
-        return decided(run, args)
+        return decision(run, args)
     except OSError as exc:  # a record that is a link, a FIFO, a full disk
         raise UsageError(f"cannot record the decision in {run.root} ({exc.strerror or exc}); "
                          f"move {exc.filename or 'the file'} away") from None
@@ -144,17 +162,19 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
     allocation = node_list("--allocation", args.allocation)
     step = node_list("--step-nodes", args.step_nodes) or allocation
     history, _ = attempts(run)
-    found = this_attempts_diagnosis(run, history[-1]["time"] if history else 0.0)
+    since = history[-1]["time"] if history else 0.0
+    read = run_diagnosis(run)
+    found = this_attempts_heartbeats(read, since)
     hung = named_nodes(found)
+    broken = hardware_nodes(rank_errors(read["ranks"], since)) if read else {}
     down = {node: "SLURM says it is down" for node in node_list("--down", args.down)}
-    record_bad_nodes(run, {**hung, **down}, args.job)
+    record_bad_nodes(run, {**broken, **hung, **down}, args.job)
     bad = tuple(bad_nodes(run))
     ending = Ending(args.after_step, args.requeue_asked, args.time_limit)
     progress = progress_of(run, history)
     nodes = Nodes(step=step, spares=tuple(n for n in allocation if n not in step), bad=bad,
                   minimum=args.min_nodes)
-    verdict = (found["verdict"] if found and found["suspect_ranks"]
-               else next((why.removeprefix("diagnose: ") for why in hung.values()), ""))
+    verdict = verdict_of(found, hung, broken)
     decision = decide(ending, verdict, progress, nodes, args.max_without_progress)
     record_attempt(run, dict(job=args.job, status=ending.status, ending=ending.kind(),
                              started_from=progress.started_from,
@@ -163,6 +183,16 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
                              action=decision.action, nodes=list(decision.nodes),
                              exclude=list(decision.exclude), reasons=list(decision.reasons)))
     return decision
+
+
+def verdict_of(found: dict | None, hung: dict[str, str], broken: dict[str, str]) -> str:
+    """The failure as diagnose reads it: a hardware error names its rank (the ranks a
+    failed rank's srun killed are no hang's suspects), else the hang's verdict."""
+    if broken:
+        return next(iter(broken.values()))
+    if found and found["suspect_ranks"]:
+        return found["verdict"]
+    return next((why.removeprefix("diagnose: ") for why in hung.values()), "")
 
 
 def print_for_the_job(decision: Decision) -> None:

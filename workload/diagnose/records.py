@@ -6,19 +6,22 @@ dump, a flight recorder record's collectives. Whatever comes out is safe to prin
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 
 from workload.config import out_of_range, record_problem
 from workload.files import strict_json
-from workload.launch.diagnostics import STALL_MARK, STARTUP_PHASES
+from workload.launch.diagnostics import ERROR_CHARS, STALL_MARK, STARTUP_PHASES
 
 TEXT_CHARS = 120             # a printed string is at most this long
+# The time at the end of a stall dump's header: `at 2026-12-05T00:29:39+0000`.
+_DUMPED_AT = re.compile(r" at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[+-][0-9]{4})$")
 _FRAME = re.compile(r'File "(.+)", line ([0-9]+) in (\S+)', re.ASCII)
 _NUMBER = (int, float)
 # A heartbeat's fields: the types each may have (bool is no number here).
 _HEARTBEAT = {"world_size": (int,), "step": (int,), "phase": (str,), "host": (str,),
               "pid": (int,), "time": _NUMBER, "median_step_s": (*_NUMBER, type(None)),
-              "stalled": (bool,), "attempt": _NUMBER, "rank": (int,)}
+              "stalled": (bool,), "attempt": _NUMBER, "rank": (int,), "error": (str,)}
 HEARTBEAT_KEYS = frozenset(_HEARTBEAT) - {"rank"}  # what a rank's record takes from it
 
 
@@ -60,12 +63,13 @@ def heartbeat(data: bytes, rank: int) -> dict:
         raise Skipped(shown(problem))
     if rank >= beat["world_size"]:
         raise Skipped(f"rank {rank} is not below its world size {beat['world_size']}")
-    return {key: shown(beat[key]) if isinstance(beat[key], str) else beat[key]
-            for key in HEARTBEAT_KEYS if key in beat}
+    return {key: shown(beat[key], ERROR_CHARS if key == "error" else TEXT_CHARS)
+            if isinstance(beat[key], str) else beat[key] for key in HEARTBEAT_KEYS if key in beat}
 
 
 def startup(data: bytes, rank: int) -> dict:
-    """train's start-up record: the last phase this rank finished, and when."""
+    """train's start-up record: the last phase this rank finished, and when; and, when
+    the start-up failed, the rank's error and its node."""
     record = json_object(data)
     last = record.get("last_phase")
     at = record.get("at")
@@ -74,19 +78,33 @@ def startup(data: bytes, rank: int) -> dict:
         raise Skipped("not a start-up record (last_phase or at)")
     if problem := record_problem(record, ("at",)):
         raise Skipped(shown(problem))
-    return {"startup_last": last, "startup_at": at}
+    failed = {f"startup_{key}": shown(record[key], ERROR_CHARS) for key in ("error", "host")
+              if isinstance(record.get(key), str)}
+    return {"startup_last": last, "startup_at": at, **failed}
 
 
 def last_dump(data: bytes, rank: int) -> dict:
-    """The last dump of a rank-<N>.txt: its header (a stall's) and the main thread's
-    innermost frames."""
+    """The last dump of a rank-<N>.txt: its header (a stall's), when it was written, and
+    the main thread's innermost frames."""
     text = data.decode(errors="replace")
     block = text[max(0, text.rfind(STALL_MARK)):]  # an on-demand dump has no header
     header = block.splitlines()[0] if block.startswith(STALL_MARK) else ""
     threads = re.split(r"\n(?=Thread 0x|Current thread)", block)
     main = next((t for t in threads if "in <module>" in t), threads[-1])
     frames = [shown(f"{Path(m[0]).name}:{m[1]} {m[2]}") for m in _FRAME.findall(main)[:4]]
-    return dict(header=shown(header), frames=frames)
+    return dict(header=shown(header), frames=frames, **dumped_at(header))
+
+
+def dumped_at(header: str) -> dict:
+    """{"dumped_at": seconds since the epoch} from the time at the end of a stall dump's
+    header (workload/training/watchdog.py), read before the header is shortened for
+    printing, which cuts a long one's time off; {} without one."""
+    match = _DUMPED_AT.search(header)
+    try:
+        when = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S%z") if match else None
+    except ValueError:  # a month 13, a year 0
+        return {}
+    return {"dumped_at": when.timestamp()} if when else {}
 
 
 def flight(data: bytes, rank: int) -> dict:

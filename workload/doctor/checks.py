@@ -88,7 +88,7 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
         distributed.teardown()
     rank_map = [r["place"] for r in everyone]
     readings = [r["nvml"] for r in everyone]
-    gpus = nvml.nvml_findings(readings, [p["node"] for p in rank_map])
+    gpus = nvml.nvml_findings_by_rank(readings, [p["node"] for p in rank_map])
     # This rank's NCCL log speaks for the job: rank 0 is the one that prints.
     transport = ranks.transport_finding(info.backend, nccl_net.read_nccl_log(nccl_log),
                                         nccl_net.fabric_devices(),
@@ -98,7 +98,7 @@ def check_ranks(args, nccl_log: Path | None) -> dict:
                 gpus=readings,
                 findings=[(r["place"]["rank"], f) for r in everyone for f in r["findings"]]
                 + consistency(everyone) + [(0, bandwidth), (0, transport)]
-                + sweep_findings(everyone, args) + [(0, finding) for finding in gpus])
+                + sweep_findings(everyone, args) + gpus)
 
 
 def swept(args, info) -> dict:

@@ -115,14 +115,20 @@ def gpu_finding(rank: int, host: str, reading: dict) -> Finding | None:
 def nvml_findings(readings_by_rank: list, hosts: list[str]) -> list[Finding]:
     """One finding per GPU with a problem, else one summary line of the healthy ones; one
     line saying why the checks did not run on the ranks without readings."""
+    return [finding for _, finding in nvml_findings_by_rank(readings_by_rank, hosts)]
+
+
+def nvml_findings_by_rank(readings_by_rank: list, hosts: list[str]) -> list[tuple[int, Finding]]:
+    """nvml_findings, each with its rank: a GPU's problem its rank's (the report says which
+    node to leave out: diagnose --preflight), the lines of the whole job rank 0's."""
     read = [(rank, r) for rank, r in enumerate(readings_by_rank) if isinstance(r, dict)]
-    judged = [(r, gpu_finding(rank, hosts[rank], r)) for rank, r in read]
-    found = [finding for _, finding in judged if finding]
-    if good := [r for r, finding in judged if finding is None]:
-        found.append(Finding("gpu-health", OK, summary(good)))
+    judged = [(rank, r, gpu_finding(rank, hosts[rank], r)) for rank, r in read]
+    found = [(rank, finding) for rank, _, finding in judged if finding]
+    if good := [r for _, r, finding in judged if finding is None]:
+        found.append((0, Finding("gpu-health", OK, summary(good))))
     if reasons := sorted({r for r in readings_by_rank if isinstance(r, str)}):
-        found.append(Finding("gpu-health", INFO, "NVML checks (clocks, temperature, ECC) did "
-                             "not run: " + "; ".join(reasons)))
+        found.append((0, Finding("gpu-health", INFO, "NVML checks (clocks, temperature, ECC) "
+                                 "did not run: " + "; ".join(reasons))))
     return found
 
 

@@ -43,10 +43,21 @@ DUMP_SIGNAL = signal.SIGUSR1
 STALL_MARK = "stalled:"  # the first word of the stall watchdog's dump header
 FINISHED = "finished"  # the last heartbeat's phase: ended, or failed
 EXITED = "exited"
+ERROR_CHARS = 400  # a rank's error as its records keep it: NCCL names the fault after a path
 # Every variable flight_recorder_env may set (the old buffer name only for an old torch).
 FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
                         "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
                         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def error_text(error: BaseException | None) -> str:
+    """A rank's exception as its last heartbeat and its start-up record keep it: its type
+    and message (not a SystemExit's status nor a Ctrl-C: no error of the run's), cut where
+    diagnose stops reading. diagnose's decision leaves the rank's node behind when it is a
+    broken GPU's (workload/diagnose/hardware.py)."""
+    if not isinstance(error, Exception):
+        return ""
+    return f"{type(error).__name__}: {error}"[:ERROR_CHARS]
 
 
 def stacks_file(folder: Path, rank: int) -> Path:

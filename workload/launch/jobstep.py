@@ -8,6 +8,7 @@ DEST/lib/ beside launch.sh; in a source checkout launch.sh finds it here.
     python3 jobstep.py --jobs-dir DIR train [train arguments...]
     python3 jobstep.py --jobs-dir DIR script [script arguments...]   # SCRIPT, FORM
     python3 jobstep.py --jobs-dir DIR decide train|script [arguments...]
+    python3 jobstep.py --jobs-dir DIR preflight [train arguments...]  # doctor, PREFLIGHT=1
 
 `decide` prints the command of the decision after a step (`diagnose RUN_DIR`, run in the
 image as the step is; docs/failures.md), or nothing where the run folder is not known (a
@@ -251,6 +252,15 @@ def train_command(env, args):
             + ["--output-dir", "runs/" + run_id(env)] + list(args))
 
 
+def doctor_command(env, args):
+    """doctor's preflight (PREFLIGHT=1) of train's step: the output folder train will
+    write to, its JSON report where jobs/lib/requeue.sh reads it (TRAIN_PREFLIGHT_REPORT),
+    and PREFLIGHT_ARGS (doctor's flags, split at spaces)."""
+    report = plain_path("TRAIN_PREFLIGHT_REPORT", setting(env, "TRAIN_PREFLIGHT_REPORT"))
+    return (["doctor", "--output-dir", output_dir(args) or "runs/" + run_id(env), "--json",
+             report] + setting(env, "PREFLIGHT_ARGS").split())
+
+
 def layout_of(env, what):
     """The step's layout: LAYOUT for train, FORM's shape for a user's script."""
     if what == "script":
@@ -279,8 +289,8 @@ def step_command(env, jobs_dir, what, args):
     via_entrypoint[len(in_image):len(in_image)] = IGNORE_USR1  # the image's command starts
     in_image = in_image + IGNORE_USR1  # with USR1 ignored
     torchrun = ["torchrun", "--nproc-per-node={}".format(gpus), TORCHRUN_SIGNALS]
-    if what == "train":
-        train = train_command(env, args)
+    if what in ("train", "preflight"):
+        train = train_command(env, args) if what == "train" else doctor_command(env, args)
         command = (via_entrypoint + torchrun + ["--no-python"] + train
                    if layout == "torchrun" else in_image + train)
     else:
@@ -340,7 +350,7 @@ def report_preset(env, jobs_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="jobstep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs-dir", required=True, help="the jobs/ folder (its presets)")
-    parser.add_argument("what", choices=("train", "script", "decide"))
+    parser.add_argument("what", choices=("train", "script", "decide", "preflight"))
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
     args = options.args[1:] if options.args[:1] == ["--"] else options.args

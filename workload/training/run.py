@@ -47,12 +47,16 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
     # Before the process group forms: torch reads the flight recorder's variables then.
     # NCCL's INFO log, to a private file, before any communicator forms: which network it
     # took, checked after the first step (nccl_transport_warning).
-    with (held_for_the_run(folder.diagnostics) as diagnostics,
-          defaults_for_one_run(os.environ, diagnostics),
-          nccl_log_for_one_run(os.environ) as nccl_log,
-          start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
-        clock.mark("process group")
-        return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
+    try:
+        with (held_for_the_run(folder.diagnostics) as diagnostics,
+              defaults_for_one_run(os.environ, diagnostics),
+              nccl_log_for_one_run(os.environ) as nccl_log,
+              start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
+            clock.mark("process group")
+            return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
+    except Exception as error:  # its start-up record says how the rank failed
+        clock.failed(error)
+        raise
 
 
 def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
@@ -224,8 +228,10 @@ def watching(watchdog: StallWatchdog):
         return
     try:
         yield watchdog
-    finally:
-        watchdog.__exit__(None, None, None)
+    except BaseException as error:  # its last heartbeat says how the rank failed
+        watchdog.__exit__(type(error), error, error.__traceback__)
+        raise
+    watchdog.__exit__(None, None, None)
 
 
 def nccl_transport_warning(info: DistInfo, nccl_log: Path | None, sys_class: Path = SYS_CLASS):

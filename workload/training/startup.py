@@ -31,7 +31,9 @@ from pathlib import Path
 from workload.config import out_of_range
 from workload.files import proc_stat_fields, write_json
 from workload.held import let_go
-from workload.launch.diagnostics import STARTUP_ORDER, STARTUP_PREFIX, hold_diagnostics
+from workload.launch.diagnostics import (STARTUP_ORDER, STARTUP_PREFIX, error_text,
+                                         hold_diagnostics)
+from workload.launch.variables import node_name
 from workload.logs import logger
 
 BEFORE = STARTUP_ORDER[0]
@@ -162,11 +164,23 @@ class StartupClock:
         self.record = record
         self.marks: list[tuple[str, float]] = []
         self.compile_s = 0.0
+        self.error = ""
 
     def mark(self, phase: str) -> None:
         self.marks.append((phase, time.time()))
         if phase == FIRST_STEP:
             self.compile_s = compile_seconds()
+        self.write()
+
+    def failed(self, error: BaseException) -> None:
+        """The start-up ended in `error` (before the first step: after it, the stall
+        watchdog's last heartbeat says how the rank failed): the record keeps it, with
+        this node, for diagnose's decision (a GPU that fails as it is first used)."""
+        if not any(phase == FIRST_STEP for phase, _ in self.marks):
+            self.error = error_text(error)
+            self.write()
+
+    def write(self) -> None:
         # Only into a run folder that exists (a requeued job's, or one made for the job):
         # train creates it once the inputs are checked, and bad input writes nothing.
         if self.record is not None and self.record.parent.parent.is_dir():
@@ -197,7 +211,8 @@ class StartupClock:
         return {"since": "job start" if self.job is not None else "process start",
                 "phases_s": self.phases(),
                 "last_phase": self.marks[-1][0] if self.marks else None,
-                "at": self.marks[-1][1] if self.marks else self.origin}
+                "at": self.marks[-1][1] if self.marks else self.origin,
+                **({"error": self.error, "host": node_name()} if self.error else {})}
 
 
 def across_ranks(clock: StartupClock, device) -> dict:

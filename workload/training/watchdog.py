@@ -35,7 +35,7 @@ import torch
 from workload import distributed
 from workload.files import open_append, write_json
 from workload.held import let_go
-from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command,
+from workload.launch.diagnostics import (EXITED, FINISHED, STALL_MARK, dump_command, error_text,
                                          heartbeat_file, hold_diagnostics, stacks_file)
 from workload.launch.variables import node_name
 from workload.logs import logger
@@ -163,13 +163,15 @@ class StallWatchdog:
         self._thread.start()
         return self
 
-    def __exit__(self, kind, *_) -> None:
+    def __exit__(self, kind, error, _traceback) -> None:
         self._stop.set()
         self._thread.join(timeout=self.poll_s + 1)
         self.dumped = False
         # The last word, after any heartbeat still waiting: diagnose must not show a
-        # finished run's last poll.
-        self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED)
+        # finished run's last poll. A failure's error goes with it: diagnose's decision
+        # leaves the node behind when it is a broken GPU's (workload/diagnose/hardware.py).
+        self.write_heartbeat(self.activity.step, FINISHED if kind is None else EXITED,
+                             error_text(error))
         self.files.close(timeout_s=HEARTBEAT_EVERY)
         if not self.files.busy():  # a hung write still goes through the descriptor
             let_go(self.held)
@@ -241,12 +243,13 @@ class StallWatchdog:
                            f"hung for {stuck:.0f} s: is its file system hung (a Lustre or NFS "
                            f"server)? Its stall dump and heartbeat come when it answers")
 
-    def write_heartbeat(self, step: int, phase: str) -> None:
+    def write_heartbeat(self, step: int, phase: str, error: str = "") -> None:
         """The heartbeat as it is now, written by the file writer."""
         median = statistics.median(self.step_times) if self.step_times else None
         beat = dict(rank=self.rank, world_size=self.world_size, host=self.host,
                     pid=os.getpid(), step=step, phase=phase, time=time.time(),
-                    median_step_s=median, stalled=self.dumped, attempt=self.attempt)
+                    median_step_s=median, stalled=self.dumped, attempt=self.attempt,
+                    **({"error": error} if error else {}))
         self.files.submit("heartbeat",
                           lambda: write_json(heartbeat_file(self.held, self.rank), beat))
 
