@@ -105,9 +105,11 @@ def guarded_env(env: dict | None, report: Path) -> dict:
 # the amd64 ones; the SLURM tests are dealt out one by one, in collection order, over
 # SLURM_WORKERS workers, each starting its own private cluster (tests/slurm: ports picked
 # free), so their waits overlap. One by one, not by module: a module's tests cost alike,
-# so each worker gets half of every module, where whole modules made one worker's share
-# (the site pages and preemption, 1,650 s) nearly four times the other's (440 s).
-SLURM_WORKERS = 2
+# so each worker gets a share of every module, where whole modules made one worker's share
+# (the site pages and preemption, 1,650 s) nearly four times the other's (440 s). Three:
+# with two, the SLURM tests (mostly waits for SLURM and the jobs' ranks) were the longest
+# path of make test (docs/development.md).
+SLURM_WORKERS = 3
 ARM64_FIXTURES = ("arm64_image", "registry")
 
 
