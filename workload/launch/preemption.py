@@ -243,8 +243,10 @@ def wait_for_slurm() -> None:
     its grace time is requeued by SLURM, one that exited is not. Every signal but
     SIGKILL finds the preemption handlers still installed and changes nothing."""
     if os.environ.get("RANK", "0") == "0":
-        say(f"preempted inside SLURM job {os.environ.get('SLURM_JOB_ID')}: waiting for SLURM to "
-            "end the step, so that it requeues the job (a job submitted with --requeue)")
+        say(f"SIGTERM inside SLURM job {os.environ.get('SLURM_JOB_ID')}, checkpoint written: "
+            "waiting for SLURM to end the step (a preempted job submitted with --requeue is "
+            "requeued then; after a time limit or scancel the job ends, and the next job "
+            "resumes from the checkpoint)")
     while True:
         signal.pause()
 
