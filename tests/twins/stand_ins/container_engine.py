@@ -68,7 +68,10 @@ def ce_task(args: list[str]) -> None:
              "exist [twin: the CE's wording is NOT CONFIRMED]")
     check_arch(image)
     image_env = json.loads(image.read_text()).get("env", {})
-    edf = expanded(raw, dict(os.environ) | image_env, args[0])
+    # The [env] table "cannot reference other entries from [env] tables ... only environment
+    # variables from the host can be referenced" (the EDF reference's Limitations).
+    edf = expanded({k: v for k, v in raw.items() if k != "env"}, dict(os.environ) | image_env,
+                   args[0]) | {"env": expanded(raw.get("env", {}), dict(os.environ), args[0])}
     for mount in edf.get("mounts", []):
         source = mount.split(":")[0]
         if not site_path(source).exists():
@@ -78,6 +81,9 @@ def ce_task(args: list[str]) -> None:
     # default"), the EDF's env over both (the EDF reference).
     env = pyxis_env({}, image_env, args[2:], "set it in the EDF's [env]") | {
         k: str(v) for k, v in edf.get("env", {}).items()}
+    # "Empty string values will unset the variable" (the EDF reference's [env], read as
+    # EDF_VARIABLE's).
+    env = {key: value for key, value in env.items() if edf.get("env", {}).get(key) != ""}
     if "workdir" in edf:
         os.chdir(site_path(edf["workdir"]))
     if edf.get("entrypoint"):
