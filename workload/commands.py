@@ -31,7 +31,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 
 from workload.errors import UsageError, exit_with_usage_error, failed_write_line
-from workload.launch.preemption import signals_from_the_start
+from workload.launch.preemption import StartUpFlag, signals_from_the_start
 from workload.logs import logging_kept
 
 DISTRIBUTION = "hpc-train"
@@ -280,12 +280,17 @@ def start_up_over() -> None:
         gc.enable()
 
 
-def main_of(prog: str, parser: argparse.ArgumentParser,
-            work: Callable[[argparse.Namespace], object]):
-    """The usual `main(argv)`: parse, then run with usage errors reported; it returns the
-    exit status."""
+def main_of(prog: str, parser: argparse.ArgumentParser, work: Callable[..., object],
+            takes_flag: bool = False):
+    """The usual `main(argv)`: parse, then run `work(args)` with usage errors reported; it
+    returns the exit status. `takes_flag`: `work(args, flag)` is given run_command's
+    StartUpFlag, for a command that joins a process group (a signal while its ranks meet
+    is acted on through it: workload.distributed.init_distributed)."""
     def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+
+        def run(early: StartUpFlag) -> object:
+            return work(args, early) if takes_flag else work(args)
         # argv None: the console script or `python -m`, whose process ends after this.
-        return run_command(prog, lambda _early: work(args), keep_signals=argv is None)
+        return run_command(prog, run, keep_signals=argv is None)
     return main

@@ -23,7 +23,7 @@ from torch import nn
 
 from workload.errors import UsageError
 from workload.launch import Launch, LaunchError, Resolution, resolve
-from workload.launch.preemption import signals_end_the_wait
+from workload.launch.preemption import PreemptionFlag, signals_end_the_wait
 from workload.logs import warn
 
 
@@ -115,10 +115,12 @@ def pick_device(requested: str, res: Resolution) -> torch.device:
     return chosen
 
 
-def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(device: str, timeout_s: float, flag: PreemptionFlag | None) -> DistInfo:
     """Resolve the launch, choose the device, and join the process group if needed.
 
     A bad launch variable is a UsageError (exit status 2) raised before any work starts.
+    `flag`: the command's (train's PreemptionFlag, another command's StartUpFlag; None
+    where none answers signals), acted on for a signal during the rendezvous.
     """
     try:
         res = apply_launch_env()
@@ -128,15 +130,16 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistInfo:
     place = Launch.resolved(res, chosen.index if chosen.type == "cuda" else None)
     if place.world_size == 1:
         return DistInfo(place, chosen)
-    join_group(place.backend, timeout_s, place.rank, place.world_size)
+    join_group(place.backend, timeout_s, place.rank, place.world_size, flag)
     return DistInfo(place, chosen, place.backend)
 
 
-def join_group(backend: str, timeout_s: float, rank: int, world_size: int) -> None:
+def join_group(backend: str, timeout_s: float, rank: int, world_size: int,
+               flag: PreemptionFlag | None) -> None:
     """init_process_group; a rendezvous that cannot form is one line naming the address
     and the fix (an occupied port, a rank that never came), not torch's traceback."""
     with _held_stderr() as held, signals_end_the_wait(
-            f"the other ranks at start-up (rank {rank} of {world_size})", held.stderr):
+            f"the other ranks at start-up (rank {rank} of {world_size})", held.stderr, flag):
         try:
             timeout = timedelta(seconds=timeout_s)
             dist.init_process_group(backend, timeout=timeout, store=elastic_store(timeout),

@@ -30,6 +30,7 @@ from workload.config import (TrainConfig, add_flags, given, image_size_of, read_
                              validate)
 from workload.errors import UsageError
 from workload.files import output_file_problem
+from workload.launch.preemption import StartUpFlag
 from workload.models import ModelDescription, ModelFiles, locate, read_description
 from workload.runfolder import RunFolder
 
@@ -87,12 +88,12 @@ def check_data(description: ModelDescription, data) -> None:
                          "name the folders as in training")
 
 
-def evaluate(files: ModelFiles, cfg: TrainConfig) -> dict:
+def evaluate(files: ModelFiles, cfg: TrainConfig, flag: StartUpFlag) -> dict:
     from workload.models import load_described
     from workload.training.build import start_process
 
     description, model = load_described(files)  # a damaged model: refused before any work
-    with start_process(cfg) as (info, precision):
+    with start_process(cfg, flag) as (info, precision):
         return evaluate_in_process(cfg, files, description, model, info, precision)
 
 
@@ -120,10 +121,10 @@ def evaluate_in_process(cfg: TrainConfig, files: ModelFiles, description: ModelD
                 is_main=info.is_main)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, early: StartUpFlag) -> dict:
     files, cfg = checked(args)
     use_private_caches(PROG)  # before torch is imported
-    record = evaluate(files, cfg)
+    record = evaluate(files, cfg, early)
     if record.pop("is_main"):
         print(f"{PROG}: accuracy {record['accuracy']:.4f} ({record['correct']}/"
               f"{record['images']} images), loss {record['loss']:.4f} on the "
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> dict:
     return record
 
 
-main = main_of(PROG, build_parser(), run)
+main = main_of(PROG, build_parser(), run, takes_flag=True)
 
 
 if __name__ == "__main__":

@@ -114,20 +114,45 @@ def test_a_stack_dump_asked_for_during_start_up_kills_nothing(tmp_path):
     assert proc.returncode == 75, err
 
 
-def test_ctrl_c_during_the_rendezvous_ends_bench_with_130(tmp_path):
-    """bench has no preemption handling: Python's own Ctrl-C, which cannot run in C++."""
-    bench = [str(Path(sys.executable).parent / "bench"), "train", "--device", "cpu",
-             "--dataset", "synthetic", "--model", "wrn", "--width", "8", "--blocks-per-stage",
-             "1", "--image-size", "16", "--dist-timeout", str(WAIT_S)]
-    proc, _ = start_rank_0_alone(tmp_path, bench)
-    proc.send_signal(signal.SIGINT)
+# bench at its smallest, waiting for its peer at start-up.
+BENCH = ["bench", "train", "--device", "cpu", "--dataset", "synthetic", "--model", "wrn",
+         "--width", "8", "--blocks-per-stage", "1", "--image-size", "16", "--dist-timeout",
+         str(WAIT_S)]
+
+
+def signalled_in_the_rendezvous(tmp_path, command: list[str], number: int,
+                                **env: str) -> tuple[int, str]:
+    """The console script `command` as rank 0 of 2 alone, sent `number` in the rendezvous:
+    its exit status and stderr."""
+    proc, _ = start_rank_0_alone(tmp_path, [console(command[0]), *command[1:]], **env)
+    proc.send_signal(number)
     try:
         _, err = proc.communicate(timeout=20)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    return proc.returncode, err
+
+
+def test_ctrl_c_during_the_rendezvous_ends_bench_with_130(tmp_path):
+    """bench has no preemption handling: Python's own Ctrl-C, which cannot run in C++."""
+    status, err = signalled_in_the_rendezvous(tmp_path, BENCH, signal.SIGINT)
+    assert status == 130, err
     assert "SIGINT while waiting for the other ranks at start-up (rank 0 of 2): exiting " \
            "with status 130" in err, err
+
+
+@pytest.mark.parametrize("command", [BENCH, ["doctor", "--device", "cpu", "--timeout",
+                                             str(WAIT_S)]], ids=["bench", "doctor"])
+def test_sigterm_during_the_rendezvous_ends_every_command_with_75(tmp_path, command):
+    """The commands that save nothing: their start-up flag, passed to the rendezvous as
+    train's flag is, ends them there too, with the requeue status and one line."""
+    requeue = tmp_path / ".requeue"
+    status, err = signalled_in_the_rendezvous(tmp_path, command, signal.SIGTERM,
+                                              TRAIN_REQUEUE_FILE=str(requeue))
+    assert status == 75, err
+    assert "SIGTERM while waiting for the other ranks at start-up (rank 0 of 2): nothing to " \
+           "save; exiting with status 75" in err and "Traceback" not in err, err
+    assert requeue.read_text() == "preempted by SIGTERM at start-up\n"
 
 
 def start_and_signal_while_torch_imports(command: list[str], number: int,

@@ -32,7 +32,7 @@ def compiled_step():
     from workload.training.build import build_state
     from workload.training.trainer import Trainer
 
-    info = distributed.init_distributed("cpu")
+    info = distributed.init_distributed("cpu", 600, None)
     cfg = build_config({"model": "wrn", "width": 8, "blocks_per_stage": 1, "device": "cpu",
                         "dataset": "synthetic", "image_size": 16, "num_classes": 4,
                         "compile": True, "compile_scope": "step", "warmup_epochs": 1}, "cpu")

@@ -63,7 +63,7 @@ def test_the_gpu_build_uses_bf16_channels_last_and_the_fused_sgd_step(cuda):
     from workload.precision import resolve_precision
     from workload.training.build import build_state
 
-    info = distributed.init_distributed("cuda")
+    info = distributed.init_distributed("cuda", 600, None)
     cfg = build_config({"model": "wrn", "width": 8, "blocks_per_stage": 1, "device": "cuda",
                         "dataset": "synthetic"}, "cuda")
     precision = resolve_precision(cfg.hardware.precision, cuda)

@@ -38,7 +38,7 @@ def fake_measure(rows, args, cfg, info, meter=None) -> list[dict]:
 
 
 @contextmanager
-def no_process(args, cfg):
+def no_process(args, cfg, flag):
     yield SimpleNamespace(device=None, local_rank=0)
 
 

@@ -15,7 +15,7 @@ from tests.helpers import clean_env
 
 RANK_CODE = """
 from workload import distributed
-info = distributed.init_distributed("cpu", 60)
+info = distributed.init_distributed("cpu", 60, None)
 numbers = distributed.main_rank_numbers([7 + 10 * info.rank, info.rank, 2**62], info)
 flags = distributed.any_rank([info.rank == 1, False], info.device)
 print(numbers, flags)

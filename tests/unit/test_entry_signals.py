@@ -14,7 +14,8 @@ import signal
 import tomllib
 
 from tests.helpers import REPO
-from workload.launch.preemption import PreemptionFlag, StartUpFlag
+from workload.launch.preemption import (REQUEUE_EXIT_STATUS, REQUEUE_FILE_ENV, PreemptionFlag,
+                                        StartUpFlag, status_while_waiting)
 
 # `python -m` entries that are not commands a job step runs, and why.
 NOT_COMMANDS = {
@@ -60,20 +61,18 @@ def test_every_python_m_entry_answers_signals_from_its_first_line():
 
 
 def test_no_module_finds_a_flag_through_the_installed_signal_handler():
-    """A preemption flag is passed to whoever reads it (train's to its checkpoints, the
-    start-up flag to train by run_command), never found as the bound method's `__self__`
-    of whatever handler is installed. The one reader of a handler: the thread that stands
-    in for a handler that cannot run while the main thread waits in C++ (the rendezvous),
-    which must do what that handler would."""
+    """A preemption flag is passed to whoever reads it (train's to its checkpoints and its
+    rendezvous, the start-up flag to train by run_command and to the other commands'
+    rendezvous), never found as the bound method's `__self__` of whatever handler is
+    installed: no module names `__self__` at all, as an attribute or a string."""
     readers = set()
     for path in sorted((REPO / "workload").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                    getattr(inner, "attr", None) == "__self__"
-                    or getattr(inner, "value", None) == "__self__"
-                    for inner in ast.walk(node)):
-                readers.add(f"{path.relative_to(REPO)}:{node.name}")
-    assert readers == {"workload/launch/preemption.py:status_while_waiting"}
+            if (getattr(node, "attr", None) == "__self__"
+                    or getattr(node, "value", None) == "__self__"):
+                readers.add(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not readers, f"a flag found through the installed handler ({sorted(readers)}); " \
+        "pass the flag as an argument instead"
 
 
 def test_train_s_flag_takes_over_only_the_signals_it_answers():
@@ -92,4 +91,29 @@ def test_train_s_flag_takes_over_only_the_signals_it_answers():
         answering.uninstall()
         assert answering.signal_name == "SIGUSR1"
     finally:
+        early.uninstall()
+
+
+def test_a_signal_while_the_ranks_meet_is_judged_by_the_flag_passed(tmp_path, monkeypatch):
+    """The thread that stands in for the handlers during the rendezvous asks the command's
+    flag, passed to it (workload.distributed.init_distributed), what a signal means."""
+    requeue = tmp_path / ".requeue"
+    monkeypatch.setenv(REQUEUE_FILE_ENV, str(requeue))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    early = StartUpFlag("test", frozenset({signal.SIGTERM})).install_all()
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert status_while_waiting(early, "SIGUSR1") is None  # the stack dump's: recorded
+        assert status_while_waiting(early, "SIGTERM") == REQUEUE_EXIT_STATUS
+        assert requeue.read_text() == "preempted by SIGTERM at start-up\n"
+        assert status_while_waiting(early, "SIGINT") == 130  # Python's own Ctrl-C
+        assert status_while_waiting(None, "SIGTERM") is None  # no flag: not ours to act on
+        trains = PreemptionFlag().install(("INT",))
+        try:
+            assert status_while_waiting(trains, "SIGINT") == REQUEUE_EXIT_STATUS
+            assert status_while_waiting(trains, "SIGHUP") is None  # not its signal
+        finally:
+            trains.uninstall()
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
         early.uninstall()

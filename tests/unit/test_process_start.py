@@ -20,7 +20,7 @@ def test_the_runtime_reads_the_launch_record_setup_returns():
     env = {**clean_env(), "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
            "SLURM_NODEID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "node1"}
     with mock.patch.dict(os.environ, env, clear=True):
-        info = init_distributed("cpu")
+        info = init_distributed("cpu", 600, None)
         mine = setup(dict(os.environ), quiet=True)
     # setup() takes a GPU when there is one; `--device cpu` is the runtime's choice.
     assert isinstance(info.launch, Launch)

@@ -36,6 +36,7 @@ from workload.bench import flags
 from workload.caches import use_private_caches
 from workload.commands import command_parser, run_command
 from workload.config import build_config
+from workload.launch.preemption import StartUpFlag
 
 PROG = "bench"
 
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def bench(args: dict) -> dict:
+def bench(args: dict, early: StartUpFlag) -> dict:
     if args["command"] == "commit":  # no model, no data: train's flags are not its own
         flags.check_commit(args)
         from workload.bench import commit
@@ -67,13 +68,13 @@ def bench(args: dict) -> dict:
     from workload.bench import train as train_bench
 
     command = args.pop("command")
-    return (input_bench if command == "input" else train_bench).run(args)
+    return (input_bench if command == "input" else train_bench).run(args, early)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     # argv None: the console script or `python -m`, whose process ends after this.
-    return run_command(PROG, lambda _early: bench(args), keep_signals=argv is None)
+    return run_command(PROG, lambda early: bench(args, early), keep_signals=argv is None)
 
 
 if __name__ == "__main__":

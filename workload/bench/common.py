@@ -20,6 +20,7 @@ from workload.commands import start_up_over
 from workload.config import TrainConfig, build_config
 from workload.distributed import DistInfo, resolve_device
 from workload.files import write_json
+from workload.launch import PreemptionFlag
 from workload.records import versions
 from workload.training.build import start_process
 from workload.training.probe import sync
@@ -33,10 +34,12 @@ def config_from(args: dict, **overrides) -> TrainConfig:
 
 
 @contextmanager
-def bench_process(args: dict, cfg: TrainConfig) -> Iterator[DistInfo]:
+def bench_process(args: dict, cfg: TrainConfig,
+                  flag: PreemptionFlag | None) -> Iterator[DistInfo]:
     """The process started as `train` starts it (launch, device, process group with
-    --dist-timeout, left at the end), then bench's --threads."""
-    with start_process(cfg) as (info, _):
+    --dist-timeout, left at the end; `flag`: bench's, None in make gpu-check, which answers
+    no signals), then bench's --threads."""
+    with start_process(cfg, flag) as (info, _):
         # On a shared, busy CPU, fewer threads than cores can be much faster: parallel
         # regions wait for their slowest thread. One setting for every run keeps the
         # comparison fair; set after the start, which sets the launch's own count.

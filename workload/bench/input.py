@@ -36,6 +36,7 @@ from workload.data.shardformat import SPLITS, folder_files, read_manifest
 from workload.data.shards import load_shards, rank_sampler
 from workload.data.stagefiles import listing
 from workload.errors import UsageError
+from workload.launch import PreemptionFlag
 
 REFERENCE = "reference"
 READ = "read"  # the encoded images read alone, no decoding (--read-only)
@@ -206,9 +207,9 @@ def compare(results: dict, baseline: str | None = None) -> str:
     return baseline
 
 
-def run(args: dict) -> dict:
+def run(args: dict, flag: PreemptionFlag) -> dict:
     cfg = config_from(args, batch_size=args.get("batch_size") or 256)
-    with bench_process(args, cfg) as info:
+    with bench_process(args, cfg, flag) as info:
         return measure_backends(args, cfg, info)
 
 

@@ -183,7 +183,7 @@ def model_part(bench: dict, args: dict, device, skip: frozenset, late: bool) -> 
     if levers.worth_a_process(rows):
         cfg = config_from(args)
         try:
-            with bench_process(args, cfg) as info:
+            with bench_process(args, cfg, None) as info:
                 found = levers.measure_rows(rows, args, cfg, info)
         except OutOfTime as stop:  # the rows as far as they came, then the stop goes on
             bench["rows"] += levers.unfinished(rows, str(stop))
@@ -229,7 +229,7 @@ PROFILED_STEPS = 2
 def profile_step(args: dict) -> dict:
     """Profile PROFILED_STEPS steps of train's defaults after WARMUP_STEPS; the summary."""
     cfg = config_from(args)
-    with bench_process(args, cfg) as info:
+    with bench_process(args, cfg, None) as info:
         return profiled(args, cfg, info)
 
 

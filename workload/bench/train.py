@@ -17,6 +17,7 @@ from workload.bench.common import (bench_process, config_from, print_table, summ
 from workload.bench.flags import parse_sizes
 from workload.bench.input import ReferenceLoader, endless
 from workload.data import NATURAL_IMAGE_SIZE, DataRequest, build_data, read_in_memory
+from workload.launch import PreemptionFlag
 from workload.models import model_for
 from workload.precision import configure_cudnn, configure_tf32, resolve_precision
 from workload.training.build import build_state, place_model
@@ -189,9 +190,9 @@ def result_for(runner: Runner, warm: tuple[int, float], runs: list[tuple[int, fl
     return result
 
 
-def run(args: dict) -> dict:
+def run(args: dict, flag: PreemptionFlag) -> dict:
     cfg = config_from(args)
-    with bench_process(args, cfg) as info:
+    with bench_process(args, cfg, flag) as info:
         return measure_specs(args, cfg, info)
 
 

@@ -34,6 +34,7 @@ from workload.commands import command_parser, main_of
 from workload.config import add_flags
 from workload.errors import UsageError
 from workload.files import output_file_problem
+from workload.launch.preemption import StartUpFlag
 
 PROG = "doctor"
 # Rounds of the pair sweep by default: every pair of up to 65 ranks; beyond, every rank
@@ -105,14 +106,14 @@ def pair_rounds(value: str) -> int | None:
     return int(value)
 
 
-def doctor(args) -> None:
+def doctor(args, early: StartUpFlag) -> None:
     check_flags(args)
     # The folders it reports are the ones train would use, an unusable one included.
     use_private_caches(PROG, refuse_fatal=False)
     from workload.doctor.checks import run_checks
     from workload.doctor.findings import FAIL, print_report, worst, write_json_report
 
-    outcome = run_checks(args)
+    outcome = run_checks(args, early)
     findings = [f for _, f in outcome["findings"]]
     if outcome.get("is_main", True):
         print_report(outcome, sys.stdout)
@@ -121,6 +122,6 @@ def doctor(args) -> None:
     sys.exit(EXIT_FAILED if worst(findings) == FAIL else 0)
 
 
-main = main_of(PROG, build_parser(), doctor)
+main = main_of(PROG, build_parser(), doctor, takes_flag=True)
 
 __all__ = ["main"]

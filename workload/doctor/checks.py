@@ -11,7 +11,7 @@ from workload import distributed
 from workload.doctor import driver, local, mpi, nvml, pairs, ranks, storage, sweep
 from workload.doctor.findings import FAIL, INFO, OK, WARN, Finding
 from workload.errors import UsageError
-from workload.launch import nccl_net
+from workload.launch import PreemptionFlag, nccl_net
 
 
 def local_findings(args, info) -> list[Finding]:
@@ -27,10 +27,11 @@ def local_findings(args, info) -> list[Finding]:
     return found + local.cache_checks() + storage.storage_checks() + ([plugin] if plugin else [])
 
 
-def join(args):
-    """The launch layer's process group (gloo on the CPU, NCCL on GPUs), or a fatal finding."""
+def join(args, flag: PreemptionFlag):
+    """The launch layer's process group (gloo on the CPU, NCCL on GPUs), or a fatal finding;
+    `flag`: doctor's, acted on for a signal while the ranks meet."""
     try:
-        return distributed.init_distributed(args.device, args.timeout), None
+        return distributed.init_distributed(args.device, args.timeout, flag), None
     except UsageError:
         raise
     except Exception as error:  # a rendezvous timeout or refused connection, not bad input
@@ -66,16 +67,16 @@ def probe(args, info) -> tuple[dict | None, Finding]:
                            f"{result['busbw_gbps']:.2f} GB/s")
 
 
-def run_checks(args) -> dict:
+def run_checks(args, flag: PreemptionFlag) -> dict:
     """Every check on this rank; the all-rank results gathered on every rank."""
     if args.device == "cuda" and not torch.cuda.is_available():
         return failed(local.gpu_visibility(args.device))
     with nccl_net.nccl_log_for_one_run() as nccl_log:
-        return check_ranks(args, nccl_log)
+        return check_ranks(args, nccl_log, flag)
 
 
-def check_ranks(args, nccl_log: Path | None) -> dict:
-    info, failure = join(args)
+def check_ranks(args, nccl_log: Path | None, flag: PreemptionFlag) -> dict:
+    info, failure = join(args, flag)
     if info is None:
         return failed(failure)
     try:

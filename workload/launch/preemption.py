@@ -261,13 +261,14 @@ def exit_for_requeue(step: int, signal_name: str | None = None) -> None:
 
 
 @contextmanager
-def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
+def signals_end_the_wait(what: str, stderr_fd: int, flag: PreemptionFlag | None) -> Iterator[
+        None]:
     """While the main thread waits in C++ for `what` (the ranks meeting at start-up, for up
     to --dist-start-timeout), a Python signal handler cannot run: CPython only notes the
     signal, and writes its number to the wakeup fd. A thread reading that fd acts on it
-    at once, by what the handler means: a preemption signal (PreemptionFlag) ends the
-    process with the requeue status, as nothing has been trained since the last
-    checkpoint (after SLURM's SIGTERM it waits, like a running job: see
+    at once, as `flag` (the command's, None where none answers signals) would: a signal
+    it ends on ends the process with the requeue status, as nothing has been trained
+    since the last checkpoint (after SLURM's SIGTERM it waits, like a running job: see
     wait_for_slurm); Python's own Ctrl-C with 130, as a shell reports it. Others wait."""
     try:
         read_fd, write_fd = os.pipe()
@@ -276,7 +277,7 @@ def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
     except ValueError:  # not the main thread: no handler of this process runs here
         yield
         return
-    watcher = threading.Thread(target=_end_on_signal, args=(read_fd, what, stderr_fd),
+    watcher = threading.Thread(target=_end_on_signal, args=(read_fd, what, stderr_fd, flag),
                                name="signals-while-waiting", daemon=True)
     watcher.start()
     try:
@@ -288,13 +289,11 @@ def signals_end_the_wait(what: str, stderr_fd: int = 2) -> Iterator[None]:
         os.close(read_fd)
 
 
-def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
+def _end_on_signal(read_fd: int, what: str, stderr_fd: int,
+                   flag: PreemptionFlag | None) -> None:
     while number := os.read(read_fd, 1):
         name = signal.Signals(number[0]).name
-        # The one place a handler is read: this thread stands in for the handler that
-        # cannot run while the main thread waits in C++, so it must do what that handler
-        # (whichever the command or a user's script installed) would.
-        status = status_while_waiting(signal.getsignal(number[0]), name, stderr_fd)
+        status = status_while_waiting(flag, name, stderr_fd)
         if status is None:
             continue
         action = ("nothing to save; exiting with status 75 so that the job is requeued"
@@ -305,13 +304,15 @@ def _end_on_signal(read_fd: int, what: str, stderr_fd: int) -> None:
         os._exit(status)
 
 
-def status_while_waiting(handler: object, signal_name: str, stderr_fd: int = 2) -> int | None:
-    """The exit status a signal means before anything trained (None: keep waiting)."""
-    if handler is signal.default_int_handler:
-        return 128 + signal.SIGINT
-    flag = getattr(handler, "__self__", None)
-    if not isinstance(flag, PreemptionFlag):
-        return None  # a handler of the user's own: its meaning is not ours to guess
+def status_while_waiting(flag: PreemptionFlag | None, signal_name: str,
+                         stderr_fd: int = 2) -> int | None:
+    """The exit status `signal_name` means before anything trained, as `flag` (the
+    command's) would act on it (None: keep waiting). A signal the flag does not answer
+    is not ours to guess (a handler of the user's own), except Python's own Ctrl-C: its
+    default handler, which raises KeyboardInterrupt, would end the command with 130."""
+    if flag is None or not flag.handles(signal_name):
+        return (128 + signal.SIGINT if signal_name == "SIGINT"
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None)
     if isinstance(flag, StartUpFlag) and getattr(signal, signal_name) not in flag.ending:
         return None  # recorded only (the stack dump's USR1)
     if slurm_will_requeue(signal_name):

@@ -21,6 +21,7 @@ import torch.nn as nn
 from workload import distributed
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
+from workload.launch import PreemptionFlag
 from workload.caches import user_cache_problems
 from workload.logs import logger, setup_logging
 from workload.models import load_initial_weights, model_for, residual_blocks
@@ -31,15 +32,17 @@ from workload.training.trainer import TrainState
 
 
 @contextmanager
-def start_process(cfg: TrainConfig,
+def start_process(cfg: TrainConfig, flag: PreemptionFlag | None,
                   timeout_s: float | None = None) -> Iterator[tuple[DistInfo, str]]:
     """Join the job as `cfg` says, set up logging, caches, numerics and the seed; yields
     where this process sits and the precision to use. The process group is left on every
-    way out (a bad launch value is a UsageError before any group forms). `timeout_s`:
-    the collectives' timeout at start (train's --dist-start-timeout; else --dist-timeout)."""
+    way out (a bad launch value is a UsageError before any group forms). `flag`: the
+    command's, which a signal while the ranks meet is acted on by (init_distributed).
+    `timeout_s`: the collectives' timeout at start (train's --dist-start-timeout; else
+    --dist-timeout)."""
     with process_settings_kept():
         info = distributed.init_distributed(cfg.hardware.device,
-                                            timeout_s or cfg.distributed.dist_timeout_s)
+                                            timeout_s or cfg.distributed.dist_timeout_s, flag)
         with joined(cfg, info) as precision:
             yield info, precision
 

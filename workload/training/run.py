@@ -51,7 +51,8 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
         with (held_for_the_run(folder.diagnostics) as diagnostics,
               defaults_for_one_run(os.environ, diagnostics),
               nccl_log_for_one_run(os.environ) as nccl_log,
-              start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
+              start_process(cfg, flag,
+                            cfg.distributed.dist_start_timeout_s) as (info, precision)):
             clock.mark("process group")
             return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
     except Exception as error:  # its start-up record says how the rank failed
