@@ -80,12 +80,14 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
              nccl_log: Path | None = None) -> dict:
     """Build and resume the state, choose what runs beside the loop, fit: the summary."""
     previous = previous_startup(folder) if info.is_main else None
-    state = training_state(folder, cfg, info, data, precision, clock)
-    wings = Wings(Checkpointer(cfg, info, state, folder.root, len(data.train),
-                               flag or PreemptionFlag(), data.num_classes),
-                  compile_cache(cfg, info, folder.root), StepProbe(state.step, info.device),
-                  state.parts["energy"], FirstStep(clock, info, previous), nccl_log)
-    wings.energy.probe = wings.probe  # the images its per-image energy divides by
+    probe = StepProbe(device=info.device)
+    state, energy = training_state(folder, cfg, info, data, precision, clock, probe)
+    checkpointer = Checkpointer(cfg, info, state, folder.root, len(data.train),
+                                flag or PreemptionFlag(), data.num_classes)
+    compiled = compile_cache(cfg, info, folder.root)
+    probe.begin(state.step)  # the loop's clocks: from here, the cache unpacked
+    wings = Wings(checkpointer, compiled, probe, energy, FirstStep(clock, info, previous),
+                  nccl_log)
     watchdog = stall_watchdog(cfg, info, folder, wings.probe)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
@@ -96,16 +98,18 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
         hooks = choose_hooks(cfg, info, folder, len(data.train), wings, board)
         summary = Trainer(cfg, info, state, data, precision, hooks, wings.probe).fit()
     save_model(cfg, data, state.model, folder, info.is_main)
-    return {**summary, **summary_fields(wings.energy.state_dict(), state.step),
+    return {**summary, **summary_fields(wings.energy.gather_across_ranks(), state.step),
             **run_facts(cfg, info, state.model, precision), **wings.facts()}
 
 
 def training_state(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data,
-                   precision: str, clock: StartupClock) -> TrainState:
+                   precision: str, clock: StartupClock,
+                   probe: StepProbe) -> tuple[TrainState, EnergyAccount]:
     """The run folder prepared, the model built (energy counted from here, one of the
-    checkpoint's parts) and resumed, cuDNN tuned, and config.json written."""
+    checkpoint's parts, its images those `probe` counts) and resumed, cuDNN tuned, and
+    config.json written."""
     checkpoint.prepare(cfg, folder.root, info.is_main)
-    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
+    energy = EnergyAccount.for_rank(info, probe)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     state.parts["energy"] = energy
     clock.mark("model")
@@ -116,7 +120,7 @@ def training_state(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data,
     clock.mark("cudnn autotune")
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(folder.config, cfg.recorded())
-    return state
+    return state, energy
 
 
 @dataclass
