@@ -12,6 +12,16 @@ what a resume reads and trims, and what report, diagnose and evaluate read back.
     attempts.jsonl       a line per job step ended: the decision after it, with its
                          progress and reasons (workload.diagnose.attempts)
     bad-nodes.jsonl      the nodes named bad and left behind, and their clearing
+    tensorboard/         --tensorboard's folder (the library writes in it by its paths)
+    wandb/               --wandb's folder (W&B makes its own wandb/ in it)
+    compile-cache-<key>.tar   --compile's kernels for the next job
+                         (workload.training.compile_cache; <key>: the versions)
+
+A command builds the record once and passes it. train holds the folder (`hold`): it
+sits in a project folder its group may write, so a neighbour could rename it away and
+put a link at its name; every file of its own the run writes is then reached through the
+descriptor opened at the start (a held path, workload.held), never through that name.
+`root` stays the folder as given: what a message names.
 
 Standard library only: the torch-free commands (diagnose, evaluate's checks, report)
 import it as well as train.
@@ -19,9 +29,11 @@ import it as well as train.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from workload.held import held_path
 from workload.launch.diagnostics import DIAGNOSTICS
 
 CONFIG = "config.json"
@@ -34,63 +46,119 @@ CHECKPOINTS = "checkpoints"
 LOCK = "train.lock"
 ATTEMPTS = "attempts.jsonl"
 BAD_NODES = "bad-nodes.jsonl"
+TENSORBOARD = "tensorboard"
+WANDB = "wandb"
+COMPILE_CACHES = "compile-cache-*.tar"  # compile_cache(key) names one
 
 
 @dataclass(frozen=True)
 class RunFolder:
     """The files of the run folder `root`, as given (a relative --output-dir stays
-    relative in what is logged)."""
+    relative in what is logged); once `hold`, reached through `held`."""
     root: Path
+    held: Path | None = None
 
     @classmethod
     def of(cls, output_dir) -> RunFolder:
-        """The run folder of --output-dir (or a RUN_DIR), `~` expanded."""
+        """The run folder of --output-dir (or a RUN_DIR), `~` expanded; a RunFolder as it
+        is (a caller that passes the record it holds, or one that has a path only)."""
+        if isinstance(output_dir, RunFolder):
+            return output_dir
         return cls(Path(output_dir).expanduser())
+
+    def hold(self) -> RunFolder:
+        """This record, its files reached from now on through a descriptor of the folder
+        opened now and kept for the process's life. A link at `root` is followed here,
+        once (an --output-dir may be a link the user made to their scratch); what anyone
+        renames or puts at its name later is never reached."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return replace(self, held=held_path(fd))
+
+    @property
+    def reached(self) -> Path:
+        """Where its files are reached: the held path once held, else `root`."""
+        return self.held or self.root
+
+    def shown(self, path: Path) -> Path:
+        """`path` (one of this folder's) as a message names it: under `root`."""
+        if self.held is not None and path.is_relative_to(self.held):
+            return self.root / path.relative_to(self.held)
+        return path
+
+    def said(self, text: str) -> str:
+        """A message (an error's) that may name files by the held path, naming them
+        under `root` instead."""
+        return text if self.held is None else text.replace(str(self.held), str(self.root))
 
     @property
     def config(self) -> Path:
-        return self.root / CONFIG
+        return self.reached / CONFIG
 
     @property
     def metrics(self) -> Path:
-        return self.root / METRICS
+        return self.reached / METRICS
 
     @property
     def steps(self) -> Path:
-        return self.root / STEPS
+        return self.reached / STEPS
 
     @property
     def summary(self) -> Path:
-        return self.root / SUMMARY
+        return self.reached / SUMMARY
 
     @property
     def model(self) -> Path:
-        return self.root / MODEL_JSON
+        return self.reached / MODEL_JSON
 
     @property
     def weights(self) -> Path:
-        return self.root / WEIGHTS
+        return self.reached / WEIGHTS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.reached / TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        return self.reached / WANDB
+
+    def compile_cache(self, key: str) -> Path:
+        """The compile cache of the versions `key` names."""
+        return self.reached / COMPILE_CACHES.replace("*", key)
+
+    @property
+    def compile_caches(self) -> list[Path]:
+        """Every compile cache in the folder, of any versions."""
+        return sorted(self.reached.glob(COMPILE_CACHES))
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS
+        return self.reached / CHECKPOINTS
 
     @property
     def diagnostics(self) -> Path:
-        """Absolute: the flight recorder's variables name it, read where torch writes."""
+        """Absolute, by `root`: the flight recorder's variables name it before the folder
+        is held, and messages name it (a diagnose command to run); the package's own
+        writers reach it as `diagnostics_reached`."""
         return self.root.absolute() / DIAGNOSTICS
 
     @property
+    def diagnostics_reached(self) -> Path:
+        """diagnostics/ reached through the held run folder (held on its own by its
+        writers: workload.launch.diagnostics.hold_diagnostics)."""
+        return self.reached.absolute() / DIAGNOSTICS
+
+    @property
     def lock(self) -> Path:
-        return self.root / LOCK
+        return self.reached / LOCK
 
     @property
     def attempts(self) -> Path:
-        return self.root / ATTEMPTS
+        return self.reached / ATTEMPTS
 
     @property
     def bad_nodes(self) -> Path:
-        return self.root / BAD_NODES
+        return self.reached / BAD_NODES
 
     @property
     def records(self) -> tuple[Path, Path, Path]:

@@ -90,13 +90,54 @@ def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
 def test_the_run_folders_own_files_are_named_in_runfolder_only():
     """A command that needs a run's file takes its path from RunFolder, so no two
     commands can disagree about where it is (names a checkpoint folder shares, such as
-    config.json, are left out)."""
+    config.json, are left out; the boards' folders share theirs with their packages and
+    flags, so only a path made of them counts: `out / "tensorboard"`)."""
     from workload import runfolder
     names = {runfolder.METRICS, runfolder.STEPS, runfolder.SUMMARY, runfolder.MODEL_JSON,
-             runfolder.LOCK}
+             runfolder.LOCK, runfolder.COMPILE_CACHES}
+    folders = {runfolder.TENSORBOARD, runfolder.WANDB}
     package = Path(runfolder.__file__).parent
-    spelled = [f"{path.relative_to(package)}:{node.lineno} {node.value}"
+
+    def spells(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                and isinstance(node.right, ast.Constant) and node.right.value in folders)
+    spelled = [f"{path.relative_to(package)}:{node.lineno} {ast.unparse(node)}"
                for path in sorted(package.rglob("*.py")) if path.name != "runfolder.py"
-               for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.Constant) and node.value in names]
+               for node in ast.walk(ast.parse(path.read_text())) if spells(node)]
     assert spelled == []
+
+
+def test_overwrite_removes_by_name_in_the_held_run_folder_never_through_a_swapped_link(
+        tmp_path):
+    """Issue 59 §2: --overwrite removes the previous run's checkpoints and records by
+    their names in the run folder train holds; the folder renamed away and a link to
+    another folder of the user's put at its name (a neighbour in a group-writable project
+    folder) leaves that folder's step-* folders and records alone."""
+    from types import SimpleNamespace
+
+    from workload.checkpoint.resuming import prepare
+    from workload.runfolder import RunFolder
+
+    def previous_run(folder: Path) -> None:
+        (folder / "checkpoints" / "step-000000004").mkdir(parents=True)
+        (folder / "checkpoints" / "step-000000004" / "model.safetensors").write_text("w")
+        (folder / "checkpoints" / "latest").write_text("step-000000004\n")
+        (folder / "metrics.jsonl").write_text('{"epoch": 1}\n')
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    previous_run(run)
+    previous_run(other)
+    folder = RunFolder(run).hold()
+    run.rename(tmp_path / "run.moved")
+    run.symlink_to(other)
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(resume="never", overwrite=True,
+                                                     checkpoint_local=""))
+    prepare(cfg, folder, is_main=True)
+    moved = tmp_path / "run.moved"
+    assert list((moved / "checkpoints").iterdir()) == [] and not (moved / "metrics.jsonl").exists()
+    assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["latest",
+                                                                          "step-000000004"]
+    assert (other / "checkpoints" / "step-000000004" / "model.safetensors").read_text() == "w"
+    assert (other / "metrics.jsonl").is_file()

@@ -54,10 +54,11 @@ WRITERS = {
     ("workload.checkpoint.folder", "move_aside", "os.replace"):
         "renames a bad or unfinished save aside inside checkpoints/ (as above)",
     ("workload.checkpoint.inprocess", "start_save", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the save's own folder: held.make_held, and "
-        "shards/ inside it",
+        "the run's checkpoints/ (exist_ok), in train through its held run folder "
+        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it",
     ("workload.checkpoint.local", "copy_to_run", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the copy's own folder: held.make_held",
+        "the run's checkpoints/ (exist_ok), through train's held run folder; the copy's "
+        "own folder: held.make_held",
     ("workload.checkpoint.local", "_copy_durably", ".mkdir"):
         "inside the copy's held private folder (its files: files.create_new)",
     ("workload.checkpoint.local", "bind_to_run", ".mkdir"):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from workload import distributed
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, remove_tree,
-                                        roll_back, step_name, written_by_train)
+from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, roll_back,
+                                        step_name, written_by_train)
 from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
@@ -24,30 +24,33 @@ from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of, out_of_range
 from workload.errors import UsageError
 from workload.files import json_text, path_kind, read_jsonl_records, replace_file
+from workload.held import remove_in
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
 
-def prepare(cfg, out: Path, is_main: bool) -> None:
+def prepare(cfg, folder: RunFolder | Path, is_main: bool) -> None:
     """--resume never: refuse an output directory holding checkpoints, unless --overwrite,
     which removes what `train` wrote there and nothing else. A `checkpoints` that is a
     symbolic link is refused: it is never followed (a run prunes and replaces folders
     there), and nothing it points at is moved or lost. Then the local tier, if any, is
     bound to this run folder (workload.checkpoint.local.bind_to_run)."""
-    root = checkpoints_dir(out)
-    if root.is_symlink():
-        raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
-                         "pruned and replaced inside the run folder, so they must live "
-                         "there: pass --output-dir on the file system you want instead, or "
-                         "replace the link with a folder")
-    for record in RunFolder(out).records:  # appended to or replaced: a link is refused
+    folder = RunFolder.of(folder)
+    out = folder.root
+    root = checkpoints_dir(out)  # as messages name it; reached as folder.checkpoints
+    if folder.checkpoints.is_symlink():
+        raise UsageError(f"{root} is a symbolic link (to {folder.checkpoints.resolve()}); "
+                         "checkpoints are pruned and replaced inside the run folder, so they "
+                         "must live there: pass --output-dir on the file system you want "
+                         "instead, or replace the link with a folder")
+    for record in folder.records:  # appended to or replaced: a link is refused
         if (problem := _not_a_record(record)) is not None:
-            raise UsageError(f"{record} is {problem}, not a file train wrote; train "
-                             "never writes through one: remove it (or move it away) and "
-                             "start again")
-    own = written_by_train(root)
+            raise UsageError(f"{folder.shown(record)} is {problem}, not a file train "
+                             "wrote; train never writes through one: remove it (or move "
+                             "it away) and start again")
+    own = written_by_train(folder.checkpoints)
     if cfg.checkpoint.resume == "never" and own:
-        _overwrite(cfg, out, own, is_main)
+        _overwrite(cfg, folder, own, is_main)
     if is_main and cfg.checkpoint.checkpoint_local:
         bind_to_run(cfg.checkpoint.checkpoint_local, out)
 
@@ -59,7 +62,8 @@ def _not_a_record(path: Path) -> str | None:
     return "a symbolic link" if path.is_symlink() else path_kind(path)
 
 
-def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
+def _overwrite(cfg, folder: RunFolder, own: list[Path], is_main: bool) -> None:
+    out = folder.root
     root = checkpoints_dir(out)
     if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
@@ -70,20 +74,19 @@ def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
     if is_main:
         logger.warning(f"--overwrite: removing the previous run's {len(own)} checkpoint "
                        f"entries in {root} and its records; other files there are kept")
-        for path in own:
-            if path.is_dir():
-                remove_tree(path)
-            else:
-                path.unlink()
-        for record in RunFolder(out).records:  # they would mix two runs
+        # By name in the folders the run holds: never through a link put at a name since
+        remove_in(folder.checkpoints, [path.name for path in own])
+        for record in folder.records:  # they would mix two runs
             record.unlink(missing_ok=True)
         remove_local(cfg.checkpoint.checkpoint_local, out)
 
 
-def resume(cfg, info, state, out: Path, num_classes: int) -> None:
+def resume(cfg, info, state, folder: RunFolder | Path, num_classes: int) -> None:
     """Load the checkpoint this run continues from, if there is one."""
     if cfg.checkpoint.resume == "never":
         return
+    folder = RunFolder.of(folder)
+    out = folder.root
     current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
@@ -109,7 +112,8 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
             roll_back(checkpoints_dir(out), path, state.step)
             _forget_local(cfg.checkpoint.checkpoint_local, out, path)
-        trim_metrics(RunFolder(out).metrics, _epochs_recorded(cfg, state))
+        trim_metrics(folder.metrics, _epochs_recorded(cfg, state),
+                     folder.shown(folder.metrics))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
 
@@ -207,23 +211,24 @@ def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None
                      "that run with --resume never --overwrite (nothing was moved or deleted)")
 
 
-def trim_metrics(path: Path, epochs_done: int) -> None:
+def trim_metrics(path: Path, epochs_done: int, shown: Path | None = None) -> None:
     """Drop the records of epochs after the checkpoint (they will be run again), and lines
-    that are torn or not records, with a warning."""
+    that are torn or not records, with a warning naming `shown` (default: `path`)."""
+    name = shown or path
     if not path.is_file():
         return
     records, dropped = read_jsonl_records(path)
     for why in dropped:
-        logger.warning(f"{path}: {why}; dropping it")
+        logger.warning(f"{name}: {why}; dropping it")
     epochs = [r for r in records if not out_of_range("epoch", r.get("epoch"))]
     if len(epochs) < len(records):
         first = next(r for r in records if out_of_range("epoch", r.get("epoch")))
-        logger.warning(f"{path}: dropping {len(records) - len(epochs)} lines without an "
+        logger.warning(f"{name}: dropping {len(records) - len(epochs)} lines without an "
                        f"epoch train writes ({out_of_range('epoch', first.get('epoch'))})")
     kept = [r for r in epochs if r["epoch"] <= epochs_done]
     later = len(epochs) - len(kept)
     if later:  # a rewrite says what it removes
-        logger.info(f"{path}: dropping the lines of {later} epochs after epoch {epochs_done}, "
+        logger.info(f"{name}: dropping the lines of {later} epochs after epoch {epochs_done}, "
                     "where the checkpoint stands (this run writes them again)")
     if dropped or len(kept) != len(records):
         replace_file(path, "".join(json_text(r) + "\n" for r in kept).encode())

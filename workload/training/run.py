@@ -51,10 +51,10 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
           nccl_log_for_one_run(os.environ) as nccl_log,
           start_process(cfg, cfg.distributed.dist_start_timeout_s) as (info, precision)):
         clock.mark("process group")
-        return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
+        return run_in_process(folder, cfg, info, precision, flag, started, clock, nccl_log)
 
 
-def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
+def run_in_process(folder: RunFolder, cfg: TrainConfig, info: DistInfo, precision: str,
                    flag: PreemptionFlag | None, started: float, clock: StartupClock,
                    nccl_log: Path | None = None) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
@@ -66,7 +66,8 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
     clock.mark("data")
-    folder = RunFolder(prepare_output_dir(cfg.logging.output_dir))
+    folder = prepare_output_dir(folder, cfg.logging.output_dir)
+    clock.write_in(folder.diagnostics_reached)
     with checkpoint.lock_run_folder(folder.root, info):  # one writer: before anything is written
         summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
         summary["total_time_s"] = time.perf_counter() - started
@@ -82,9 +83,9 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
     previous = previous_startup(folder) if info.is_main else None
     probe = StepProbe(device=info.device)
     state, energy = training_state(folder, cfg, info, data, precision, clock, probe)
-    checkpointer = Checkpointer(cfg, info, state, folder.root, len(data.train),
+    checkpointer = Checkpointer(cfg, info, state, folder, len(data.train),
                                 flag or PreemptionFlag(), data.num_classes)
-    compiled = compile_cache(cfg, info, folder.root)
+    compiled = compile_cache(cfg, info, folder)
     probe.begin(state.step)  # the loop's clocks: from here, the cache unpacked
     wings = Wings(checkpointer, compiled, probe, energy, FirstStep(clock, info, previous),
                   nccl_log)
@@ -93,7 +94,7 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
     board_wanted = cfg.logging.tensorboard and info.is_main
     # The checkpointer's end commits the save in flight: before the final model, the
     # summary and the lock's release, and before a preempted run's exit.
-    with (watching(watchdog), open_board(board_wanted, folder.root, wandb) as board,
+    with (watching(watchdog), open_board(board_wanted, folder, wandb) as board,
           wings.checkpointer):
         hooks = choose_hooks(cfg, info, folder, len(data.train), wings, board)
         summary = Trainer(cfg, info, state, data, precision, hooks, wings.probe).fit()
@@ -108,13 +109,13 @@ def training_state(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data,
     """The run folder prepared, the model built (energy counted from here, one of the
     checkpoint's parts, its images those `probe` counts) and resumed, cuDNN tuned, and
     config.json written."""
-    checkpoint.prepare(cfg, folder.root, info.is_main)
+    checkpoint.prepare(cfg, folder, info.is_main)
     energy = EnergyAccount.for_rank(info, probe)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     state.parts["energy"] = energy
     clock.mark("model")
     log_start(cfg, info, data, state.model, precision)
-    checkpoint.resume(cfg, info, state, folder.root, data.num_classes)
+    checkpoint.resume(cfg, info, state, folder, data.num_classes)
     clock.mark("resume")
     tune_convolutions(state.model, cfg, info.device, precision)
     clock.mark("cudnn autotune")
@@ -177,9 +178,9 @@ def stall_watchdog(cfg: TrainConfig, info: DistInfo, folder: RunFolder,
     preemption signal is another."""
     watchdog = StallWatchdog(probe, folder.diagnostics, info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
-                             attempt_id(info.is_main, info.device))
+                             attempt_id(info.is_main, info.device), folder.diagnostics_reached)
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
-        enable_dump_on_signal(watchdog.folder, info.rank)
+        enable_dump_on_signal(watchdog.reached, info.rank)
     return watchdog
 
 
@@ -191,11 +192,11 @@ def previous_startup(folder: RunFolder) -> dict | None:
         return None
 
 
-def compile_cache(cfg: TrainConfig, info: DistInfo, out: Path) -> CompileCache | None:
+def compile_cache(cfg: TrainConfig, info: DistInfo, folder: RunFolder) -> CompileCache | None:
     """With --compile: the run folder's compile cache, unpacked before the first step."""
     if not cfg.hardware.compile:
         return None
-    cache = CompileCache(out, info.device, info.is_main)
+    cache = CompileCache(folder, info.device, info.is_main)
     cache.load()
     return cache
 
@@ -351,4 +352,5 @@ def write_summary(folder: RunFolder, summary: dict) -> None:
     energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s{energy}; summary in {folder.summary}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in "
+                f"{folder.shown(folder.summary)}")
