@@ -141,3 +141,23 @@ def test_overwrite_removes_by_name_in_the_held_run_folder_never_through_a_swappe
                                                                           "step-000000004"]
     assert (other / "checkpoints" / "step-000000004" / "model.safetensors").read_text() == "w"
     assert (other / "metrics.jsonl").is_file()
+
+
+def test_a_held_run_folder_is_written_in_the_folder_it_started_in(tmp_path):
+    """RunFolder.hold: its files are reached through the descriptor opened then, so the
+    folder renamed away and a link put at its name changes nothing the run writes; a
+    message still names the folder as given."""
+    from workload.runfolder import RunFolder
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    folder = RunFolder(tmp_path / "run").hold()
+    (tmp_path / "run").rename(tmp_path / "run.moved")
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    write_json(folder.summary, {"done": True})
+    append_jsonl(folder.metrics, {"epoch": 1})
+    assert sorted(p.name for p in (tmp_path / "run.moved").iterdir()) == ["metrics.jsonl",
+                                                                          "summary.json"]
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert folder.shown(folder.summary) == tmp_path / "run" / "summary.json"
+    assert folder.said(f"{folder.metrics} is a link") == f"{tmp_path}/run/metrics.jsonl is a link"
