@@ -77,19 +77,19 @@ TAGS = {"train_loss": "loss/train", "test_loss": "loss/test", "accuracy": "accur
         "epoch_time_s": "time/epoch_s"}
 
 
-def board_folder(run: RunFolder, folder: Path, flag: str) -> str:
+def board_folder(folder: Path, flag: str) -> str:
     """`folder`, which a library writes into by its own paths (following links, at names
     it chooses): the user's own, not a link, and writable by no one else (readable as the
     umask lets the group), so no one sharing the run folder can put a link or a file in
     it for the library to write through; one line otherwise. What the library gets is its
     held path (workload.held.hold_own_folder): the run folder may be written by others,
     who could rename the folder once checked and put theirs at its name, and the library
-    would follow that name. `folder` is one of `run`'s, reached through its held path."""
+    would follow that name."""
     try:  # held until the board closes: the library writes until the run ends
         return str(held_path(hold_own_folder(folder, umask_mode(0o777) & ~0o022)))
     except OSError as error:
-        raise UsageError(f"{flag}: {run.said(error.strerror or str(error))}; move it away, "
-                         "or pass another --output-dir") from None
+        raise UsageError(f"{flag}: {error.strerror or error}; move it away, or pass another "
+                         "--output-dir") from None
 
 
 class Board:
@@ -97,7 +97,7 @@ class Board:
 
     def __init__(self, run: RunFolder):
         from torch.utils.tensorboard import SummaryWriter
-        self.folder = board_folder(run, run.tensorboard, "--tensorboard")
+        self.folder = board_folder(run.tensorboard, "--tensorboard")
         self.writer = SummaryWriter(log_dir=self.folder)
 
     def log_epoch(self, record: dict) -> None:
@@ -117,7 +117,7 @@ class WandbBoard:
 
     def __init__(self, run: RunFolder, config: dict):
         os.environ.setdefault("WANDB_MODE", "offline")
-        self.folder = board_folder(run, run.wandb, "--wandb")  # wandb makes its wandb/ in it
+        self.folder = board_folder(run.wandb, "--wandb")  # wandb makes its wandb/ in it
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),

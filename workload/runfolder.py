@@ -21,7 +21,7 @@ A command builds the record once and passes it. train holds the folder (`hold`):
 sits in a project folder its group may write, so a neighbour could rename it away and
 put a link at its name; every file of its own the run writes is then reached through the
 descriptor opened at the start (a held path, workload.held), never through that name.
-`root` stays the folder as given: what a message names.
+`root` stays the folder as given: what a message names (`said`).
 
 Standard library only: the torch-free commands (diagnose, evaluate's checks, report)
 import it as well as train.
@@ -79,15 +79,9 @@ class RunFolder:
         """Where its files are reached: the held path once held, else `root`."""
         return self.held or self.root
 
-    def shown(self, path: Path) -> Path:
-        """`path` (one of this folder's) as a message names it: under `root`."""
-        if self.held is not None and path.is_relative_to(self.held):
-            return self.root / path.relative_to(self.held)
-        return path
-
     def said(self, text: str) -> str:
-        """A message (an error's) that may name files by the held path, naming them
-        under `root` instead."""
+        """A message that may name files by the held path, naming them under `root`
+        instead (train's messages pass through it: workload.logs.messages_rewritten)."""
         return text if self.held is None else text.replace(str(self.held), str(self.root))
 
     @property

@@ -159,5 +159,22 @@ def test_a_held_run_folder_is_written_in_the_folder_it_started_in(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run.moved").iterdir()) == ["metrics.jsonl",
                                                                           "summary.json"]
     assert list((tmp_path / "elsewhere").iterdir()) == []
-    assert folder.shown(folder.summary) == tmp_path / "run" / "summary.json"
     assert folder.said(f"{folder.metrics} is a link") == f"{tmp_path}/run/metrics.jsonl is a link"
+
+
+def test_trains_messages_name_the_held_run_folder_as_given(tmp_path, caplog):
+    """What train says while it holds the run folder (a log line, an error's message,
+    whatever deep module made it from a held path) names the folder as the user gave it,
+    and an error keeps its type (its exit status)."""
+    from workload.checkpoint.diskfull import DiskFull
+    from workload.logs import logger, messages_rewritten
+    from workload.runfolder import RunFolder
+
+    (tmp_path / "run").mkdir()
+    folder = RunFolder(tmp_path / "run").hold()
+    with pytest.raises(DiskFull) as raised, caplog.at_level("INFO", logger="workload"):
+        with messages_rewritten(folder.said):
+            logger.info("saved %s", folder.checkpoints / "step-000000002")
+            raise DiskFull(f"no space left to save a checkpoint in {folder.checkpoints}")
+    assert caplog.records[-1].getMessage() == f"saved {tmp_path}/run/checkpoints/step-000000002"
+    assert str(raised.value) == f"no space left to save a checkpoint in {tmp_path}/run/checkpoints"

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from workload import distributed
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.folder import (checkpoints_dir, newest_loadable, roll_back,
-                                        step_name, written_by_train)
+from workload.checkpoint.folder import newest_loadable, roll_back, step_name, written_by_train
 from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
 from workload.checkpoint.store import (CorruptCheckpoint, OldFormat, Snapshot,
@@ -36,23 +35,22 @@ def prepare(cfg, folder: RunFolder | Path, is_main: bool) -> None:
     there), and nothing it points at is moved or lost. Then the local tier, if any, is
     bound to this run folder (workload.checkpoint.local.bind_to_run)."""
     folder = RunFolder.of(folder)
-    out = folder.root
-    root = checkpoints_dir(out)  # as messages name it; reached as folder.checkpoints
-    if folder.checkpoints.is_symlink():
-        raise UsageError(f"{root} is a symbolic link (to {folder.checkpoints.resolve()}); "
-                         "checkpoints are pruned and replaced inside the run folder, so they "
-                         "must live there: pass --output-dir on the file system you want "
-                         "instead, or replace the link with a folder")
+    root = folder.checkpoints
+    if root.is_symlink():
+        raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
+                         "pruned and replaced inside the run folder, so they must live "
+                         "there: pass --output-dir on the file system you want instead, or "
+                         "replace the link with a folder")
     for record in folder.records:  # appended to or replaced: a link is refused
         if (problem := _not_a_record(record)) is not None:
-            raise UsageError(f"{folder.shown(record)} is {problem}, not a file train "
-                             "wrote; train never writes through one: remove it (or move "
-                             "it away) and start again")
-    own = written_by_train(folder.checkpoints)
+            raise UsageError(f"{record} is {problem}, not a file train wrote; train "
+                             "never writes through one: remove it (or move it away) and "
+                             "start again")
+    own = written_by_train(root)
     if cfg.checkpoint.resume == "never" and own:
         _overwrite(cfg, folder, own, is_main)
     if is_main and cfg.checkpoint.checkpoint_local:
-        bind_to_run(cfg.checkpoint.checkpoint_local, out)
+        bind_to_run(cfg.checkpoint.checkpoint_local, folder.root)
 
 
 def _not_a_record(path: Path) -> str | None:
@@ -64,7 +62,7 @@ def _not_a_record(path: Path) -> str | None:
 
 def _overwrite(cfg, folder: RunFolder, own: list[Path], is_main: bool) -> None:
     out = folder.root
-    root = checkpoints_dir(out)
+    root = folder.checkpoints
     if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
                          "never would start another run over them; pass --resume auto to "
@@ -75,7 +73,7 @@ def _overwrite(cfg, folder: RunFolder, own: list[Path], is_main: bool) -> None:
         logger.warning(f"--overwrite: removing the previous run's {len(own)} checkpoint "
                        f"entries in {root} and its records; other files there are kept")
         # By name in the folders the run holds: never through a link put at a name since
-        remove_in(folder.checkpoints, [path.name for path in own])
+        remove_in(root, [path.name for path in own])
         for record in folder.records:  # they would mix two runs
             record.unlink(missing_ok=True)
         remove_local(cfg.checkpoint.checkpoint_local, out)
@@ -92,7 +90,7 @@ def resume(cfg, info, state, folder: RunFolder | Path, num_classes: int) -> None
         path = Path(cfg.checkpoint.resume)
         snapshot = _read_explicit(path, current, state)
     else:
-        root = checkpoints_dir(out)
+        root = folder.checkpoints
         local = cfg.checkpoint.checkpoint_local
         if local and info.is_main:  # the others wait in newest_on_every_rank's collective
             promote_newer(local_root(local, out), root, cfg.checkpoint.keep_checkpoints)
@@ -110,10 +108,9 @@ def resume(cfg, info, state, folder: RunFolder | Path, num_classes: int) -> None
     restore(snapshot, state, info.rank, info.world_size)
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
-            roll_back(checkpoints_dir(out), path, state.step)
+            roll_back(folder.checkpoints, path, state.step)
             _forget_local(cfg.checkpoint.checkpoint_local, out, path)
-        trim_metrics(folder.metrics, _epochs_recorded(cfg, state),
-                     folder.shown(folder.metrics))
+        trim_metrics(folder.metrics, _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
 
@@ -211,24 +208,23 @@ def check_same_run(saved: dict, current: dict, path: Path, strict: bool) -> None
                      "that run with --resume never --overwrite (nothing was moved or deleted)")
 
 
-def trim_metrics(path: Path, epochs_done: int, shown: Path | None = None) -> None:
+def trim_metrics(path: Path, epochs_done: int) -> None:
     """Drop the records of epochs after the checkpoint (they will be run again), and lines
-    that are torn or not records, with a warning naming `shown` (default: `path`)."""
-    name = shown or path
+    that are torn or not records, with a warning."""
     if not path.is_file():
         return
     records, dropped = read_jsonl_records(path)
     for why in dropped:
-        logger.warning(f"{name}: {why}; dropping it")
+        logger.warning(f"{path}: {why}; dropping it")
     epochs = [r for r in records if not out_of_range("epoch", r.get("epoch"))]
     if len(epochs) < len(records):
         first = next(r for r in records if out_of_range("epoch", r.get("epoch")))
-        logger.warning(f"{name}: dropping {len(records) - len(epochs)} lines without an "
+        logger.warning(f"{path}: dropping {len(records) - len(epochs)} lines without an "
                        f"epoch train writes ({out_of_range('epoch', first.get('epoch'))})")
     kept = [r for r in epochs if r["epoch"] <= epochs_done]
     later = len(epochs) - len(kept)
     if later:  # a rewrite says what it removes
-        logger.info(f"{name}: dropping the lines of {later} epochs after epoch {epochs_done}, "
+        logger.info(f"{path}: dropping the lines of {later} epochs after epoch {epochs_done}, "
                     "where the checkpoint stands (this run writes them again)")
     if dropped or len(kept) != len(records):
         replace_file(path, "".join(json_text(r) + "\n" for r in kept).encode())

@@ -55,7 +55,6 @@ class Checkpointer:
         every = cfg.checkpoint.checkpoint_every
         self.every_steps = every.steps
         self.every_s = every.seconds
-        self.folder = folder
         self.root = folder.checkpoints  # through the held run folder, never a name swapped
         self.batches_per_epoch = batches_per_epoch
         self.last_save = time.monotonic()
@@ -106,8 +105,8 @@ class Checkpointer:
         path = self.saves.save(self.root, snapshot, self.cfg.checkpoint.keep_checkpoints,
                                self.state if sharded else None, self.local)
         done = "handed to the writer" if self.saves.in_flight is not None else "saved"
-        logger.info(f"checkpoint ({why}) at step {self.state.step}: "
-                    f"{self.folder.shown(path)} {done} in {time.perf_counter() - started:.2f}s")
+        logger.info(f"checkpoint ({why}) at step {self.state.step}: {path} {done} "
+                    f"in {time.perf_counter() - started:.2f}s")
         self.last_save = time.monotonic()
         self.saved_at = position
 

@@ -166,7 +166,7 @@ class CompileCache:
         try:
             self.facts["files_loaded"] = self.read()
         except (OSError, tarfile.TarError, ValueError) as error:
-            logger.warning(f"compile cache {self.shown} not used ({error}): compiling from "
+            logger.warning(f"compile cache {self.path} not used ({error}): compiling from "
                            "scratch")
             return
         self.saved = signature(cache_files(self.folders))
@@ -200,7 +200,7 @@ class CompileCache:
         try:
             self.write(files)
         except OSError as error:
-            logger.warning(f"compile cache not saved to {self.shown} ({error}); the next "
+            logger.warning(f"compile cache not saved to {self.path} ({error}); the next "
                            "job compiles from scratch")
             return
         self.saved = current
@@ -226,11 +226,6 @@ class CompileCache:
 
         self.facts["graphs_from_cache"] = counters["inductor"]["fxgraph_cache_hit"]
         self.facts["graphs_compiled"] = counters["inductor"]["fxgraph_cache_miss"]
-
-    @property
-    def shown(self) -> Path:
-        """The artifact's path as a message names it."""
-        return self.run_folder.shown(self.path)
 
     def describe(self) -> str:
         return ", ".join(f"{key} {value}" for key, value in self.versions.items())

@@ -20,7 +20,7 @@ from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch import PreemptionFlag
 from workload.launch.diagnostics import (DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal,
                                         held_for_the_run)
-from workload.logs import logger
+from workload.logs import logger, messages_rewritten
 from workload.models import count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.runfolder import RunFolder
@@ -68,7 +68,8 @@ def run_in_process(folder: RunFolder, cfg: TrainConfig, info: DistInfo, precisio
     clock.mark("data")
     folder = prepare_output_dir(folder, cfg.logging.output_dir)
     clock.write_in(folder.diagnostics_reached)
-    with checkpoint.lock_run_folder(folder.root, info):  # one writer: before anything is written
+    with (messages_rewritten(folder.said),  # the folder named as given, never as held
+          checkpoint.lock_run_folder(folder.root, info)):  # one writer: before any write
         summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
@@ -352,5 +353,4 @@ def write_summary(folder: RunFolder, summary: dict) -> None:
     energy = "" if kwh is None else f", GPU boards {kwh:.4g} kWh"
     logger.info(f"done: accuracy {summary['final_accuracy']:.4f} (best "
                 f"{summary['best_accuracy']:.4f}), {summary['images_per_second']:.1f} img/s, "
-                f"{summary['total_time_s']:.1f}s{energy}; summary in "
-                f"{folder.shown(folder.summary)}")
+                f"{summary['total_time_s']:.1f}s{energy}; summary in {folder.summary}")
