@@ -69,7 +69,7 @@ def run_in_process(folder: RunFolder, cfg: TrainConfig, info: DistInfo, precisio
     folder = prepare_output_dir(folder, cfg.logging.output_dir)
     clock.write_in(folder.diagnostics_reached)
     with (messages_rewritten(folder.said),  # the folder named as given, never as held
-          checkpoint.lock_run_folder(folder.root, info)):  # one writer: before any write
+          checkpoint.lock_run_folder(folder.reached, info)):  # one writer: before any write
         summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
