@@ -51,6 +51,11 @@ WANDB = "wandb"
 COMPILE_CACHES = "compile-cache-*.tar"  # compile_cache(key) names one
 
 
+def _entry(name: str) -> property:
+    """The property of the run folder's entry `name`, reached as the folder is."""
+    return property(lambda folder: folder.reached / name, doc=f"{name} in the run folder")
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """The files of the run folder `root`, as given (a relative --output-dir stays
@@ -79,42 +84,23 @@ class RunFolder:
         """Where its files are reached: the held path once held, else `root`."""
         return self.held or self.root
 
+    config = _entry(CONFIG)
+    metrics = _entry(METRICS)
+    steps = _entry(STEPS)
+    summary = _entry(SUMMARY)
+    model = _entry(MODEL_JSON)
+    weights = _entry(WEIGHTS)
+    tensorboard = _entry(TENSORBOARD)
+    wandb = _entry(WANDB)
+    checkpoints = _entry(CHECKPOINTS)
+    lock = _entry(LOCK)
+    attempts = _entry(ATTEMPTS)
+    bad_nodes = _entry(BAD_NODES)
+
     def said(self, text: str) -> str:
         """A message that may name files by the held path, naming them under `root`
         instead (train's messages pass through it: workload.logs.messages_rewritten)."""
         return text if self.held is None else text.replace(str(self.held), str(self.root))
-
-    @property
-    def config(self) -> Path:
-        return self.reached / CONFIG
-
-    @property
-    def metrics(self) -> Path:
-        return self.reached / METRICS
-
-    @property
-    def steps(self) -> Path:
-        return self.reached / STEPS
-
-    @property
-    def summary(self) -> Path:
-        return self.reached / SUMMARY
-
-    @property
-    def model(self) -> Path:
-        return self.reached / MODEL_JSON
-
-    @property
-    def weights(self) -> Path:
-        return self.reached / WEIGHTS
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.reached / TENSORBOARD
-
-    @property
-    def wandb(self) -> Path:
-        return self.reached / WANDB
 
     def compile_cache(self, key: str) -> Path:
         """The compile cache of the versions `key` names."""
@@ -124,10 +110,6 @@ class RunFolder:
     def compile_caches(self) -> list[Path]:
         """Every compile cache in the folder, of any versions."""
         return sorted(self.reached.glob(COMPILE_CACHES))
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.reached / CHECKPOINTS
 
     @property
     def diagnostics(self) -> Path:
@@ -141,18 +123,6 @@ class RunFolder:
         """diagnostics/ reached through the held run folder (held on its own by its
         writers: workload.launch.diagnostics.hold_diagnostics)."""
         return self.reached.absolute() / DIAGNOSTICS
-
-    @property
-    def lock(self) -> Path:
-        return self.reached / LOCK
-
-    @property
-    def attempts(self) -> Path:
-        return self.reached / ATTEMPTS
-
-    @property
-    def bad_nodes(self) -> Path:
-        return self.reached / BAD_NODES
 
     @property
     def records(self) -> tuple[Path, Path, Path]:
