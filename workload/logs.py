@@ -54,7 +54,8 @@ class _Rewritten(logging.Filter):
         self.rewrite = rewrite
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = self.rewrite(record.getMessage()), None
+        record.msg = self.rewrite(record.getMessage())
+        record.args = None  # the message is whole now
         return True
 
 
