@@ -30,6 +30,7 @@ import it as well as train.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -100,7 +101,10 @@ class RunFolder:
     def said(self, text: str) -> str:
         """A message that may name files by the held path, naming them under `root`
         instead (train's messages pass through it: workload.logs.messages_rewritten)."""
-        return text if self.held is None else text.replace(str(self.held), str(self.root))
+        if self.held is None:
+            return text
+        # Not a longer descriptor's number: /proc/PID/fd/3 is no part of /proc/PID/fd/31
+        return re.sub(re.escape(str(self.held)) + r"(?!\d)", lambda _: str(self.root), text)
 
     def compile_cache(self, key: str) -> Path:
         """The compile cache of the versions `key` names."""

@@ -178,3 +178,5 @@ def test_trains_messages_name_the_held_run_folder_as_given(tmp_path, caplog):
             raise DiskFull(f"no space left to save a checkpoint in {folder.checkpoints}")
     assert caplog.records[-1].getMessage() == f"saved {tmp_path}/run/checkpoints/step-000000002"
     assert str(raised.value) == f"no space left to save a checkpoint in {tmp_path}/run/checkpoints"
+    other = f"{folder.held}1/model.safetensors"  # another held folder's descriptor: 31 for 3
+    assert folder.said(other) == other
