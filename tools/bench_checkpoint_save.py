@@ -40,6 +40,7 @@ from workload.checkpoint import Checkpointer, Checkpoints, save_checkpoint, take
 from workload.config import TrainConfig
 from workload.distributed import DistInfo
 from workload.launch import PreemptionFlag
+from workload.runfolder import RunFolder
 from workload.training.build import build_state
 
 
@@ -71,7 +72,7 @@ def timed_async(ckpt: Checkpoints, state, step: int) -> tuple[float, float]:
 
 def checkpointer(cfg, state, out: Path, async_save: bool) -> Checkpointer:
     cfg = cfg.replace(checkpoint_async=async_save, keep_checkpoints=1)
-    return Checkpointer(cfg, DistInfo.alone(torch.device("cpu")), state, out, 10,
+    return Checkpointer(cfg, DistInfo.alone(torch.device("cpu")), state, RunFolder(out), 10,
                         PreemptionFlag(), num_classes=100)
 
 

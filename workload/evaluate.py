@@ -32,7 +32,6 @@ from workload.errors import UsageError
 from workload.files import output_file_problem
 from workload.launch.preemption import StartUpFlag
 from workload.models import ModelDescription, ModelFiles, locate, read_description
-from workload.runfolder import RunFolder
 
 PROG = "evaluate"
 # The settings evaluation reads (the data, its batching, the device and numerics); the
@@ -55,8 +54,8 @@ def eval_config(args: argparse.Namespace, files: ModelFiles,
                 description: ModelDescription) -> TrainConfig:
     """The run's settings (or, for a bare model.json, its dataset and input size), the
     flags given on top; validated."""
-    if files.run_dir is not None:
-        base = read_config_file(str(RunFolder(files.run_dir).config))
+    if files.run is not None:
+        base = read_config_file(str(files.run.config))
     else:
         base = dict(dataset=description.dataset, num_classes=description.num_classes)
     values = {k: v for k, v in base.items() if k in EVAL_KEYS}

@@ -166,3 +166,20 @@ def remove_held(held: Path, parent: Path) -> None:
         shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
     finally:
         os.close(fd)
+
+
+def remove_in(folder: Path, names: list[str]) -> None:
+    """The entries `names` of `folder` removed (a folder with what it holds), each by
+    its name in `folder` opened once without following a link at its name: a link at an
+    entry's name is removed itself, never followed, and a `folder` renamed away
+    meanwhile and replaced is never the one emptied. OSError when `folder` is a link."""
+    nofollow = 0 if is_held(folder) else os.O_NOFOLLOW
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        for name in names:
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)

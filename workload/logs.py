@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from workload.held import named_for_the_user
@@ -54,6 +55,34 @@ def logging_kept():
         yield
     finally:
         logger.handlers[:], logger.level, logger.propagate = saved
+
+
+class _Rewritten(logging.Filter):
+    def __init__(self, rewrite: Callable[[str], str]):
+        super().__init__()
+        self.rewrite = rewrite
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = self.rewrite(record.getMessage())
+        record.args = None  # the message is whole now
+        return True
+
+
+@contextlib.contextmanager
+def messages_rewritten(rewrite: Callable[[str], str]) -> Iterator[None]:
+    """Every log line and the message of an exception that leaves the block passed
+    through `rewrite` (train's run folder named as the user gave it, not by the held
+    path its files are reached through: workload.runfolder.RunFolder.said)."""
+    rewritten = _Rewritten(rewrite)
+    logger.addFilter(rewritten)
+    try:
+        yield
+    except Exception as error:  # its type kept: a UsageError's subclass sets the status
+        if error.args and isinstance(error.args[0], str):
+            error.args = (rewrite(error.args[0]), *error.args[1:])
+        raise
+    finally:
+        logger.removeFilter(rewritten)
 
 
 class Progress:

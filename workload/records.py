@@ -28,16 +28,17 @@ from workload.distributed import unwrap
 from workload.errors import UsageError
 from workload.files import umask_mode, unwritable_reason
 from workload.held import held_path, hold_own_folder, let_go
+from workload.runfolder import RunFolder
 
 
-def prepare_output_dir(path: str) -> Path:
-    """Create the output directory and prove it is writable, or fail before any training."""
-    out = Path(path).expanduser()
-    problem = unwritable_reason(out, create=True)
+def prepare_output_dir(folder: RunFolder, path: str) -> RunFolder:
+    """Create the output directory (`path`, as --output-dir gave it) and prove it is
+    writable, or fail before any training: the run folder, held (RunFolder.hold)."""
+    problem = unwritable_reason(folder.root, create=True)
     if problem:
         raise UsageError(f"--output-dir {path} is not a writable directory ({problem}); "
                          "pass a folder you can write to, e.g. --output-dir $SCRATCH/runs/x")
-    return out
+    return folder.hold()
 
 
 def model_sha256(model: nn.Module) -> str:
@@ -94,9 +95,9 @@ def board_folder(folder: Path, flag: str) -> str:
 class Board:
     """One SummaryWriter; `log_epoch` takes the same record that goes to metrics.jsonl."""
 
-    def __init__(self, out: Path):
+    def __init__(self, run: RunFolder):
         from torch.utils.tensorboard import SummaryWriter
-        self.folder = board_folder(out / "tensorboard", "--tensorboard")
+        self.folder = board_folder(run.tensorboard, "--tensorboard")
         self.writer = SummaryWriter(log_dir=self.folder)
 
     def log_epoch(self, record: dict) -> None:
@@ -114,13 +115,13 @@ class WandbBoard:
     """One W&B run (project from WANDB_PROJECT, default hpc-train; named after the run
     folder), logging what TensorBoard gets at the same steps (epochs)."""
 
-    def __init__(self, out: Path, config: dict):
+    def __init__(self, run: RunFolder, config: dict):
         os.environ.setdefault("WANDB_MODE", "offline")
-        self.folder = board_folder(out / "wandb", "--wandb")  # wandb makes its wandb/ in it
+        self.folder = board_folder(run.wandb, "--wandb")  # wandb makes its wandb/ in it
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "hpc-train"),
-                              name=out.name, dir=self.folder, config=config)
+                              name=run.root.name, dir=self.folder, config=config)
 
     def log_epoch(self, record: dict) -> None:
         self.run.log({tag: record[key] for key, tag in TAGS.items()
@@ -147,12 +148,12 @@ class Boards:
 
 
 @contextlib.contextmanager
-def open_board(enabled: bool, out: Path, wandb_config: dict | None = None):
+def open_board(enabled: bool, run: RunFolder, wandb_config: dict | None = None):
     """TensorBoard when `enabled`; W&B too when given the run's config."""
-    boards = Boards([Board(out)] if enabled else [])
+    boards = Boards([Board(run)] if enabled else [])
     try:
         if wandb_config is not None:
-            boards.boards.append(WandbBoard(out, wandb_config))
+            boards.boards.append(WandbBoard(run, wandb_config))
         yield boards
     finally:
         boards.close()

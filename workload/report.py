@@ -71,10 +71,10 @@ def import_pyplot():
 
 
 # ----------------------------------------------------------------------------- reading
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = RunFolder(run_dir).metrics
+def read_metrics(run: RunFolder) -> list[dict]:
+    path = run.metrics
     if not path.is_file():
-        raise UsageError(f"RUN_DIR {run_dir} has no metrics.jsonl; pass the --output-dir of "
+        raise UsageError(f"RUN_DIR {run.root} has no metrics.jsonl; pass the --output-dir of "
                          "a train run that finished at least one epoch")
     try:
         lines = read_jsonl_lines(path, MAX_FILE_BYTES)
@@ -116,9 +116,9 @@ def usable_epochs(path: Path, lines: list[tuple[int, dict | None, str]]) -> list
             if not unread and epoch_problem(record) is None]
 
 
-def read_summary(run_dir: Path) -> dict:
+def read_summary(run: RunFolder) -> dict:
     """summary.json, or {} for a run still going (figures are drawn from the epochs so far)."""
-    path = RunFolder(run_dir).summary
+    path = run.summary
     try:
         summary = read_json_file(path, MAX_FILE_BYTES)
     except (OSError, ValueError):
@@ -342,14 +342,15 @@ def output_dir(run_dir: Path, out_flag: str | None) -> Path:
     return out
 
 
-def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) -> list[Path]:
+def make_report(run: RunFolder, bench_files: list[Path], out_flag: str | None) -> list[Path]:
     """Check every input first, then draw; returns the PNGs written."""
     plt = import_pyplot()
+    run_dir = run.root
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the --output-dir "
                          "of a train run")
-    records = read_metrics(run_dir)
-    summary = read_summary(run_dir)
+    records = read_metrics(run)
+    summary = read_summary(run)
     points = [point for path in bench_files for point in read_bench(path)]
     out = output_dir(run_dir, out_flag)
     written = [out / "training.png", out / "throughput.png"]
@@ -358,10 +359,10 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
     if points:
         written.append(out / "scaling.png")
         plot_scaling(plt, points, written[-1])
-    if ranks := rank_times(RunFolder(run_dir).steps):
+    if ranks := rank_times(run.steps):
         written.append(out / "ranks.png")
         plot_ranks(plt, ranks, written[-1])
-    if power := power_lines(RunFolder(run_dir).steps):
+    if power := power_lines(run.steps):
         written.append(out / "power.png")
         plot_power(plt, power, written[-1])
     if phases := startup_phases(summary):
@@ -371,7 +372,8 @@ def make_report(run_dir: Path, bench_files: list[Path], out_flag: str | None) ->
 
 
 def report(args: argparse.Namespace) -> None:
-    for path in make_report(Path(args.run_dir), [Path(b) for b in args.bench], args.out):
+    for path in make_report(RunFolder(Path(args.run_dir)), [Path(b) for b in args.bench],
+                            args.out):
         print(f"report: wrote {path}")
 
 

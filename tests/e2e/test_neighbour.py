@@ -176,13 +176,14 @@ def test_a_checkpoint_planted_in_the_node_local_tier_is_never_resumed(project, m
 VICTIM_CACHE = """
 import os, sys, shutil, tarfile, torch
 from pathlib import Path
+from workload.runfolder import RunFolder
 from workload.training.compile_cache import CompileCache
 run, caches, action = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
 os.environ["TRITON_CACHE_DIR"] = str(caches / "triton")
 (caches / "inductor" / "fx").mkdir(parents=True, exist_ok=True)
 (caches / "inductor" / "fx" / "mine").write_bytes(b"the victim's kernel")
-cache = CompileCache(run, torch.device("cpu"), is_main=True)
+cache = CompileCache(RunFolder(run), torch.device("cpu"), is_main=True)
 print(cache.path.name, os.getpid(), flush=True)
 sys.stdin.readline()
 if action == "save":

@@ -9,6 +9,7 @@ there, and end in status 0 or one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -274,3 +275,46 @@ def test_stage_to_a_node_folder_others_may_write_is_refused_in_one_line(project)
     [line] = [line for line in out.splitlines() if line.startswith("train: error:")]
     assert f"{node} may be written by others" in line and "sticky" in line, line
     assert list(node.iterdir()) == []
+
+
+# The neighbour's part: once `file` appears in the run folder, the folder is renamed away
+# and a link to `target` (a folder of the victim's) put at its name.
+SWAP_RUN = """
+import os, sys, time
+run, file, target = sys.argv[1:4]
+end = time.monotonic() + 300
+while not os.path.exists(os.path.join(run, file)) and time.monotonic() < end:
+    time.sleep(0.001)
+os.rename(run, run + ".swapped")
+os.symlink(target, run)
+print("swapped")
+"""
+
+
+def test_the_run_folder_swapped_for_a_link_mid_run_writes_nothing_through_it(project):
+    """Issue 59 §2: the neighbour renames the whole run folder away once its config.json
+    is written (before the stall watchdog, the compile cache and the first step) and puts
+    a link to a folder of the victim's at its name (before: diagnostics/, metrics.jsonl,
+    steps.jsonl, the checkpoints and `latest`, summary.json, model.json and
+    model.safetensors, replacing the victim's own, were written through it). The run goes
+    on in the folder it started in, reached through its descriptor (TensorBoard's
+    folder, made after the swap, too)."""
+    run = run_folder(project)
+    target = victims_folder(project)
+    proc = victim_train(*CHECKPOINT_ARGS, "--log-every", "1", "--tensorboard",
+                        "--output-dir", str(run))
+    swapper = as_neighbour(SWAP_RUN, str(run), "config.json", str(target))
+    code, out = finish(proc)
+    said, err = swapper.communicate(timeout=60)
+    assert said.strip() == "swapped", err
+    assert untouched(target), out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    moved = project / "project" / "run.swapped"
+    assert [r["epoch"] for r in map(json.loads, (moved / "metrics.jsonl").read_text()
+                                     .splitlines())] == [1, 2]
+    assert (moved / "checkpoints" / "latest").read_text() == "step-000000016\n"
+    for name in ("summary.json", "model.json", "model.safetensors", "steps.jsonl"):
+        assert (moved / name).is_file(), name
+    assert list((moved / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((moved / "diagnostics").glob("heartbeat-*.json"))
+    assert f"summary in {run}/summary.json" in out, out[-3000:]

@@ -86,6 +86,7 @@ def test_a_file_of_other_versions_is_left_alone_with_one_line(tmp_path, monkeypa
     and the job compiles from scratch."""
     import torch
 
+    from workload.runfolder import RunFolder
     from workload.training.compile_cache import CompileCache
 
     for var, name in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
@@ -95,7 +96,7 @@ def test_a_file_of_other_versions_is_left_alone_with_one_line(tmp_path, monkeypa
     foreign = run / "compile-cache-000000000000.tar"
     tar_with(foreign, member("inductor/a"))
     foreign.chmod(0o644)
-    cache = CompileCache(run, torch.device("cpu"), is_main=True)
+    cache = CompileCache(RunFolder(run), torch.device("cpu"), is_main=True)
     with caplog.at_level("INFO", logger="workload"):
         cache.load()
     lines = [r.getMessage() for r in caplog.records if "compile cache" in r.getMessage()]

@@ -106,8 +106,31 @@ def test_a_checkpoint_without_a_readable_record_leaves_the_total_unknown():
                                    energy.Meter("c", scripted([1.0] * 9)),
                                    torch.device("cpu"), 1)
     account.load_state_dict({"gpu_j": "12"})
-    record = account.state_dict()
+    record = account.gather_across_ranks()
     assert record["gpu_j"] is None and record["gpu_source"].startswith("unavailable: ")
+
+
+def test_the_probe_is_given_at_construction_and_state_dict_is_no_collective(monkeypatch):
+    """Issue 63: the loop's probe (the images the per-image energy divides by) is an
+    argument of the account, never set on it from outside; the totals across ranks are
+    the named collective gather_across_ranks, and state_dict reads what it found."""
+    from workload import distributed
+    from workload.training.probe import StepProbe
+
+    probe = StepProbe()
+    account = energy.EnergyAccount(energy.Meter("g", scripted([1.0, 3.0, 6.0])),
+                                   energy.Meter("c", scripted([2.0] * 9)),
+                                   torch.device("cpu"), 1, probe)
+    probe.images = 40
+    gathered = account.gather_across_ranks()
+    assert gathered["images"] == 40 and gathered["gpu_j"] == 2.0 and gathered["jobs"] == 1
+
+    def no_collective(*_args):
+        raise AssertionError("state_dict made a collective")
+    monkeypatch.setattr(distributed, "all_gather_floats", no_collective)
+    monkeypatch.setattr(distributed, "gather_objects", no_collective)
+    probe.images = 80  # counted by the next gather, not by state_dict
+    assert account.state_dict() == gathered
 
 
 def test_the_summary_is_null_with_its_reason_never_zero():

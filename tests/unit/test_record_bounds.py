@@ -101,9 +101,10 @@ def metrics(tmp_path, key, value):
 
 def summary(tmp_path, key, value):
     from workload.report import read_summary
+    from workload.runfolder import RunFolder
 
     (tmp_path / "summary.json").write_text(json.dumps({"device": "cpu", key: value}))
-    kept = read_summary(tmp_path)
+    kept = read_summary(RunFolder(tmp_path))
     assert key not in kept and kept["device"] == "cpu"
     return "left out"
 

@@ -90,13 +90,93 @@ def test_a_full_disk_at_the_final_model_is_the_disk_full_message(tmp_path):
 def test_the_run_folders_own_files_are_named_in_runfolder_only():
     """A command that needs a run's file takes its path from RunFolder, so no two
     commands can disagree about where it is (names a checkpoint folder shares, such as
-    config.json, are left out)."""
+    config.json, are left out; the boards' folders share theirs with their packages and
+    flags, so only a path made of them counts: `out / "tensorboard"`)."""
     from workload import runfolder
     names = {runfolder.METRICS, runfolder.STEPS, runfolder.SUMMARY, runfolder.MODEL_JSON,
-             runfolder.LOCK}
+             runfolder.LOCK, runfolder.COMPILE_CACHES}
+    folders = {runfolder.TENSORBOARD, runfolder.WANDB}
     package = Path(runfolder.__file__).parent
-    spelled = [f"{path.relative_to(package)}:{node.lineno} {node.value}"
+
+    def spells(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                and isinstance(node.right, ast.Constant) and node.right.value in folders)
+    spelled = [f"{path.relative_to(package)}:{node.lineno} {ast.unparse(node)}"
                for path in sorted(package.rglob("*.py")) if path.name != "runfolder.py"
-               for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.Constant) and node.value in names]
+               for node in ast.walk(ast.parse(path.read_text())) if spells(node)]
     assert spelled == []
+
+
+def test_overwrite_removes_by_name_in_the_held_run_folder_never_through_a_swapped_link(
+        tmp_path):
+    """Issue 59 §2: --overwrite removes the previous run's checkpoints and records by
+    their names in the run folder train holds; the folder renamed away and a link to
+    another folder of the user's put at its name (a neighbour in a group-writable project
+    folder) leaves that folder's step-* folders and records alone."""
+    from types import SimpleNamespace
+
+    from workload.checkpoint.resuming import prepare
+    from workload.runfolder import RunFolder
+
+    def previous_run(folder: Path) -> None:
+        (folder / "checkpoints" / "step-000000004").mkdir(parents=True)
+        (folder / "checkpoints" / "step-000000004" / "model.safetensors").write_text("w")
+        (folder / "checkpoints" / "latest").write_text("step-000000004\n")
+        (folder / "metrics.jsonl").write_text('{"epoch": 1}\n')
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    previous_run(run)
+    previous_run(other)
+    folder = RunFolder(run).hold()
+    run.rename(tmp_path / "run.moved")
+    run.symlink_to(other)
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(resume="never", overwrite=True,
+                                                     checkpoint_local=""))
+    prepare(cfg, folder, is_main=True)
+    moved = tmp_path / "run.moved"
+    assert list((moved / "checkpoints").iterdir()) == [] and not (moved / "metrics.jsonl").exists()
+    assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["latest",
+                                                                          "step-000000004"]
+    assert (other / "checkpoints" / "step-000000004" / "model.safetensors").read_text() == "w"
+    assert (other / "metrics.jsonl").is_file()
+
+
+def test_a_held_run_folder_is_written_in_the_folder_it_started_in(tmp_path):
+    """RunFolder.hold: its files are reached through the descriptor opened then, so the
+    folder renamed away and a link put at its name changes nothing the run writes; a
+    message still names the folder as given."""
+    from workload.runfolder import RunFolder
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    folder = RunFolder(tmp_path / "run").hold()
+    (tmp_path / "run").rename(tmp_path / "run.moved")
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    write_json(folder.summary, {"done": True})
+    append_jsonl(folder.metrics, {"epoch": 1})
+    assert sorted(p.name for p in (tmp_path / "run.moved").iterdir()) == ["metrics.jsonl",
+                                                                          "summary.json"]
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert folder.said(f"{folder.metrics} is a link") == f"{tmp_path}/run/metrics.jsonl is a link"
+
+
+def test_trains_messages_name_the_held_run_folder_as_given(tmp_path, caplog):
+    """What train says while it holds the run folder (a log line, an error's message,
+    whatever deep module made it from a held path) names the folder as the user gave it,
+    and an error keeps its type (its exit status)."""
+    from workload.checkpoint.diskfull import DiskFull
+    from workload.logs import logger, messages_rewritten
+    from workload.runfolder import RunFolder
+
+    (tmp_path / "run").mkdir()
+    folder = RunFolder(tmp_path / "run").hold()
+    with pytest.raises(DiskFull) as raised, caplog.at_level("INFO", logger="workload"):
+        with messages_rewritten(folder.said):
+            logger.info("saved %s", folder.checkpoints / "step-000000002")
+            raise DiskFull(f"no space left to save a checkpoint in {folder.checkpoints}")
+    assert caplog.records[-1].getMessage() == f"saved {tmp_path}/run/checkpoints/step-000000002"
+    assert str(raised.value) == f"no space left to save a checkpoint in {tmp_path}/run/checkpoints"
+    other = f"{folder.held}1/model.safetensors"  # another held folder's descriptor: 31 for 3
+    assert folder.said(other) == other

@@ -56,10 +56,11 @@ WRITERS = {
     ("workload.checkpoint.writer.folder", "move_aside", "os.replace"):
         "renames a bad or unfinished save aside inside checkpoints/ (as above)",
     ("workload.checkpoint.inprocess", "make_save_folder", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the save's own folder: held.make_held, and "
-        "shards/ inside it",
+        "the run's checkpoints/ (exist_ok), in train through its held run folder "
+        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it",
     ("workload.checkpoint.writer.store", "copy_to_run", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the copy's own folder: held.make_held",
+        "the run's checkpoints/ (exist_ok), through train's held run folder; the copy's "
+        "own folder: held.make_held",
     ("workload.checkpoint.writer.store", "_copy_durably", ".mkdir"):
         "inside the copy's held private folder (its files: files.create_new)",
     ("workload.checkpoint.local", "bind_to_run", ".mkdir"):

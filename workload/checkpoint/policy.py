@@ -20,14 +20,13 @@ requeue` (jobs/lib/requeue.sh, docs/checkpoints.md).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from workload.checkpoint.local import local_root
 from workload.checkpoint.session import Session
-from workload.checkpoint.writer.folder import checkpoints_dir
 from workload.checkpoint.snapshot import is_sharded, run_settings, take_snapshot
 from workload.launch.preemption import PreemptionFlag, request_requeue
 from workload.logs import logger
+from workload.runfolder import RunFolder
 
 
 class Preempted(Exception):
@@ -45,7 +44,7 @@ class Checkpointer:
     end waits for the save in flight and commits it, on leaving normally; on an exception
     it waits too, with no collective."""
 
-    def __init__(self, cfg, info, state, out: Path, batches_per_epoch: int,
+    def __init__(self, cfg, info, state, folder: RunFolder, batches_per_epoch: int,
                  flag: PreemptionFlag, num_classes: int):
         self.cfg = cfg
         self.info = info
@@ -56,13 +55,14 @@ class Checkpointer:
         every = cfg.checkpoint.checkpoint_every
         self.every_steps = every.steps
         self.every_s = every.seconds
-        self.root = checkpoints_dir(out)
+        self.root = folder.checkpoints  # through the held run folder, never a name swapped
         self.batches_per_epoch = batches_per_epoch
         self.last_save = time.monotonic()
         self.session = Session(info, cfg.checkpoint.checkpoint_async, flag)
         self.said_sharded = False
         local = cfg.checkpoint.checkpoint_local
-        self.local = local_root(local, out) if local else None  # written first, then copied
+        # written first, then copied
+        self.local = local_root(local, folder.root) if local else None
 
     def after_step(self) -> None:
         state = self.state

@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 
 from workload.checkpoint.content import check_fits
-from workload.checkpoint.writer.folder import (checkpoints_dir, remove_tree,
-                                               roll_back, written_by_train)
+from workload.checkpoint.writer.folder import roll_back, written_by_train
 from workload.checkpoint.local import bind_to_run, local_root, promote_newer, remove_local
 from workload.checkpoint.session import resume_newest
 from workload.checkpoint.snapshot import CLASSES, read_checkpoint, restore, run_settings
@@ -24,32 +23,34 @@ from workload.checkpoint.writer.store import (CorruptCheckpoint, OldFormat, Snap
 from workload.config import MAY_CHANGE_ON_RESUME, flag_of, out_of_range
 from workload.errors import UsageError
 from workload.files import json_text, path_kind, read_jsonl_records, replace_file
+from workload.held import remove_in
 from workload.logs import logger
 from workload.runfolder import RunFolder
 
 
-def prepare(cfg, out: Path, is_main: bool) -> None:
+def prepare(cfg, folder: RunFolder | Path, is_main: bool) -> None:
     """--resume never: refuse an output directory holding checkpoints, unless --overwrite,
     which removes what `train` wrote there and nothing else. A `checkpoints` that is a
     symbolic link is refused: it is never followed (a run prunes and replaces folders
     there), and nothing it points at is moved or lost. Then the local tier, if any, is
     bound to this run folder (workload.checkpoint.local.bind_to_run)."""
-    root = checkpoints_dir(out)
+    folder = RunFolder.of(folder)
+    root = folder.checkpoints
     if root.is_symlink():
         raise UsageError(f"{root} is a symbolic link (to {root.resolve()}); checkpoints are "
                          "pruned and replaced inside the run folder, so they must live "
                          "there: pass --output-dir on the file system you want instead, or "
                          "replace the link with a folder")
-    for record in RunFolder(out).records:  # appended to or replaced: a link is refused
+    for record in folder.records:  # appended to or replaced: a link is refused
         if (problem := _not_a_record(record)) is not None:
             raise UsageError(f"{record} is {problem}, not a file train wrote; train "
                              "never writes through one: remove it (or move it away) and "
                              "start again")
     own = written_by_train(root)
     if cfg.checkpoint.resume == "never" and own:
-        _overwrite(cfg, out, own, is_main)
+        _overwrite(cfg, folder, own, is_main)
     if is_main and cfg.checkpoint.checkpoint_local:
-        bind_to_run(cfg.checkpoint.checkpoint_local, out)
+        bind_to_run(cfg.checkpoint.checkpoint_local, folder.root)
 
 
 def _not_a_record(path: Path) -> str | None:
@@ -59,8 +60,9 @@ def _not_a_record(path: Path) -> str | None:
     return "a symbolic link" if path.is_symlink() else path_kind(path)
 
 
-def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
-    root = checkpoints_dir(out)
+def _overwrite(cfg, folder: RunFolder, own: list[Path], is_main: bool) -> None:
+    out = folder.root
+    root = folder.checkpoints
     if not cfg.checkpoint.overwrite:
         raise UsageError(f"--output-dir {out} already holds checkpoints ({root}) and --resume "
                          "never would start another run over them; pass --resume auto to "
@@ -70,26 +72,25 @@ def _overwrite(cfg, out: Path, own: list[Path], is_main: bool) -> None:
     if is_main:
         logger.warning(f"--overwrite: removing the previous run's {len(own)} checkpoint "
                        f"entries in {root} and its records; other files there are kept")
-        for path in own:
-            if path.is_dir():
-                remove_tree(path)
-            else:
-                path.unlink()
-        for record in RunFolder(out).records:  # they would mix two runs
+        # By name in the folders the run holds: never through a link put at a name since
+        remove_in(root, [path.name for path in own])
+        for record in folder.records:  # they would mix two runs
             record.unlink(missing_ok=True)
         remove_local(cfg.checkpoint.checkpoint_local, out)
 
 
-def resume(cfg, info, state, out: Path, num_classes: int) -> None:
+def resume(cfg, info, state, folder: RunFolder | Path, num_classes: int) -> None:
     """Load the checkpoint this run continues from, if there is one."""
     if cfg.checkpoint.resume == "never":
         return
+    folder = RunFolder.of(folder)
+    out = folder.root
     current = run_settings(cfg, num_classes)
     if cfg.checkpoint.resume != "auto":
         path = Path(cfg.checkpoint.resume)
         restore(_read_explicit(path, current, state), state, info.rank, info.world_size)
     else:
-        root = checkpoints_dir(out)
+        root = folder.checkpoints
         local = cfg.checkpoint.checkpoint_local
         if local and info.is_main:  # the others wait in resume_newest's collective
             promote_newer(local_root(local, out), root, cfg.checkpoint.keep_checkpoints)
@@ -103,9 +104,9 @@ def resume(cfg, info, state, out: Path, num_classes: int) -> None:
         path = found[0]
     if info.is_main:
         if cfg.checkpoint.resume != "auto":  # --resume PATH: maybe a step of this folder
-            roll_back(checkpoints_dir(out), path, state.step)
+            roll_back(folder.checkpoints, path, state.step)
             _forget_local(cfg.checkpoint.checkpoint_local, out, path)
-        trim_metrics(RunFolder(out).metrics, _epochs_recorded(cfg, state))
+        trim_metrics(folder.metrics, _epochs_recorded(cfg, state))
     logger.info(f"resumed from {path}: step {state.step}, epoch {state.epoch + 1}, "
                 f"batch {state.batch} of the epoch")
 

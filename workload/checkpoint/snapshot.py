@@ -64,7 +64,10 @@ def take_snapshot(state, settings: dict, world_size: int, sharded: bool) -> Snap
     trainer = dict(format=FORMAT_VERSION, schedule=state.schedule.state_dict(),
                    scaler=state.scaler.state_dict(), epoch=state.epoch, batch=state.batch,
                    step=state.step, accuracies=list(state.accuracies), world_size=world_size)
-    for name, part in state.parts.items():  # each part's state_dict may be a collective
+    for part in state.parts.values():  # every rank, in one order: the parts' collectives
+        if hasattr(part, "gather_across_ranks"):
+            part.gather_across_ranks()
+    for name, part in state.parts.items():
         trainer[name] = part.state_dict()
     if sharded:  # every rank writes its own shard (its buffers included) in save_checkpoint
         return Snapshot(None, None, trainer, gather_states(world_size), settings)

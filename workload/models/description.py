@@ -60,7 +60,7 @@ class ModelFiles:
     holds both when there is one (its config.json gives `evaluate` the data settings)."""
     description: Path
     weights: Path
-    run_dir: Path | None
+    run: RunFolder | None
 
 
 def locate(given: str) -> ModelFiles:
@@ -69,25 +69,17 @@ def locate(given: str) -> ModelFiles:
     if not path.exists():
         raise UsageError(f"{given} does not exist; pass a finished train run's --output-dir "
                          "(it holds model.json and model.safetensors) or its model.json")
-    if path.is_dir():
-        folder = path
-        description = RunFolder(path).model
-    elif path.suffix == ".safetensors":
-        folder = path.parent
-        description = RunFolder(path.parent).model
-    else:
-        folder = path.parent
-        description = path
+    run = RunFolder(path if path.is_dir() else path.parent)
+    description = run.model if path.is_dir() or path.suffix == ".safetensors" else path
     if not description.is_file():
         raise UsageError(f"{given}: no {description} (a train run writes model.json and "
                          "model.safetensors into its --output-dir when it ends); pass a "
                          "finished run's folder or its model.json")
-    weights = folder / read_description(description).weights
+    weights = run.root / read_description(description).weights
     if not weights.is_file():
         raise UsageError(f"{given}: the weights {weights} that {description.name} names are "
                          "missing; pass a finished run's folder")
-    run_dir = folder if RunFolder(folder).config.is_file() else None
-    return ModelFiles(description, weights, run_dir)
+    return ModelFiles(description, weights, run if run.config.is_file() else None)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ import torch
 
 from workload.files import replacing, umask_mode
 from workload.logs import logger
+from workload.runfolder import RunFolder
 
 FOLDERS = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
-PATTERN = "compile-cache-*.tar"
 VERSIONS = "versions.json"
 MAX_BYTES = 8 * 2**30  # far above a model's kernels; a bound on what a file may unpack
 Signature = frozenset[tuple[str, int]]
@@ -64,9 +64,9 @@ def versions(device: torch.device) -> dict[str, str]:
             "device": where}
 
 
-def artifact_name(found: dict[str, str]) -> str:
-    key = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
-    return f"compile-cache-{key}.tar"
+def artifact_key(found: dict[str, str]) -> str:
+    """The key of the versions `found` in the artifact's name (RunFolder.compile_cache)."""
+    return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def cache_folders() -> dict[str, Path]:
@@ -145,9 +145,10 @@ class CompileCache:
     """The artifact of one run folder: `load` on every rank before the first compiled
     step, `save` (rank 0) after the first step and the first evaluation."""
 
-    def __init__(self, out: Path, device: torch.device, is_main: bool):
+    def __init__(self, folder: RunFolder, device: torch.device, is_main: bool):
         self.versions = versions(device)
-        self.path = out / artifact_name(self.versions)
+        self.run_folder = folder
+        self.path = folder.compile_cache(artifact_key(self.versions))
         self.is_main = is_main
         self.folders = cache_folders()
         self.saved: Signature = frozenset()
@@ -157,7 +158,7 @@ class CompileCache:
         if not self.folders:
             return
         if not self.path.exists():
-            others = sorted(p.name for p in self.path.parent.glob(PATTERN))
+            others = [p.name for p in self.run_folder.compile_caches]
             if others and self.is_main:
                 logger.info(f"compile cache: {', '.join(others)} made for other versions "
                             f"than {self.describe()}: not used, compiling from scratch")

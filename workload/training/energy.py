@@ -10,8 +10,9 @@ package counters (`/sys/class/powercap/intel-rapl:N/energy_uj`, wrapping at
 log interval's one exchange, as one of its contributors (workload.training.interval), in
 the checkpoint's collective and in one gather at the end.
 
-The running total is a stateful part of the checkpoint (`state_dict`/`load_state_dict`,
-saved as `energy` in the trainer state, JSON), so a preempted and resumed run reports the
+The running total is a stateful part of the checkpoint (`gather_across_ranks`, the
+collective, then `state_dict`/`load_state_dict`, saved as `energy` in the trainer state,
+JSON), so a preempted and resumed run reports the
 energy of all its jobs. A counter that is missing
 is "unavailable: <why>" with null values, never 0. A counter that goes backwards (a
 driver reload) is counted again from its new value, and one that stops answering ends
@@ -223,23 +224,25 @@ class EnergyAccount:
     """This rank's energy in this job and the run's earlier jobs (from the checkpoint it
     resumed from): a stateful part of the checkpoint (TrainState.parts) and a contributor
     to the log interval's exchange (workload.training.interval). The run's totals are
-    collectives: every rank calls `state_dict`."""
+    collectives: every rank calls `gather_across_ranks`, then `state_dict` reads it."""
 
-    def __init__(self, gpu: Meter, cpu: Meter, device, world_size: int):
+    def __init__(self, gpu: Meter, cpu: Meter, device, world_size: int, probe=None):
         self.gpu = gpu
         self.cpu = cpu
         self.device = device
         self.world_size = world_size
         self.earlier = dict(gpu_j=0.0, gpu_source=GPU_SOURCE, cpu_package_j=0.0,
                             cpu_package_source=CPU_SOURCE, images=0, jobs=0)
-        self.probe = None  # the loop's (workload.training.probe): the images trained
+        self.probe = probe  # the loop's (workload.training.probe): the images trained
+        self.gathered: dict | None = None  # the last gather_across_ranks
         self.mark = [(0.0, gpu.at), (0.0, cpu.at)]  # each total and its reading's time
 
     @classmethod
-    def for_rank(cls, info) -> EnergyAccount:
-        """First readings now: this job's energy counts from here."""
+    def for_rank(cls, info, probe) -> EnergyAccount:
+        """First readings now: this job's energy counts from here; `probe` counts the
+        images its per-image energy divides by."""
         return cls(gpu_meter(info.device, info.local_rank), cpu_meter(info.local_rank),
-                   info.device, info.world_size)
+                   info.device, info.world_size, probe)
 
     # --- a contributor to the log interval's exchange (workload.training.interval) ---
     def start(self) -> None:
@@ -275,9 +278,9 @@ class EnergyAccount:
         earlier = self.earlier[key]
         return None if earlier is None or this_job is None else earlier + this_job
 
-    def state_dict(self) -> dict:
+    def gather_across_ranks(self) -> dict:
         """The run's energy so far, all ranks and jobs: what a checkpoint holds and the
-        summary reports (a collective)."""
+        summary reports. A collective: every rank calls it, before state_dict."""
         self.gpu.update()
         self.cpu.update()
         rows = distributed.all_gather_floats(
@@ -288,11 +291,19 @@ class EnergyAccount:
         reasons = ([] if gpu is not None and cpu is not None else distributed.gather_objects(
             {"gpu": self.gpu.reason, "cpu": self.cpu.reason}, self.world_size))
         e = self.earlier
-        return dict(gpu_j=self._plus("gpu_j", gpu),
+        self.gathered = dict(gpu_j=self._plus("gpu_j", gpu),
                     gpu_source=self._source("gpu", e["gpu_source"], reasons),
                     cpu_package_j=self._plus("cpu_package_j", cpu),
                     cpu_package_source=self._source("cpu", e["cpu_package_source"], reasons),
                     images=e["images"] + int(sum(r[2] for r in rows)), jobs=e["jobs"] + 1)
+        return self.state_dict()
+
+    def state_dict(self) -> dict:
+        """What the last gather_across_ranks found (no collective: this rank alone)."""
+        if self.gathered is None:
+            raise RuntimeError("the energy account's state_dict before its "
+                               "gather_across_ranks: every rank gathers first")
+        return dict(self.gathered)
 
     @staticmethod
     def _source(part: str, earlier: str, reasons: list[dict]) -> str:

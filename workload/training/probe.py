@@ -86,13 +86,20 @@ class StepProbe(Activity):
         self.on_gpu = False
         self.gpu_spans = []
         self.hooked = False
-        self._fetching = self._started = time.perf_counter()
         self._forward = self._backward = self._optimizer = None
-        # This job's first step (a resumed job's too): its warm-up and compilation are
-        # timed apart (first_step_s), never counted into the images per second.
         self.device = device
-        self.first_step = step + 1
         self._warm_up_ends = False
+        self.begin(step)
+
+    def begin(self, step: int) -> None:
+        """This job's loop starts after `step` (a resumed job's: its checkpoint's), its
+        clocks now: a probe made before the resume (the energy account's, which counts
+        from before the model is built) begins again once the step is known. This job's
+        first step is timed apart (first_step_s), never counted into the images per
+        second: its warm-up and compilation."""
+        self.step = step
+        self.first_step = step + 1
+        self._fetching = self._started = time.perf_counter()
         self.open_window()
 
     def time_on_gpu(self) -> None:

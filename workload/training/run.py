@@ -21,7 +21,7 @@ from workload.files import append_jsonl, read_json_file, write_json
 from workload.launch import PreemptionFlag
 from workload.launch.diagnostics import (DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal,
                                         held_for_the_run)
-from workload.logs import logger
+from workload.logs import logger, messages_rewritten
 from workload.models import count_parameters, describe_model, save_weights
 from workload.records import model_sha256, open_board, prepare_output_dir, versions
 from workload.runfolder import RunFolder
@@ -54,13 +54,14 @@ def run(cfg: TrainConfig, flag: PreemptionFlag | None = None) -> dict:
               start_process(cfg, flag,
                             cfg.distributed.dist_start_timeout_s) as (info, precision)):
             clock.mark("process group")
-            return run_in_process(cfg, info, precision, flag, started, clock, nccl_log)
+            return run_in_process(folder, cfg, info, precision, flag, started, clock,
+                                  nccl_log)
     except Exception as error:  # its start-up record says how the rank failed
         clock.failed(error)
         raise
 
 
-def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
+def run_in_process(folder: RunFolder, cfg: TrainConfig, info: DistInfo, precision: str,
                    flag: PreemptionFlag | None, started: float, clock: StartupClock,
                    nccl_log: Path | None = None) -> dict:
     """The data, then (unless --prepare-data) the training in the run folder."""
@@ -72,8 +73,10 @@ def run_in_process(cfg: TrainConfig, info: DistInfo, precision: str,
     if cfg.data.prepare_data:
         return data_ready(cfg, data, data_dir)
     clock.mark("data")
-    folder = RunFolder(prepare_output_dir(cfg.logging.output_dir))
-    with checkpoint.lock_run_folder(folder.root, info):  # one writer: before anything is written
+    folder = prepare_output_dir(folder, cfg.logging.output_dir)
+    clock.write_in(folder.diagnostics_reached)
+    with (messages_rewritten(folder.said),  # the folder named as given, never as held
+          checkpoint.lock_run_folder(folder.reached, info)):  # one writer: before any write
         summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
         summary["total_time_s"] = time.perf_counter() - started
         if info.is_main:
@@ -86,44 +89,48 @@ def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precisio
              nccl_log: Path | None = None) -> dict:
     """Build and resume the state, choose what runs beside the loop, fit: the summary."""
     previous = previous_startup(folder) if info.is_main else None
-    state = training_state(folder, cfg, info, data, precision, clock)
-    wings = Wings(Checkpointer(cfg, info, state, folder.root, len(data.train),
-                               flag or PreemptionFlag(), data.num_classes),
-                  compile_cache(cfg, info, folder.root), StepProbe(state.step, info.device),
-                  state.parts["energy"], FirstStep(clock, info, previous), nccl_log)
-    wings.energy.probe = wings.probe  # the images its per-image energy divides by
+    probe = StepProbe(device=info.device)
+    state, energy = training_state(folder, cfg, info, data, precision, clock, probe)
+    checkpointer = Checkpointer(cfg, info, state, folder, len(data.train),
+                                flag or PreemptionFlag(), data.num_classes)
+    compiled = compile_cache(cfg, info, folder)
+    probe.begin(state.step)  # the loop's clocks: from here, the cache unpacked
+    wings = Wings(checkpointer, compiled, probe, energy, FirstStep(clock, info, previous),
+                  nccl_log)
     watchdog = stall_watchdog(cfg, info, folder, wings.probe,
-                              wings.checkpointer.session.waited_writer)
+                              checkpointer.session.waited_writer)
     wandb = cfg.recorded() if cfg.logging.wandb and info.is_main else None
     board_wanted = cfg.logging.tensorboard and info.is_main
     # The checkpointer's end commits the save in flight: before the final model, the
     # summary and the lock's release, and before a preempted run's exit.
-    with (watching(watchdog), open_board(board_wanted, folder.root, wandb) as board,
+    with (watching(watchdog), open_board(board_wanted, folder, wandb) as board,
           wings.checkpointer):
         hooks = choose_hooks(cfg, info, folder, len(data.train), wings, board)
         summary = Trainer(cfg, info, state, data, precision, hooks, wings.probe).fit()
     save_model(cfg, data, state.model, folder, info.is_main)
-    return {**summary, **summary_fields(wings.energy.state_dict(), state.step),
+    return {**summary, **summary_fields(wings.energy.gather_across_ranks(), state.step),
             **run_facts(cfg, info, state.model, precision), **wings.facts()}
 
 
 def training_state(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data,
-                   precision: str, clock: StartupClock) -> TrainState:
+                   precision: str, clock: StartupClock,
+                   probe: StepProbe) -> tuple[TrainState, EnergyAccount]:
     """The run folder prepared, the model built (energy counted from here, one of the
-    checkpoint's parts) and resumed, cuDNN tuned, and config.json written."""
-    checkpoint.prepare(cfg, folder.root, info.is_main)
-    energy = EnergyAccount.for_rank(info)  # this job's energy counts from here
+    checkpoint's parts, its images those `probe` counts) and resumed, cuDNN tuned, and
+    config.json written."""
+    checkpoint.prepare(cfg, folder, info.is_main)
+    energy = EnergyAccount.for_rank(info, probe)  # this job's energy counts from here
     state = build_state(cfg, info, data.num_classes, len(data.train), precision)
     state.parts["energy"] = energy
     clock.mark("model")
     log_start(cfg, info, data, state.model, precision)
-    checkpoint.resume(cfg, info, state, folder.root, data.num_classes)
+    checkpoint.resume(cfg, info, state, folder, data.num_classes)
     clock.mark("resume")
     tune_convolutions(state.model, cfg, info.device, precision)
     clock.mark("cudnn autotune")
     if info.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json(folder.config, cfg.recorded())
-    return state
+    return state, energy
 
 
 @dataclass
@@ -181,9 +188,10 @@ def stall_watchdog(cfg: TrainConfig, info: DistInfo, folder: RunFolder, probe: S
     preemption signal is another."""
     watchdog = StallWatchdog(probe, folder.diagnostics, info.rank, info.world_size,
                              cfg.distributed.stall_timeout_s,
-                             attempt_id(info.is_main, info.device), waited_writer)
+                             attempt_id(info.is_main, info.device), folder.diagnostics_reached,
+                             waited_writer)
     if cfg.checkpoint.preempt_signal != DUMP_SIGNAL.name.removeprefix("SIG"):
-        enable_dump_on_signal(watchdog.folder, info.rank)
+        enable_dump_on_signal(watchdog.reached, info.rank)
     return watchdog
 
 
@@ -195,11 +203,11 @@ def previous_startup(folder: RunFolder) -> dict | None:
         return None
 
 
-def compile_cache(cfg: TrainConfig, info: DistInfo, out: Path) -> CompileCache | None:
+def compile_cache(cfg: TrainConfig, info: DistInfo, folder: RunFolder) -> CompileCache | None:
     """With --compile: the run folder's compile cache, unpacked before the first step."""
     if not cfg.hardware.compile:
         return None
-    cache = CompileCache(out, info.device, info.is_main)
+    cache = CompileCache(folder, info.device, info.is_main)
     cache.load()
     return cache
 

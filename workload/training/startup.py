@@ -166,6 +166,12 @@ class StartupClock:
         self.compile_s = 0.0
         self.error = ""
 
+    def write_in(self, folder: Path) -> None:
+        """The marks from now on into `folder` (the run folder's diagnostics/ reached
+        through the held run folder, once train holds it), under the record's name."""
+        if self.record is not None:
+            self.record = folder / self.record.name
+
     def mark(self, phase: str) -> None:
         self.marks.append((phase, time.time()))
         if phase == FIRST_STEP:

@@ -39,7 +39,10 @@ FINITE_CHECK_EVERY = 50
 
 
 class Stateful(Protocol):
-    """A part of the training state that saves and restores itself (TrainState.parts)."""
+    """A part of the training state that saves and restores itself (TrainState.parts).
+    `state_dict` is this rank's own call, never a collective. A part whose state sums
+    every rank's has that collective apart, `gather_across_ranks`, which every rank's
+    checkpoint calls on it before `state_dict` (the energy's)."""
 
     def state_dict(self) -> dict: ...
 
@@ -89,9 +92,9 @@ class TrainState:
     batch: int = 0  # batches done in the current epoch: where a resumed run continues
     accuracies: list[float] = field(default_factory=list)
     # What a checkpoint carries besides the above: objects with `state_dict` (JSON data,
-    # saved under its name in trainer.json; may be a collective) and `load_state_dict`
-    # (given that data back, or None from a checkpoint without it), as torchtitan's
-    # checkpointer takes them: the run's energy (workload.training.energy) is one.
+    # saved under its name in trainer.json; `gather_across_ranks` first where it sums the
+    # ranks': Stateful) and `load_state_dict` (given that data back, or None from a
+    # checkpoint without it), as torchtitan's checkpointer takes them: the run's energy.
     parts: dict[str, Stateful] = field(default_factory=dict)
 
 

@@ -129,7 +129,7 @@ class StallWatchdog:
     """The thread; `check(now)` is one look (called by the thread, or by a test)."""
 
     def __init__(self, activity: Activity, folder: Path, rank: int, world_size: int,
-                 timeout_s: float, attempt: float = 0.0,
+                 timeout_s: float, attempt: float = 0.0, reached: Path | None = None,
                  waited_writer: Callable[[], object | None] = lambda: None):
         self.activity = activity
         # The checkpoint writer process the loop waits for now, None while it waits for
@@ -137,6 +137,7 @@ class StallWatchdog:
         # line, with what to do.
         self.waited_writer = waited_writer
         self.folder = folder
+        self.reached = reached or folder  # where it is opened (RunFolder.diagnostics_reached)
         self.timeout_s = timeout_s
         self.rank = rank
         self.world_size = world_size
@@ -157,7 +158,7 @@ class StallWatchdog:
 
     def __enter__(self) -> StallWatchdog:
         # Written through its held path; `folder` is the name said in messages.
-        self.held = hold_diagnostics(self.folder)
+        self.held = hold_diagnostics(self.reached)
         self.check(time.monotonic())  # the heartbeat is there before the first step
         self.files.start()
         self._thread.start()
