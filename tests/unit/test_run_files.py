@@ -166,7 +166,7 @@ def test_trains_messages_name_the_held_run_folder_as_given(tmp_path, caplog):
     """What train says while it holds the run folder (a log line, an error's message,
     whatever deep module made it from a held path) names the folder as the user gave it,
     and an error keeps its type (its exit status)."""
-    from workload.checkpoint.diskfull import DiskFull
+    from workload.checkpoint.writer.diskfull import DiskFull
     from workload.logs import logger, messages_rewritten
     from workload.runfolder import RunFolder
 
