@@ -36,7 +36,9 @@ def named_for_the_user(text: str) -> str:
     """`text` (a line naming files) with each held path's /proc/PID/fd/N replaced by where
     its folder is now (the kernel's name for the descriptor): a user reads their own
     folders' names, never a descriptor's, which means nothing once the process has ended.
-    One whose descriptor is gone, or no longer a folder, stays as it is."""
+    One whose descriptor is gone, or no longer a folder, stays as it is. train names its
+    own run folder as the user gave it first (workload.logs.messages_rewritten with
+    RunFolder.said); this names every other held folder, in every command's lines."""
     def where(match: re.Match) -> str:
         try:
             folder = os.readlink(match.group(0))
