@@ -4,6 +4,7 @@ heartbeat and dump, and `diagnose` naming the rank from a diagnostics folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -261,3 +262,20 @@ def test_the_stall_line_names_the_checkpoint_writer_it_is_given(tmp_path):
     assert dog.what_to_do().startswith(
         f"waiting for the checkpoint writer (PID {os.getpid()}, state ")
     assert "to commit step 6" in dog.what_to_do()
+
+
+@pytest.mark.parametrize("ending, stalled", [("error", True), ("finished", False)])
+def test_a_rank_that_ends_stalled_says_so_in_its_last_heartbeat(tmp_path, ending, stalled):
+    """A rank stalled in a collective that then times out exits still stalled, so diagnose
+    tells it from the rank that froze (by the stall dumps), whenever its exit comes; a run
+    that finishes is stalled no more."""
+    activity = Activity()
+    dog = StallWatchdog(activity, tmp_path, rank=0, world_size=2, timeout_s=3.0)
+    with contextlib.suppress(RuntimeError), dog:
+        activity.step = 1
+        dog.check(dog.last_change + 1.0)
+        dog.check(dog.last_change + 4.0)  # the stall: dumped
+        if ending == "error":
+            raise RuntimeError("Connection closed by peer")
+    beat = json.loads((tmp_path / "heartbeat-0.json").read_text())
+    assert (beat["phase"], beat["stalled"]) == (EXITED if stalled else FINISHED, stalled)

@@ -167,7 +167,10 @@ class StallWatchdog:
     def __exit__(self, kind, error, _traceback) -> None:
         self._stop.set()
         self._thread.join(timeout=self.poll_s + 1)
-        self.dumped = False
+        # A rank that ends stalled (its collective timed out, say) says so to the end:
+        # diagnose tells it from the rank that froze by the stall dumps of those still on
+        # (it read the collective's position instead when this exit came in time).
+        self.dumped = self.dumped and kind is not None
         # The last word, after any heartbeat still waiting: diagnose must not show a
         # finished run's last poll. A failure's error goes with it: diagnose's decision
         # leaves the node behind when it is a broken GPU's (workload/diagnose/hardware.py).
