@@ -187,12 +187,14 @@ def decided(run: RunFolder, args: argparse.Namespace) -> Decision:
 
 def verdict_of(found: dict | None, hung: dict[str, str], broken: dict[str, str]) -> str:
     """The failure as diagnose reads it: a hardware error names its rank (the ranks a
-    failed rank's srun killed are no hang's suspects), else the hang's verdict."""
+    failed rank's srun killed are no hang's suspects), else the ranks the stall dumps of
+    this attempt name (the same whether the others' exit came before the step was ended
+    or not), else the verdict's suspects."""
     if broken:
         return next(iter(broken.values()))
-    if found and found["suspect_ranks"]:
-        return found["verdict"]
-    return next((why.removeprefix("diagnose: ") for why in hung.values()), "")
+    if hung:
+        return next(iter(hung.values())).removeprefix("diagnose: ")
+    return found["verdict"] if found and found["suspect_ranks"] else ""
 
 
 def print_for_the_job(decision: Decision) -> None:
