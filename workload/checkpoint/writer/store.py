@@ -266,11 +266,16 @@ def inside(folder: Path, name: str) -> Path:
         raise CorruptCheckpoint(f"{folder.name}/{MANIFEST} names {shown(name)}, which is not "
                                 "a file inside the checkpoint folder (a save writes plain "
                                 "names of letters, digits, '.', '_' and '-')")
-    file = folder / name
-    if not file.resolve().is_relative_to(folder.resolve()):
-        raise CorruptCheckpoint(f"{folder.name}/{name} leads outside the checkpoint folder "
-                                f"(to {file.resolve()}); refusing to read it")
-    return file
+    # No link on the way, looked at from the folder (held or not) itself: resolving the
+    # folder's name and the file's apart raced a neighbour's rename of a held folder.
+    here = folder
+    for part in Path(name).parts:
+        here = here / part
+        if here.is_symlink():
+            raise CorruptCheckpoint(f"{folder.name}/{name} is a link (a save writes none), "
+                                    "which may lead outside the checkpoint folder; refusing "
+                                    "to read it")
+    return here
 
 
 def _verify_file(path: Path, name: str, entry: dict) -> None:
