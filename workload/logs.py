@@ -80,6 +80,8 @@ def messages_rewritten(rewrite: Callable[[str], str]) -> Iterator[None]:
     except Exception as error:  # its type kept: a UsageError's subclass sets the status
         if error.args and isinstance(error.args[0], str):
             error.args = (rewrite(error.args[0]), *error.args[1:])
+        if isinstance(error, OSError) and isinstance(error.filename, str):
+            error.filename = rewrite(error.filename)  # named once the folder is let go
         raise
     finally:
         logger.removeFilter(rewritten)

@@ -74,9 +74,9 @@ class RunFolder:
 
     def hold(self) -> RunFolder:
         """This record, its files reached from now on through a descriptor of the folder
-        opened now and kept for the process's life. A link at `root` is followed here,
-        once (an --output-dir may be a link the user made to their scratch); what anyone
-        renames or puts at its name later is never reached."""
+        opened now, until its holder lets it go (held.let_go(record.held)). A link at
+        `root` is followed here, once (an --output-dir may be a link the user made to their
+        scratch); what anyone renames or puts at its name later is never reached."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return replace(self, held=held_path(fd))
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, writer_of
+from tests.helpers import TINY, started_writer_of
 from tests.helpers.forked_train import start_train
 from workload.checkpoint.writer.folder import complete_steps, latest_step
 
@@ -102,7 +102,7 @@ def kill_once(out: Path, victim: str, rng: random.Random, seed: int) -> dict:
     time.sleep(rng.uniform(0, 0.05))
     where = f"seed {seed}, {victim} kill after step {target}"
     assert running and proc.is_alive(), f"{where}: the run ended first:\n{log.read_text()}"
-    writer = writer_of(proc.pid)
+    writer = started_writer_of(proc.pid)
     os.kill(proc.pid if victim == "train" else writer, signal.SIGKILL)
     text = finished(proc, log)
     assert gone(writer), f"{where}: the writer {writer} did not exit:\n{text[-3000:]}"

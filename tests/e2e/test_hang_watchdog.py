@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, clean_env, ext4, wait_for, writer_of
+from tests.helpers import REPO, TINY, clean_env, ext4, started_writer_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +143,7 @@ def test_a_stopped_checkpoint_writer_is_named_by_the_stall_line(tmp_path):
     writer = None
     try:
         wait_for(lambda: (out / "checkpoints" / "latest").exists(), "a first save", log, 240)
-        writer = writer_of(job.pid)
+        writer = started_writer_of(job.pid)
         os.kill(writer, signal.SIGSTOP)
         named = f"waiting for the checkpoint writer (PID {writer}, state T: stopped) to commit"
         wait_for(lambda: any("no step done for" in line and named in line

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TINY, tmpfs, writer_of
+from tests.helpers import TINY, started_writer_of, tmpfs
 from workload.launch import REQUEUE_EXIT_STATUS
 
 pytestmark = pytest.mark.slow  # every test here trains
@@ -103,7 +103,7 @@ def test_hup_to_every_process_of_the_step_spares_the_writer_of_a_save_in_flight(
     for line in proc.stdout:
         lines.append(line)
         if "handed to the writer" in line:
-            for pid in (writer_of(proc.pid), proc.pid):
+            for pid in (started_writer_of(proc.pid), proc.pid):
                 os.kill(pid, signal.SIGHUP)
             break
     lines.extend(proc.stdout)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (TINY, clean_env, ext4, tmpfs, wait_for, write_image_folder,
-                           writer_of)
+from tests.helpers import (TINY, clean_env, ext4, started_writer_of, tmpfs, wait_for,
+                           write_image_folder)
 from workload.checkpoint.writer.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
@@ -129,7 +129,7 @@ def test_a_run_folder_turned_read_only_while_the_writer_saves_is_one_line(tmp_pa
     with long_run_on_ext4(tmp_path, "--checkpoint-every", "2") as (job, fs, log):
         root = fs / "run" / "checkpoints"
         wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
-        writer = writer_of(job.pid)
+        writer = started_writer_of(job.pid)
         wait_for(lambda: stopped_holding_a_save(writer, root), "a save in flight", log, 60,
                  poll=0.01)
         kept = latest_step(root)
@@ -157,7 +157,7 @@ def test_a_writer_waiting_for_a_stalled_disk_is_waited_for_after_a_preemption(tm
             job, fs, log):
         root = fs / "run" / "checkpoints"
         wait_for(lambda: latest_step(root) is not None, "the first checkpoint", log, 240)
-        writer = writer_of(job.pid)
+        writer = started_writer_of(job.pid)
         wait_for(lambda: stopped_holding_a_save(writer, root), "a save in flight", log, 60,
                  poll=0.01)
         [held] = root.glob(".tmp-step-*")

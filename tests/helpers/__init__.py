@@ -284,6 +284,18 @@ def writer_of(parent: int) -> int | None:
     return None
 
 
+def started_writer_of(parent: int, timeout: float = 60.0) -> int:
+    """The PID of the writer `parent` started, once it runs its module: "handed to the
+    writer" is logged as the request is written to its pipe, which may be before the
+    writer process is past its exec (under load, a second or more), when its command line
+    is still the parent's."""
+    deadline = time.monotonic() + timeout
+    while (pid := writer_of(parent)) is None:
+        assert time.monotonic() < deadline, f"no checkpoint writer of {parent} in {timeout} s"
+        time.sleep(0.02)
+    return pid
+
+
 def run_diagnose(run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
     """`diagnose RUN_DIR FLAGS...` as users run it (python -m: this checkout's package),
     its output captured; a traceback fails the test."""

@@ -18,6 +18,7 @@ from workload.distributed import DistInfo
 from workload.launch.nccl_net import SYS_CLASS, nccl_log_for_one_run, tcp_fallback_warning
 from workload.errors import UsageError
 from workload.files import append_jsonl, read_json_file, write_json
+from workload.held import let_go
 from workload.launch import PreemptionFlag
 from workload.launch.diagnostics import (DUMP_SIGNAL, defaults_for_one_run, enable_dump_on_signal,
                                         held_for_the_run)
@@ -74,14 +75,17 @@ def run_in_process(folder: RunFolder, cfg: TrainConfig, info: DistInfo, precisio
         return data_ready(cfg, data, data_dir)
     clock.mark("data")
     folder = prepare_output_dir(folder, cfg.logging.output_dir)
-    clock.write_in(folder.diagnostics_reached)
-    with (messages_rewritten(folder.said),  # the folder named as given, never as held
-          checkpoint.lock_run_folder(folder.reached, info)):  # one writer: before any write
-        summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
-        summary["total_time_s"] = time.perf_counter() - started
-        if info.is_main:
-            write_summary(folder, summary)
-    return summary
+    try:
+        clock.write_in(folder.diagnostics_reached)
+        with (messages_rewritten(folder.said),  # the folder named as given, never as held
+              checkpoint.lock_run_folder(folder.reached, info)):  # one writer: first
+            summary = train_in(folder, cfg, info, data, precision, flag, clock, nccl_log)
+            summary["total_time_s"] = time.perf_counter() - started
+            if info.is_main:
+                write_summary(folder, summary)
+        return summary
+    finally:  # a program that runs train in its own process keeps no descriptor of it
+        let_go(folder.held)
 
 
 def train_in(folder: RunFolder, cfg: TrainConfig, info: DistInfo, data, precision: str,
