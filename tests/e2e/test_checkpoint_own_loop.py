@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TESTS, clean_env, free_ports, pickles_and_zips, writer_of
+from tests.helpers import (REPO, TESTS, clean_env, free_ports, pickles_and_zips,
+                           started_writer_of, writer_of)
 from tests.helpers.ranks import start_logged_ranks
 from workload.checkpoint.writer.folder import complete_steps, latest_step
 
@@ -202,11 +203,20 @@ def test_an_fsdp2_loop_writes_every_rank_s_shard_and_resumes_exactly(tmp_path):
 
 
 def wait_for_writer(procs: list) -> int:
-    deadline = time.monotonic() + 60
-    while (pid := writer_of(procs[0].pid)) is None:
-        assert time.monotonic() < deadline, "rank 0 started no checkpoint writer"
-        time.sleep(0.05)
-    return pid
+    return started_writer_of(procs[0].pid)
+
+
+def wait_until_ended(pid: int, timeout: float = 60.0) -> None:
+    """Until process `pid` has exited (gone, or a zombie its parent has not reaped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still runs {timeout} s after SIGKILL")
 
 
 def sigterm_with_a_save_in_flight(out: Path, logs: Path, after: int) -> str:
@@ -342,7 +352,15 @@ def test_a_writer_that_dies_stops_the_loop_at_the_next_step_not_the_next_save(tm
     proc = start_small_loop(tmp_path, 40, "--save-every", "12")
     try:
         wait_for(logs, "saved step 12", [proc])
-        os.kill(wait_for_writer([proc]), signal.SIGKILL)
+        writer = wait_for_writer([proc])
+        # Three looks at the writer later (each step's `preempted`), the answer that step 12
+        # is committed has been read; then the writer dies, the loop held meanwhile (a
+        # killed process still needs a core to end and close its pipe).
+        wait_for(logs, "step 16", [proc])
+        os.kill(proc.pid, signal.SIGSTOP)
+        os.kill(writer, signal.SIGKILL)
+        wait_until_ended(writer)
+        os.kill(proc.pid, signal.SIGCONT)
         proc.wait(timeout=120)
     finally:
         proc.kill()

@@ -244,7 +244,11 @@ class WriterHandle:
             return self.proc.poll() is not None
         if self.answer is None and select.select([self.proc.stdout], [], [], 0)[0]:
             self.answer = self.proc.stdout.readline()  # "" at the end: the writer died
-        return self.answer is not None and "saved" not in json.loads(self.answer or "{}")
+        if self.answer is None:
+            return False
+        # Its save committed, the answer read by an earlier look: the writer may have died
+        # since, which the next save would meet only when it is handed over.
+        return "saved" not in json.loads(self.answer or "{}") or self.proc.poll() is not None
 
     def wait(self, flag=None) -> None:
         """Until the save in flight is committed; DiskFull or WriterFailed if it was not,
