@@ -33,6 +33,7 @@ import pytest
 from tests.helpers import (REPO, TESTS, clean_env, free_ports, pickles_and_zips,
                            started_writer_of, writer_of)
 from tests.helpers.ranks import start_logged_ranks
+from workload.files import proc_stat_fields
 from workload.checkpoint.writer.folder import complete_steps, latest_step
 
 pytestmark = pytest.mark.slow
@@ -206,17 +207,12 @@ def wait_for_writer(procs: list) -> int:
     return started_writer_of(procs[0].pid)
 
 
-def wait_until_ended(pid: int, timeout: float = 60.0) -> None:
+def wait_until_exited(pid: int, timeout: float = 60.0) -> None:
     """Until process `pid` has exited (gone, or a zombie its parent has not reaped)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except FileNotFoundError:
-            return
+    while (fields := proc_stat_fields(pid)) is not None and fields[0] != "Z":
+        assert time.monotonic() < deadline, f"process {pid} still runs {timeout} s after SIGKILL"
         time.sleep(0.01)
-    raise AssertionError(f"process {pid} still runs {timeout} s after SIGKILL")
 
 
 def sigterm_with_a_save_in_flight(out: Path, logs: Path, after: int) -> str:
@@ -359,7 +355,7 @@ def test_a_writer_that_dies_stops_the_loop_at_the_next_step_not_the_next_save(tm
         wait_for(logs, "step 16", [proc])
         os.kill(proc.pid, signal.SIGSTOP)
         os.kill(writer, signal.SIGKILL)
-        wait_until_ended(writer)
+        wait_until_exited(writer)
         os.kill(proc.pid, signal.SIGCONT)
         proc.wait(timeout=120)
     finally:

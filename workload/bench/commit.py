@@ -26,7 +26,6 @@ steps are removed between rounds, outside the timing, as the pruning is after th
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import random
@@ -37,13 +36,11 @@ import time
 from functools import partial
 from pathlib import Path
 
+from workload.checkpoint.writer.diskfull import DISK_FULL
 from workload.checkpoint.writer.folder import step_name
 from workload.checkpoint.writer.store import finish_checkpoint
 from workload.errors import UsageError
 from workload.held import let_go, make_held
-
-# The failures of a disk with no room left: out of blocks or inodes, or over a quota.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # The reference Wide ResNet's checkpoint (width 160: model and SGD momentum), in MB.
 WRN_STATE_MB = 137.5

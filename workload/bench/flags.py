@@ -5,8 +5,8 @@ generated from the config (workload.config.add_flags)."""
 from __future__ import annotations
 
 import argparse
-import os
 
+from workload.checkpoint.writer.diskfull import free_bytes
 from workload.config import add_flags
 from workload.errors import UsageError
 from workload.files import output_file_problem, unwritable_reason
@@ -90,8 +90,7 @@ COMMIT_COPIES = 3
 
 
 def _check_commit_room(args: dict) -> None:
-    stats = os.statvfs(args["dir"])
-    free = stats.f_bavail * stats.f_frsize
+    free = free_bytes(args["dir"])
     needed = COMMIT_COPIES * args["size_mb"] * 1e6
     if free < needed:
         raise UsageError(

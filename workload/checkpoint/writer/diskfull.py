@@ -24,7 +24,8 @@ from workload.checkpoint.writer.folder import complete_steps
 from workload.errors import UsageError
 from workload.held import named_for_the_user, remove_held
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
+# The failures of a disk with no room left: out of blocks or inodes, or over a quota.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class DiskFull(UsageError):
@@ -94,7 +95,7 @@ def save_in_one_line(step: int, root: Path):
 def full_disk(error: Exception, free: int, need: int) -> bool:
     """Whether a failed write ran out of space (or quota): ENOSPC or EDQUOT, raised as an
     OSError or inside a writer's own error, or less free space than the write needs."""
-    return errno_of(error) in _FULL or free < need
+    return errno_of(error) in DISK_FULL or free < need
 
 
 @contextmanager
