@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import shutil  # noqa: E402
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -114,6 +115,22 @@ def pytest_runtest_teardown(item, nextitem):
             guard.__exit__()
             if problems := guard.problems():
                 pytest.fail("; ".join(dict.fromkeys(problems)), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A command run with check=True or a timeout failed: its own words in the report
+    (CalledProcessError's message has only the exit status, and they are what tells a
+    flaky daemon from a broken test)."""
+    report = yield
+    error = call.excinfo.value if call.excinfo else None
+    if isinstance(error, (subprocess.CalledProcessError, subprocess.TimeoutExpired)):
+        program = Path(str(error.cmd[0] if isinstance(error.cmd, list) else error.cmd)).name
+        for stream in ("stdout", "stderr"):
+            if output := getattr(error, stream):
+                text = output.decode(errors="replace") if isinstance(output, bytes) else output
+                report.sections.append((f"{stream} of {program}", text[-4000:]))
+    return report
 
 
 def pytest_sessionfinish():

@@ -159,6 +159,10 @@ SUITE_ACCOUNT = "hpctrain"
 SUITE_QOS = "normal"
 # MariaDB at its smallest (its default 128 MiB buffer pool and 96 MiB redo log, for one
 # cluster's few jobs), and without syncing to disk (a test's database, gone with it).
+# Each instance also gets a --tmpdir of its own: with the shared /tmp, concurrent
+# bootstraps of xdist workers' clusters collide on their temporary tables' names
+# ("Could not remove temporary table '/tmp/#sql-temptable-...'", then "Unknown table
+# 'mysql.tmp_user_sys'"): 7 of 48 installs failed, four at a time, on the 2-core machine.
 MARIADB_SMALL = ("--innodb-buffer-pool-size=16M", "--innodb-log-file-size=4M",
                  "--innodb-doublewrite=0", "--innodb-flush-method=nosync",
                  "--innodb-flush-log-at-trx-commit=0")
@@ -352,9 +356,12 @@ class SlurmCluster:
         it, and the suite's cluster, account and user registered before slurmctld
         starts (slurmctld asks slurmdbd for its associations as it starts)."""
         data, password = self.root / "mariadb", os.urandom(12).hex()
+        private_tmp = self.root / "mariadb-tmp"
+        private_tmp.mkdir(mode=0o700)
+        options = (*MARIADB_SMALL, f"--tmpdir={private_tmp}")
         subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root",
                         f"--datadir={data}", "--auth-root-authentication-method=normal",
-                        "--skip-test-db", *MARIADB_SMALL],
+                        "--skip-test-db", *options],
                        check=True, capture_output=True, text=True, timeout=120)
         socket_path = self.root / "mariadb.sock"
         self._pid_files.append(self.root / "mariadb.pid")
@@ -366,7 +373,7 @@ class SlurmCluster:
              "mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
              f"--socket={socket_path}", f"--port={self._db_port}", "--bind-address=127.0.0.1",
              f"--pid-file={self.root / 'mariadb.pid'}", f"--log-error={self.root / 'mariadb.log'}",
-             "--skip-name-resolve", "--performance-schema=OFF", *MARIADB_SMALL],
+             "--skip-name-resolve", "--performance-schema=OFF", *options],
             check=True, timeout=30)
         _wait_for(lambda: socket_path.is_socket() and (self.root / "mariadb.pid").exists(),
                   f"MariaDB did not start; its log: {self.root / 'mariadb.log'}")
