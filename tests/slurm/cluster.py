@@ -90,6 +90,10 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 # Fast turnaround for tests: requeue and cancel without long waits.
 KillWait=5
+# The main scheduling loop every 2 s, not 60: a requeued job (eligible again once
+# cred_expire passed) and a job whose dependency was met wait for that loop; a requeue
+# took 25 s to restart at the default, 17 s at 2 (on the 2-core machine).
+SchedulerParameters=sched_interval=2
 # How long slurmctld keeps an ended job (its state, its StdOut) for `scontrol show job`:
 # a test that reads a job's end after a later job of its own (a site page's continue step)
 # may come to it minutes after it ended under the suite's load; at 60 s the job was gone
