@@ -146,6 +146,7 @@ CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
 ALPS_RUN = "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=72 --kill-on-bad-exit=1"
 CSCS_EDF = 'sed -e "s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g" jobs/sites/cscs-alps.toml'
+CSCS_ALPS_JOB = "DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode"
 CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
             ((OLIVIA_DATA, "bash -c"),),
@@ -177,8 +178,7 @@ CATALOGUE = [
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),
     Mistake("cscs: the batch line without its CPUs", "cscs-alps",
-            (("DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode",
-              "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
+            ((CSCS_ALPS_JOB, "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
     Mistake("olivia: an accel job longer than its 7 days", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--time=8-00:00:00 --account")),),
@@ -211,6 +211,12 @@ CATALOGUE = [
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),
+    # Clariden's debug QoS (the twin's partition_qos): 90 node-minutes a job, not a node.
+    Mistake("clariden: 1.5 hours on 2 debug nodes, over its 90 node-minutes", "cscs-clariden",
+            ((CSCS_BUILD, CSCS_BUILD.replace("-N1", "-N2 --partition=debug").replace(
+                "01:00:00", "01:30:00")),),
+            r"srun: error: QOSMaxNodeMinutesPerJob\nsrun: error: Unable to allocate resources: "
+            r"Job violates accounting/QOS policy"),
     Mistake("cscs: an EDF that does not exist", "cscs-alps",
             (("--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
               "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train"),),
@@ -355,6 +361,8 @@ ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_sc
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
 FIR_POLICIES = "https://docs.alliancecan.ca/wiki/Fir, Site-specific policies"
 CLARIDEN = "https://docs.cscs.ch/clusters/clariden/ (Slurm partitions)"
+CLARIDEN_PARTITIONS = (f"{CLARIDEN}, as its source holds it (eth-cscs/cscs-docs "
+                       "docs/clusters/clariden.md at 80abed1, 2026-08-20)")
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -420,6 +428,16 @@ VARIANTS = [
             ((ALPS_RUN, ALPS_RUN.replace("--cpus-per-task=72", "--cpus-per-task=72 "
                                          "--gpus-per-task=1")),),
             "https://docs.cscs.ch/running/slurm/ (NVIDIA GH200 GPU nodes), read 2026-12-05"),
+    # Clariden's debug and low partitions (CSCS_ALPS_JOB's job, step 4's run), the suite's
+    # cluster's own debug and low changed for the test (tests/slurm/cluster.py).
+    Variant("clariden: the job in debug, CSCS's 2 nodes x 45 minutes", "cscs-clariden",
+            ((CSCS_ALPS_JOB, CSCS_ALPS_JOB.replace("sbatch", "sbatch --partition=debug "
+                                                   "--time=00:45:00")),),
+            f"{CLARIDEN_PARTITIONS}, read 2026-12-05"),
+    Variant("clariden: the run in low, 24 hours", "cscs-clariden",
+            (("srun --nodes=2 --ntasks-per-node=4", "srun --partition=low --time=1-00:00:00 "
+              "--nodes=2 --ntasks-per-node=4"),),
+            f"{CLARIDEN_PARTITIONS}, read 2026-12-05"),
     Variant("nersc: --qos=regular, the long form", "nersc-perlmutter",
             ((NERSC_JOB, "```bash\n   sbatch --qos=regular --account"),),
             "https://docs.nersc.gov/jobs/policy/, read 2026-12-04"),
