@@ -96,10 +96,17 @@ def test_the_continue_step_meets_a_real_time_limit(slurm_cluster, tmp_path):
     # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
     # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
     # step, rather than exit 75 itself); then the page's continue step submits the job
-    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint.
-    result = run_page(slurm_cluster, tmp_path, "jsc-juwels-booster",
-                      page_of("jsc-juwels-booster"), time_limited=True)
+    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint. The page carries
+    # JSC's correct variants (VARIANTS, item 7): they pass in this run, not one of their own.
+    site = "jsc-juwels-booster"
+    result = run_page(slurm_cluster, tmp_path, site, mutated(site, variants_of(site)),
+                      time_limited=True)
     assert result.status == 0, result.text()[-4000:]
+    assert centre_faults(site, result) == [], result.requests
+    # The by-hand batch step's job (a variant's step) trained.
+    (_, by_hand), = [job for number, job in result.jobs.items()
+                     if number not in (min(result.jobs), max(result.jobs))]
+    assert FIRST_STEP.search(by_hand), by_hand[-3000:]
     first = min(result.jobs)
     state, log = result.jobs[first]
     assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in log, (state, log[-3000:])
@@ -146,6 +153,7 @@ CSCS_BUILD = ("srun -N1 --cpus-per-task=72 --time=01:00:00 bash -c \\\n     "
               "'podman build --network=host -t hpc-train:0.1.0 . && enroot import")
 ALPS_RUN = "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=72 --kill-on-bad-exit=1"
 CSCS_EDF = 'sed -e "s|<scratch>|$SCRATCH|g" -e "s|<user>|$USER|g" jobs/sites/cscs-alps.toml'
+CSCS_ALPS_JOB = "DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode"
 CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
             ((OLIVIA_DATA, "bash -c"),),
@@ -177,8 +185,7 @@ CATALOGUE = [
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--mem=900G --account")),),
             "Batch job submission failed: Requested node configuration is not available"),
     Mistake("cscs: the batch line without its CPUs", "cscs-alps",
-            (("DATA_DIR=$SCRATCH/data sbatch --cpus-per-task=288 jobs/multinode",
-              "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
+            ((CSCS_ALPS_JOB, "DATA_DIR=$SCRATCH/data sbatch jobs/multinode"),),
             r"CPUs a rank: a rank of `.*` gets 8 CPUs, the centre gives a GPU 72"),
     Mistake("olivia: an accel job longer than its 7 days", "sigma2-olivia",
             ((OLIVIA_JOB, OLIVIA_JOB.replace("--account", "--time=8-00:00:00 --account")),),
@@ -211,6 +218,12 @@ CATALOGUE = [
     Mistake("cscs: Daint's 24 hours for a job on Clariden", "cscs-clariden",
             ((CSCS_BUILD, CSCS_BUILD.replace("--time=01:00:00", "--time=24:00:00")),),
             re.escape("Unable to allocate resources: Requested time limit is invalid")),
+    # Clariden's debug QoS (the twin's partition_qos): 90 node-minutes a job, not a node.
+    Mistake("clariden: 1.5 hours on 2 debug nodes, over its 90 node-minutes", "cscs-clariden",
+            ((CSCS_BUILD, CSCS_BUILD.replace("-N1", "-N2 --partition=debug").replace(
+                "01:00:00", "01:30:00")),),
+            r"srun: error: QOSMaxNodeMinutesPerJob\nsrun: error: Unable to allocate resources: "
+            r"Job violates accounting/QOS policy"),
     Mistake("cscs: an EDF that does not exist", "cscs-alps",
             (("--kill-on-bad-exit=1 --environment=hpc-train \\\n     train",
               "--kill-on-bad-exit=1 --environment=hpc-trian \\\n     train"),),
@@ -354,7 +367,11 @@ ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_sc
                     "#Ratios_in_bundles")
 ISSUE_60 = "as issue 60 reports it, read 2026-12-04"
 FIR_POLICIES = "https://docs.alliancecan.ca/wiki/Fir, Site-specific policies"
+JSC_TUTORIAL = ("https://github.com/FZJ-JSC/tutorial-multi-gpu/blob/1ad8c98/.etc/common-env/"
+                "jsccourse-bashrc.sh (JUWELS Booster)")
 CLARIDEN = "https://docs.cscs.ch/clusters/clariden/ (Slurm partitions)"
+CLARIDEN_PARTITIONS = (f"{CLARIDEN}, as its source holds it (eth-cscs/cscs-docs "
+                       "docs/clusters/clariden.md at 80abed1, 2026-08-20)")
 PYXIS_MOUNTS = "--container-mounts=$PWD,$SCRATCH/data \\\n"
 NERSC_JOB = "```bash\n   sbatch -q regular --account"
 # For each centre, forms its documentation gives that the page does not use; each must
@@ -420,6 +437,31 @@ VARIANTS = [
             ((ALPS_RUN, ALPS_RUN.replace("--cpus-per-task=72", "--cpus-per-task=72 "
                                          "--gpus-per-task=1")),),
             "https://docs.cscs.ch/running/slurm/ (NVIDIA GH200 GPU nodes), read 2026-12-05"),
+    # Clariden's debug and low partitions (CSCS_ALPS_JOB's job, step 4's run), the suite's
+    # cluster's own debug and low changed for the test (tests/slurm/cluster.py).
+    Variant("clariden: the job in debug, CSCS's 2 nodes x 45 minutes", "cscs-clariden",
+            ((CSCS_ALPS_JOB, CSCS_ALPS_JOB.replace("sbatch", "sbatch --partition=debug "
+                                                   "--time=00:45:00")),),
+            f"{CLARIDEN_PARTITIONS}, read 2026-12-05"),
+    Variant("clariden: the run in low, 24 hours", "cscs-clariden",
+            (("srun --nodes=2 --ntasks-per-node=4", "srun --partition=low --time=1-00:00:00 "
+              "--nodes=2 --ntasks-per-node=4"),),
+            f"{CLARIDEN_PARTITIONS}, read 2026-12-05"),
+    # JSC's three from JSC's own SC25 multi-GPU tutorial (Andreas Herten, JSC): its course
+    # environment for JUWELS Booster activates the project with its budget, asks the
+    # `booster` partition with a space, and GPUs as --gres=gpu:4 (the exercises' srun).
+    Variant("jsc: the budget through jutil, -A <project>", "jsc-juwels-booster",
+            (("jutil env activate -p <project>\n", "jutil env activate -p <project> "
+              "-A <project>\n"),),
+            f"{JSC_TUTORIAL}, read 2026-12-05"),
+    Variant("jsc: the partition named, --partition booster", "jsc-juwels-booster",
+            (("DATA_DIR=$PWD/data sbatch --account", "DATA_DIR=$PWD/data sbatch --partition "
+              "booster --account"),),
+            f"{JSC_TUTORIAL}, read 2026-12-05"),
+    Variant("jsc: the step's GPUs as --gres=gpu:4", "jsc-juwels-booster",
+            (("--cpus-per-task=12 --kill-on-bad-exit=1", "--cpus-per-task=12 --gres=gpu:4 "
+              "--kill-on-bad-exit=1"),),
+            f"{JSC_TUTORIAL} and the exercises' Makefiles (JSC_SUBMIT_CMD), read 2026-12-05"),
     Variant("nersc: --qos=regular, the long form", "nersc-perlmutter",
             ((NERSC_JOB, "```bash\n   sbatch --qos=regular --account"),),
             "https://docs.nersc.gov/jobs/policy/, read 2026-12-04"),
@@ -437,7 +479,14 @@ def variants_of(site: str) -> tuple[tuple[str, str], ...]:
     return tuple(edit for variant in VARIANTS if variant.site == site for edit in variant.edits)
 
 
-@pytest.mark.parametrize("site", sorted({variant.site for variant in VARIANTS}))
+# JSC's variants pass in the run of its page that meets a real time limit
+# (test_the_continue_step_meets_a_real_time_limit), not in a run of their own (the
+# suite's budget).
+VARIANTS_IN_ANOTHER_RUN = {"jsc-juwels-booster"}
+
+
+@pytest.mark.parametrize("site", sorted({variant.site for variant in VARIANTS}
+                                        - VARIANTS_IN_ANOTHER_RUN))
 def test_the_centres_own_correct_forms_pass_in_its_twin(slurm_cluster, tmp_path, site):
     result = run_page(slurm_cluster, tmp_path, site, mutated(site, variants_of(site)),
                       launch_check=True, steps_check=True)
@@ -448,11 +497,9 @@ def test_the_centres_own_correct_forms_pass_in_its_twin(slurm_cluster, tmp_path,
 
 
 def test_every_centre_has_three_correct_variants_from_its_documentation():
-    """Item 7 of issue 60: at least three for each centre whose pages could be read (JSC's
-    could not, on 2026-12-05: the stored copies of its batch-system pages end before
-    their partitions and GPU requests; its twin is strict and has none), each naming
-    where the centre gives it."""
-    counts = {site: sum(variant.site == site for variant in VARIANTS)
-              for site in SITES if site != "jsc-juwels-booster"}
+    """Item 7 of issue 60: at least three for each centre, each naming where the centre
+    gives it (JSC's from its own SC25 multi-GPU tutorial's course environment for JUWELS
+    Booster: its user pages' partition list could not be read, 2026-12-05)."""
+    counts = {site: sum(variant.site == site for variant in VARIANTS) for site in SITES}
     assert all(count >= 3 for count in counts.values()), counts
     assert all(re.search(r"https://\S+", variant.source) for variant in VARIANTS)

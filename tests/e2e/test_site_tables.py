@@ -42,8 +42,10 @@ OLIVIA_APPTAINER = "https://documentation.sigma2.no/hpc_machines/olivia/nccl_app
 APPTAINER_ENV = "https://apptainer.org/docs/user/latest/environment_and_metadata.html"
 NERSC_SCRIPTS = "https://github.com/NERSC/sc25-dl-tutorial"
 NERSC_POLICY = "https://docs.nersc.gov/jobs/policy/"
-# JSC's own pages could not be read: these values are marked "NOT CONFIRMED" in the files.
+# JSC's own pages could not be read: these values are marked "NOT CONFIRMED" in the files,
+# but for the node's shape (JSC's Booster overview) and the partition (JSC's own tutorial).
 JUWELS_BOOSTER = "https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"
+JSC_TUTORIAL = "https://github.com/FZJ-JSC/tutorial-multi-gpu"
 UNCONFIRMED = ""
 ALLIANCE_GPUS = "https://docs.alliancecan.ca/wiki/Using_GPUs_with_Slurm"
 ALLIANCE_BUNDLES = ("https://docs.alliancecan.ca/wiki/Allocations_and_compute_scheduling"
@@ -128,7 +130,7 @@ RESOURCES: dict[str, dict[str, tuple[str, str]]] = {
         "--image": (None, UNCONFIRMED),
     },
     "jsc-juwels-booster.sbatch": {
-        "--partition": ("booster", UNCONFIRMED), "--gpus-per-node": ("4", JUWELS_BOOSTER),
+        "--partition": ("booster", JSC_TUTORIAL), "--gpus-per-node": ("4", JUWELS_BOOSTER),
         "--cpus-per-task": ("48", JUWELS_BOOSTER),
     },
     "alliance.sbatch": {

@@ -62,7 +62,7 @@ def test_a_centres_gpu_model_rule_refuses_each_untyped_request_and_ends_with_its
 
 
 def test_a_centres_partitions_hold_its_time_limits_and_end_with_its_test(slurm_cluster):
-    slurm_cluster.add_partitions({"accel": "7-00:00:00", "small": None}, "accel")
+    slurm_cluster.add_partitions({"accel": {"MaxTime": "7-00:00:00"}, "small": {}}, "accel")
     try:
         longer = slurm_cluster.run(["srun", "-N1", "--time=8-00:00:00", "true"])
         assert longer.returncode != 0
@@ -74,6 +74,38 @@ def test_a_centres_partitions_hold_its_time_limits_and_end_with_its_test(slurm_c
         slurm_cluster.reset_centre()
     listed = slurm_cluster.run(["sinfo", "-h", "-o", "%P"]).stdout.split()
     assert listed == ["debug*", "low", "high", "spares"], listed
+
+
+def test_a_centres_partition_named_as_the_clusters_own_is_the_centres_until_its_test_ends(
+        slurm_cluster):
+    # Clariden's debug and low (tests/twins/cscs-clariden.toml) have the names of two of
+    # the cluster's own partitions: for the test they are the centre's, with its nodes, its
+    # limits and the debug partition's QOS (90 node-minutes a job), then the cluster's own.
+    def shown(name: str) -> str:
+        return slurm_cluster.run(["scontrol", "show", "partition", name]).stdout
+
+    own = {name: shown(name) for name in ("debug", "low")}
+    slurm_cluster.add_partitions(
+        {"normal": {"MaxTime": "12:00:00"}, "debug": {"MaxTime": "01:30:00", "MaxNodes": "4"},
+         "low": {"MaxTime": "1-00:00:00"}, "xfer": {"MaxTime": "1-00:00:00", "MaxNodes": "1"}},
+        "normal", {"debug": "MaxTRESMinsPerJob=node=90"})
+    try:
+        for options, refusal in (
+                (("-p", "debug", "--time=01:31:00"), "Requested time limit is invalid"),
+                (("-p", "debug", "-N2", "--time=00:46:00"), "QOSMaxNodeMinutesPerJob"),
+                (("-p", "low", "--time=1-00:01:00"), "Requested time limit is invalid"),
+                (("-p", "xfer", "-N2"), "Node count specification invalid")):
+            done = slurm_cluster.run(["srun", *options, "true"])
+            assert done.returncode != 0 and refusal in done.stderr, (options, done.stderr)
+        # CSCS's own example, 2 nodes x 45 minutes; `low` on both nodes (the cluster's has
+        # one), the default `normal`.
+        for options in (("-p", "debug", "-N2", "--time=00:45:00"), ("-p", "low", "-N2"), ()):
+            done = slurm_cluster.run(["srun", *options, "printenv", "SLURM_JOB_PARTITION"])
+            assert done.returncode == 0, (options, done.stderr)
+            assert done.stdout.split()[0] == (options[1] if options else "normal"), done.stdout
+    finally:
+        slurm_cluster.reset_centre()
+    assert {name: shown(name) for name in own} == own
 
 
 def job_qos(slurm_cluster, *options: str) -> subprocess.CompletedProcess:

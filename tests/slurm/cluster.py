@@ -18,8 +18,10 @@ empty device files, ../../MACHINE.md): jobs schedule by them and SLURM refuses a
 the nodes have not, as a centre's does. A centre's submission rules (a site twin's) are
 enforced by SLURM's own job_submit plugin, job_submit.lua beside slurm.conf, as centres
 enforce them: `set_submit_rules` turns them on for one test. `add_partitions` gives a
-test a centre's partitions with their time limits, one of them the default (SLURM refuses
-a longer job at submission: EnforcePartLimits=ALL); `reset_centre` takes all of it away.
+test a centre's partitions with their limits, one of them the default (SLURM refuses a
+job over one at submission: EnforcePartLimits=ALL); a centre's partition named as one of
+the cluster's own (CSCS's `debug` and `low`) is that partition, changed for the test;
+`reset_centre` takes all of it away.
 With accounting=True (the session's cluster) slurmdbd keeps SLURM's accounting in a
 private MariaDB and SLURM enforces it (associations, limits, QOS): every job runs in the
 suite's account and QOS (SUITE_ACCOUNT, SUITE_QOS) but a twin's, which
@@ -127,6 +129,10 @@ PARTITIONS = (
     "PreemptMode=OFF",
 )
 
+# What a centre's partition sets that a line above may leave out: SLURM's defaults (a
+# changed own partition gets them back before its line).
+SLURM_DEFAULTS = ("Default=NO", "OverSubscribe=NO", "MaxNodes=UNLIMITED", "QOS=")
+
 
 # SLURM accounting (a cluster started with accounting=True): slurmdbd over a private
 # MariaDB, and SLURM refusing a job outside its user's associations (account), over its
@@ -207,6 +213,8 @@ class SlurmCluster:
     spare: str = SPARE_NODE
     _pid_files: list[Path] = field(default_factory=list)
     _added_partitions: list[str] = field(default_factory=list)
+    _changed_partitions: list[str] = field(default_factory=list)  # own ones a centre's
+    _partition_qos: dict[str, str] = field(default_factory=dict)  # made: name, limits
     accounting: bool = False
     _centre_accounting: list[tuple] = field(default_factory=list)
     _centre_default: bool = False
@@ -283,9 +291,7 @@ class SlurmCluster:
             accounting_lines=ACCOUNTING_LINES.format(host=host, dbd_port=self._dbd_port,
                                                     munge_socket=self.munge_socket)
             if self.accounting else "",
-            partition_lines="\n".join(PARTITIONS).format(
-                nodes=",".join(self.nodes), first=self.nodes[0], grace=GRACE_TIME_S,
-                spare=self.spare)))
+            partition_lines="\n".join(self.own_partitions().values())))
         (self.root / "state").mkdir(exist_ok=True)
         self._write_gres()
         self._write_job_submit()
@@ -308,24 +314,64 @@ class SlurmCluster:
         (self.root / "job_submit.lua").write_text(
             f'local RULES = "{self.submit_rules}"\n' + JOB_SUBMIT.read_text())
 
-    def add_partitions(self, limits: dict[str, str | None], default: str) -> None:
-        """A centre's partitions on both nodes, each with its time limit (None: none),
-        `default` the default one, until reset_centre (tried again here first, should an
-        earlier reset have failed on a job that outlived its cancel)."""
+    def own_partitions(self) -> dict[str, str]:
+        """The cluster's own partitions (PARTITIONS), each name's slurm.conf line."""
+        lines = "\n".join(PARTITIONS).format(nodes=",".join(self.nodes), first=self.nodes[0],
+                                             grace=GRACE_TIME_S, spare=self.spare)
+        return {line.split()[0].removeprefix("PartitionName="): line
+                for line in lines.splitlines()}
+
+    def add_partitions(self, limits: dict[str, dict[str, str]], default: str,
+                       qos: dict[str, str] | None = None) -> None:
+        """A centre's partitions on both nodes, each with its limits as slurm.conf names
+        them ({"MaxTime": "12:00:00", "MaxNodes": "4"}; no MaxTime: none), `default` the
+        default one, and `qos` a partition's QOS limits (sacctmgr's, see partition_qos),
+        until reset_centre (tried again here first, should an earlier reset have failed on
+        a job that outlived its cancel). A name of the cluster's own partitions (CSCS's
+        `debug`, `low`) is that partition, given the centre's nodes and limits for the test:
+        two partitions cannot share a name."""
         self.reset_centre()
-        for name, limit in limits.items():
-            self._scontrol("create", f"PartitionName={name}", f"Nodes={','.join(self.nodes)}",
-                           f"MaxTime={limit or 'INFINITE'}", "State=UP", "OverSubscribe=YES",
-                           "PreemptMode=OFF", f"Default={'YES' if name == default else 'NO'}")
-            self._added_partitions.append(name)
+        own = self.own_partitions()
+        for name, partition_limits in limits.items():
+            settings = [f"PartitionName={name}", f"Nodes={','.join(self.nodes)}", "State=UP",
+                        "OverSubscribe=YES", "PreemptMode=OFF",
+                        f"Default={'YES' if name == default else 'NO'}",
+                        *(f"{key}={value}" for key, value in
+                          ({"MaxTime": "INFINITE"} | partition_limits).items())]
+            if name in (qos or {}):
+                settings.append(f"QOS={self.partition_qos(name, qos[name])}")
+            if name in own:
+                self._changed_partitions.append(name)  # first: a failure below is undone
+                self._scontrol("update", *settings)
+            else:
+                self._scontrol("create", *settings)
+                self._added_partitions.append(name)
+
+    def partition_qos(self, partition: str, limits: str) -> str:
+        """The QOS of a centre's partition (CSCS's `debug`: "MaxTRESMinsPerJob=node=90
+        MaxJobsPerUser=1"), refusing a job over a limit at submission (DenyOnLimit), as a
+        partition's QOS applies to every job in it whatever the job's own QOS. Made once
+        and kept in SLURM's accounting (a partition names it for a twin's test only)."""
+        assert self.accounting, "a partition's QOS needs the cluster's accounting"
+        name = f"{partition}-partition"
+        if self._partition_qos.get(name) != limits:
+            self.sacctmgr(f"modify qos {name} set {limits}" if name in self._partition_qos
+                          else f"add qos {name} {limits} Flags=DenyOnLimit")
+            self._partition_qos[name] = limits
+        return name
 
     def reset_centre(self) -> None:
-        """The cluster as it started: no centre's partitions or submission rules, `debug`
-        the default partition."""
-        default_taken = bool(self._added_partitions)
+        """The cluster as it started: no centre's partitions or submission rules, its own
+        partitions as slurm.conf gives them, `debug` the default partition."""
+        default_taken = bool(self._added_partitions or self._changed_partitions)
         while self._added_partitions:  # a name leaves the list once SLURM deleted it
             self._scontrol("delete", f"PartitionName={self._added_partitions[-1]}")
             self._added_partitions.pop()
+        own = self.own_partitions()
+        while self._changed_partitions:
+            name, *line = own[self._changed_partitions[-1]].split()
+            self._scontrol("update", name, *SLURM_DEFAULTS, *line)  # the line's own win
+            self._changed_partitions.pop()
         if default_taken:
             self._scontrol("update", "PartitionName=debug", "Default=YES")
         if self._centre_default:

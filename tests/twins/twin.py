@@ -332,14 +332,17 @@ class Twin:
             ensure_hosts_entries(tuple(node + suffix for node in NODES))
 
     def centre_on_cluster(self) -> None:
-        """The centre's partitions (time limits, the default) and submission rules, in the
-        cluster's SLURM itself until the test ends (tests/slurm/fixture.py): a GPU model
-        required where the centre requires one (the model of the cluster's stand-in GPUs),
-        --requeue refused where the centre's pages do not say a job may be requeued."""
+        """The centre's partitions (time limits, nodes a job, a partition's QOS, the
+        default) and submission rules, in the cluster's SLURM itself until the test ends
+        (tests/slurm/fixture.py): a GPU model required where the centre requires one (the
+        model of the cluster's stand-in GPUs), --requeue refused where the centre's pages do
+        not say a job may be requeued."""
         slurm = self.data["slurm"]
+        limits = {"MaxTime": slurm.get("max_time", {}), "MaxNodes": slurm.get("max_nodes", {})}
         self.cluster.add_partitions(
-            {name: slurm.get("max_time", {}).get(name) for name in slurm["partitions"]},
-            slurm["default_partition"])
+            {name: {key: str(values[name]) for key, values in limits.items() if name in values}
+             for name in slurm["partitions"]},
+            slurm["default_partition"], slurm.get("partition_qos"))
         model = slurm.get("gpu_model")
         assert model in (None, GPU_MODEL), (
             f"{self.site}'s GPU model {model} is not the cluster's ({GPU_MODEL}): give the "
