@@ -57,7 +57,9 @@ WRITERS = {
         "renames a bad or unfinished save aside inside checkpoints/ (as above)",
     ("workload.checkpoint.inprocess", "make_save_folder", ".mkdir"):
         "the run's checkpoints/ (exist_ok), in train through its held run folder "
-        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it",
+        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it "
+        "(the other FSDP ranks write there through their own descriptor of that folder, "
+        "found by its inode: held.hold_by_inode)",
     ("workload.checkpoint.writer.store", "copy_to_run", ".mkdir"):
         "the run's checkpoints/ (exist_ok), through train's held run folder; the copy's "
         "own folder: held.make_held",
