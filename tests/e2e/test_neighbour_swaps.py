@@ -417,3 +417,29 @@ def test_an_fsdp_rank_writes_its_shard_into_rank_0s_folder_whatever_its_name(pro
         "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
         "rank-00001.safetensors"]
 
+
+def test_the_local_tier_ids_are_written_through_the_held_run_folder(project):
+    """Issue 59 §3 (S8's files): the run folder's `checkpoints/.local-tier-id` is made at
+    the job's start. The neighbour renames the run folder away just as train makes its
+    `checkpoints/` for it and puts a link to a folder of the victim's at its name (before:
+    `checkpoints/` and the id were made by the run folder's name, in the victim's folder).
+    Both ids are written through descriptors: the run goes on in its own folder."""
+    run = run_folder(project)
+    target = victims_folder(project)
+    node = project / "victim" / "node"
+    node.mkdir(mode=0o700)
+    proc = victim_train(*CHECKPOINT_ARGS, "--max-steps", "2", "--checkpoint-local", str(node),
+                        "--output-dir", str(run),
+                        env=paused_at(project, "os.mkdir", "/checkpoints"))
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    swap_while_paused(project, RENAME_AND_LINK, str(run), str(target))
+    code, out = finish(proc)
+    assert untouched(target), out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    moved = project / "project" / "run.swapped"
+    [tier] = node.glob("hpc-train-run-*")
+    assert ((moved / "checkpoints" / ".local-tier-id").read_text()
+            == (tier / ".local-tier-id").read_text())
+    assert (moved / "checkpoints" / "latest").read_text() == "step-000000002\n"
+

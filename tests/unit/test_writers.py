@@ -66,7 +66,9 @@ WRITERS = {
     ("workload.checkpoint.writer.store", "_copy_durably", ".mkdir"):
         "inside the copy's held private folder (its files: files.create_new)",
     ("workload.checkpoint.local", "bind_to_run", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the id files: files.replace_file",
+        "the run's checkpoints/ (exist_ok) through the held run folder; the id files: "
+        "files.replace_file through checkpoints/ held (held.holding) and the tier's "
+        "folder held (held.hold_folder: the user's own, private)",
     ("workload.checkpoint.lock", "_break", "os.link"):
         "the lock's protocol: link(2) of a private draft fails on any name in the way",
     ("workload.checkpoint.lock", "_break", "os.replace"):
