@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.neighbour import (GROUP, PLANT_LINKS, PRECIOUS, TRAIN, as_neighbour, finish,
-                                     neighbour, project_folders, run_folder,
+                                     neighbour, precious, project_folders, run_folder,
                                      victim_train)
 from tests.helpers import CHECKPOINT_ARGS, REPO, TINY, write_image_folder
 from tests.helpers.ranks import finish_ranks, rank_envs
@@ -443,3 +443,26 @@ def test_the_local_tier_ids_are_written_through_the_held_run_folder(project):
             == (tier / ".local-tier-id").read_text())
     assert (moved / "checkpoints" / "latest").read_text() == "step-000000002\n"
 
+
+def test_the_flight_recorder_never_writes_through_a_link_planted_in_diagnostics(project):
+    """Issue 59 §2: torch's flight recorder opens `diagnostics/fr-rank-<N>` by name and
+    follows a link there. A run folder's diagnostics/ that others could write (2775, as
+    train made it before) gets a link at fr-rank-0 to a file of the victim's between two
+    jobs (before: the next job's dump truncated that file). train closes diagnostics/ to
+    others and removes what is not a file of the user's at a dump's name."""
+    run = run_folder(project)
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "2",
+                                    "--output-dir", str(run)))
+    assert code == 0, out[-3000:]
+    (run / "diagnostics").chmod(0o2775)  # as train made it before
+    file = precious(project, "bashrc")
+    neighbour(PLANT_LINKS, f"{run / 'diagnostics' / 'fr-rank-0'}={file}")
+    env = {**paused_at(project, "open", "/config.json"), "HOOK_DUMP": "1"}
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "4",
+                                    "--no-checkpoint-async", "--output-dir", str(run),
+                                    env=env))
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    assert file.read_bytes() == PRECIOUS
+    dump = run / "diagnostics" / "fr-rank-0"
+    assert not dump.is_symlink() and dump.read_bytes() == b"the flight recorder's dump\n"
+    assert (run / "diagnostics").stat().st_mode & 0o022 == 0

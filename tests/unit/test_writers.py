@@ -100,10 +100,14 @@ WRITERS = {
     ("workload.data.staging", "own_folder", "tempfile.mkdtemp"):
         "a private (0700) folder of a name no one can foresee, in a sticky folder",
     ("workload.launch.__main__", "flight_recorder_lines", ".mkdir"):
-        "./diagnostics of the working folder of the user's own script (exist_ok); torch "
-        "writes there by the path the user's environment names",
+        "./diagnostics of the working folder of the user's own script (exist_ok); setup() "
+        "in the script's process takes the printed prefix back for the held folder "
+        "(diagnostics.held_for_the_process); a script that never calls setup() has torch "
+        "write there by the name (docs/checkpoints.md says so)",
     ("workload.launch.diagnostics", "hold_diagnostics", ".mkdir"):
-        "made when missing, then held (files.hold_folder: O_NOFOLLOW, the user's own)",
+        "the folder's parent, made when missing; the folder: held.hold_own_folder "
+        "(O_NOFOLLOW, the user's own, closed to others' writes), a link at a dump's name "
+        "removed",
     ("workload.launch.jobs", "copy_jobs", ".mkdir"):
         "the DEST folder the user names; its files: files.replace_file",
     ("workload.records", "__init__", "SummaryWriter"):
