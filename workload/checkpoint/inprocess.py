@@ -109,23 +109,30 @@ def _save_shards(root: Path, tmp: Path | None, snapshot: Snapshot, sharded_state
     # neighbour may have swapped for a link to a folder of the user's or one of theirs.
     inode = distributed.gather_objects({"inode": tmp and os.stat(tmp).st_ino},
                                        world_size)[0]["inode"]
-    refused, mine = "", {}
-    try:
-        folder = tmp if tmp is not None else hold_by_inode(root, inode)
-    except OSError as error:
-        folder, refused = None, named_for_the_user(error.strerror or str(error))
-    if folder is not None:
-        try:
-            with guarded_save(root, folder, lambda: snapshot_bytes(snapshot)):
-                mine = save_shards(sharded_state.model, sharded_state.optimizer,
-                                   folder / SHARDS_DIR, world_size)
-        finally:
-            if tmp is None:
-                let_go(folder)
-    answers = distributed.gather_objects({"refused": refused, "files": mine}, world_size)
+    answers = distributed.gather_objects(_own_shard(root, tmp, inode, snapshot, sharded_state),
+                                         world_size)
     if why := next((answer["refused"] for answer in answers if answer["refused"]), ""):
         if tmp is not None:
             remove_held(tmp, root)
         raise OSError(errno.EPERM, why)
     return {f"{SHARDS_DIR}/{name}": entry for answer in answers
             for name, entry in answer["files"].items()}
+
+
+def _own_shard(root: Path, tmp: Path | None, inode: int, snapshot: Snapshot,
+               sharded_state) -> dict:
+    """This rank's shard written into rank 0's folder (`tmp` on rank 0, else held by its
+    `inode`): {"files": its manifest entries, "refused": ""}, or "refused": why that folder
+    could not be held, said in the gather rather than raised, so that no rank waits."""
+    try:
+        folder = tmp if tmp is not None else hold_by_inode(root, inode)
+    except OSError as error:
+        return {"files": {}, "refused": named_for_the_user(error.strerror or str(error))}
+    try:
+        with guarded_save(root, folder, lambda: snapshot_bytes(snapshot)):
+            files = save_shards(sharded_state.model, sharded_state.optimizer,
+                                folder / SHARDS_DIR, snapshot.trainer["world_size"])
+    finally:
+        if tmp is None:
+            let_go(folder)
+    return {"files": files, "refused": ""}
