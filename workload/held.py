@@ -64,6 +64,12 @@ def hold_folder(path: Path, private: bool = True) -> int:
             kind = "a symbolic link" if os.path.islink(path) else "not a folder"
             raise OSError(error.errno, f"{path} is {kind}, not a folder of this run") from None
         raise
+    return _checked(fd, path, private)
+
+
+def _checked(fd: int, path: Path, private: bool) -> int:
+    """`fd` when the folder it holds is this user's (and, `private`, mode 0700); else it
+    is closed, and OSError names `path` and what it is."""
     info = os.fstat(fd)
     why = (f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
            if info.st_uid != os.getuid() else
@@ -73,6 +79,32 @@ def hold_folder(path: Path, private: bool = True) -> int:
         os.close(fd)
         raise OSError(errno.EPERM, f"{path} {why}: someone else put it there")
     return fd
+
+
+def hold_by_inode(parent: Path, inode: int) -> Path:
+    """The held path of the private folder (hold_folder's checks) in `parent` whose inode
+    is `inode`, found by it whatever its name is now: another process's held folder (an
+    FSDP rank's view of rank 0's save folder), which a neighbour may have renamed, or
+    swapped for their own or a link. Only the inode is compared with the other process's:
+    st_dev is a node's own number for a network file system's mount (it differs between
+    nodes); the device is `parent`'s, as this process sees it. OSError when no folder
+    there is that one, or it is not this user's private folder."""
+    nofollow = 0 if is_held(parent) else os.O_NOFOLLOW
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        device = os.fstat(fd).st_dev
+        name = _name_of(fd, inode, device)
+        if name is None:
+            raise _renamed_away(parent)
+        found = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        dir_fd=fd)
+    finally:
+        os.close(fd)
+    info = os.fstat(found)
+    if (info.st_ino, info.st_dev) != (inode, device):  # swapped since it was found
+        os.close(found)
+        raise _renamed_away(parent)
+    return held_path(_checked(found, parent / name, private=True))
 
 
 def hold_own_folder(path: Path, mode: int) -> int:
@@ -125,20 +157,32 @@ def held_name(held: Path, parent: Path) -> tuple[int, str]:
     nofollow = 0 if is_held(parent) else os.O_NOFOLLOW
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
     try:
-        with os.scandir(fd) as entries:
-            for entry in entries:  # stat, not the listing's d_ino (overlayfs differs)
-                try:
-                    found = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:  # removed since the listing
-                    continue
-                if (found.st_ino, found.st_dev) == (target.st_ino, target.st_dev):
-                    return fd, entry.name
+        name = _name_of(fd, target.st_ino, target.st_dev)
     except BaseException:
         os.close(fd)
         raise
-    os.close(fd)
-    raise OSError(errno.ENOENT, f"the folder being written in {parent} was renamed away "
-                                "by someone else meanwhile; nothing was put in its place")
+    if name is None:
+        os.close(fd)
+        raise _renamed_away(parent)
+    return fd, name
+
+
+def _name_of(fd: int, inode: int, device: int) -> str | None:
+    """The name in the folder `fd` of its entry (device, inode); None when none is."""
+    with os.scandir(fd) as entries:
+        for entry in entries:  # stat, not the listing's d_ino (overlayfs differs)
+            try:
+                found = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed since the listing
+                continue
+            if (found.st_ino, found.st_dev) == (inode, device):
+                return entry.name
+    return None
+
+
+def _renamed_away(parent: Path) -> OSError:
+    return OSError(errno.ENOENT, f"the folder being written in {parent} was renamed away "
+                                 "by someone else meanwhile; nothing was put in its place")
 
 
 def rename_held(held: Path, final: Path) -> None:

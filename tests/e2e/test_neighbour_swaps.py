@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.neighbour import (GROUP, PLANT_LINKS, PRECIOUS, as_neighbour, finish,
-                                     neighbour, project_folders, run_folder, victim_train)
-from tests.helpers import CHECKPOINT_ARGS, TINY, write_image_folder
+from tests.helpers.neighbour import (GROUP, PLANT_LINKS, PRECIOUS, TRAIN, as_neighbour, finish,
+                                     neighbour, precious, project_folders, run_folder,
+                                     victim_train)
+from tests.helpers import CHECKPOINT_ARGS, REPO, TINY, write_image_folder
+from tests.helpers.ranks import finish_ranks, rank_envs
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -318,3 +321,148 @@ def test_the_run_folder_swapped_for_a_link_mid_run_writes_nothing_through_it(pro
     assert list((moved / "tensorboard").glob("events.out.tfevents.*"))
     assert list((moved / "diagnostics").glob("heartbeat-*.json"))
     assert f"summary in {run}/summary.json" in out, out[-3000:]
+
+
+# A moment of the victim's, held still (Python runs this file, sitecustomize found on
+# PYTHONPATH, in every process of the victim's): at the first audit event HOOK_EVENT whose
+# path ends with HOOK_SUFFIX in a `train` process, it makes HOOK_PAUSED and waits for
+# HOOK_GO (the neighbour's swap happens meanwhile), or, with HOOK_DUMP, writes what
+# torch's flight recorder writes on a collective timeout, as it writes it
+# (c10d::DebugInfoWriter::write: std::ofstream of the prefix + the rank, which follows a
+# link and truncates; a CPU run cannot time out an NCCL collective to have torch do it).
+PAUSE_AT = """import os, sys, time
+done = []
+
+
+def hook(event, args):
+    if done or event != os.environ["HOOK_EVENT"] or not args:
+        return
+    if not str(args[0]).endswith(os.environ["HOOK_SUFFIX"]):
+        return
+    if not sys.argv or not sys.argv[0].endswith("train"):
+        return
+    done.append(1)
+    if os.environ.get("HOOK_DUMP"):
+        prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+        with open(prefix + os.environ.get("RANK", "0"), "wb") as dump:
+            dump.write(b"the flight recorder's dump\\n")
+        return
+    open(os.environ["HOOK_PAUSED"], "w").close()
+    end = time.monotonic() + 120
+    while not os.path.exists(os.environ["HOOK_GO"]) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+sys.addaudithook(hook)
+"""
+
+
+def paused_at(top: Path, event: str, suffix: str) -> dict[str, str]:
+    """The variables that hold the victim still at `event` on a path ending in `suffix`
+    (PAUSE_AT), until `swap_while_paused`."""
+    site = top / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(PAUSE_AT)
+    return {"PYTHONPATH": str(site), "HOOK_EVENT": event, "HOOK_SUFFIX": suffix,
+            "HOOK_PAUSED": str(top / "paused"), "HOOK_GO": str(top / "go")}
+
+
+def swap_while_paused(top: Path, script: str, *args: str, timeout: float = 300) -> None:
+    """Once the victim is held (paused_at), the neighbour runs `script`; then it goes on."""
+    end = time.monotonic() + timeout
+    while not (top / "paused").exists():
+        assert time.monotonic() < end, "the victim never reached the moment"
+        time.sleep(0.01)
+    neighbour(script, *args)
+    (top / "go").touch()
+
+
+# The neighbour's part: `folder` renamed away, a link to `target` put at its name.
+RENAME_AND_LINK = """
+import os, sys
+folder, target = sys.argv[1:3]
+os.rename(folder, folder + ".swapped")
+os.symlink(target, folder)
+"""
+
+
+def test_an_fsdp_rank_writes_its_shard_into_rank_0s_folder_whatever_its_name(project):
+    """Issue 59 §2: under FSDP every rank writes its shard into the save's `.tmp-step-N`,
+    which rank 0 made and holds. The neighbour renames it away just before rank 1 writes
+    and puts a link to a folder of the victim's at its name (before: rank 1 opened it by
+    that name and wrote its shard into the victim's folder). Rank 1 holds the folder rank 0
+    made, found by its inode, so the save commits as if nothing happened."""
+    run = run_folder(project)
+    target = victims_folder(project)
+    (target / "shards").mkdir()
+    step = run / "checkpoints" / ".tmp-step-000000002"
+    env = paused_at(project, "open", "/shards/rank-00001.safetensors")
+    args = [*TINY, "--dataset", "synthetic", "--synthetic-size", "128", "--image-size", "16",
+            "--num-classes", "4", "--batch-size", "16", "--seed", "9", "--precision", "fp32",
+            "--strategy", "fsdp", "--max-steps", "2", "--checkpoint-every", "2",
+            "--dist-start-timeout", "120", "--dist-timeout", "120", "--output-dir", str(run)]
+    ranks = [subprocess.Popen([TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, umask=0o002, cwd=REPO, env={**rank_env, **env})
+             for rank_env in rank_envs(2)]
+    swap_while_paused(project, RENAME_AND_LINK, str(step), str(target))
+    logs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(logs)[-4000:]
+    assert "Traceback" not in "".join(logs), "\n".join(logs)[-4000:]
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        "model.safetensors", "shards"], "\n".join(logs)[-4000:]
+    assert (target / "model.safetensors").read_bytes() == PRECIOUS
+    committed = run / "checkpoints" / "step-000000002"
+    assert (run / "checkpoints" / "latest").read_text() == "step-000000002\n"
+    assert sorted(p.name for p in (committed / "shards").iterdir()) == [
+        "rank-00000.json", "rank-00000.safetensors", "rank-00001.json",
+        "rank-00001.safetensors"]
+
+
+def test_the_local_tier_ids_are_written_through_the_held_run_folder(project):
+    """Issue 59 §3 (S8's files): the run folder's `checkpoints/.local-tier-id` is made at
+    the job's start. The neighbour renames the run folder away just as train makes its
+    `checkpoints/` for it and puts a link to a folder of the victim's at its name (before:
+    `checkpoints/` and the id were made by the run folder's name, in the victim's folder).
+    Both ids are written through descriptors: the run goes on in its own folder."""
+    run = run_folder(project)
+    target = victims_folder(project)
+    node = project / "victim" / "node"
+    node.mkdir(mode=0o700)
+    proc = victim_train(*CHECKPOINT_ARGS, "--max-steps", "2", "--checkpoint-local", str(node),
+                        "--output-dir", str(run),
+                        env=paused_at(project, "os.mkdir", "/checkpoints"))
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    swap_while_paused(project, RENAME_AND_LINK, str(run), str(target))
+    code, out = finish(proc)
+    assert untouched(target), out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    moved = project / "project" / "run.swapped"
+    [tier] = node.glob("hpc-train-run-*")
+    assert ((moved / "checkpoints" / ".local-tier-id").read_text()
+            == (tier / ".local-tier-id").read_text())
+    assert (moved / "checkpoints" / "latest").read_text() == "step-000000002\n"
+
+
+def test_the_flight_recorder_never_writes_through_a_link_planted_in_diagnostics(project):
+    """Issue 59 §2: torch's flight recorder opens `diagnostics/fr-rank-<N>` by name and
+    follows a link there. A run folder's diagnostics/ that others could write (2775, as
+    train made it before) gets a link at fr-rank-0 to a file of the victim's between two
+    jobs (before: the next job's dump truncated that file). train closes diagnostics/ to
+    others and removes what is not a file of the user's at a dump's name."""
+    run = run_folder(project)
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "2",
+                                    "--output-dir", str(run)))
+    assert code == 0, out[-3000:]
+    (run / "diagnostics").chmod(0o2775)  # as train made it before
+    file = precious(project, "bashrc")
+    neighbour(PLANT_LINKS, f"{run / 'diagnostics' / 'fr-rank-0'}={file}")
+    env = {**paused_at(project, "open", "/config.json"), "HOOK_DUMP": "1"}
+    code, out = finish(victim_train(*CHECKPOINT_ARGS, "--max-steps", "4",
+                                    "--no-checkpoint-async", "--output-dir", str(run),
+                                    env=env))
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    assert file.read_bytes() == PRECIOUS
+    dump = run / "diagnostics" / "fr-rank-0"
+    assert not dump.is_symlink() and dump.read_bytes() == b"the flight recorder's dump\n"
+    assert (run / "diagnostics").stat().st_mode & 0o022 == 0

@@ -76,13 +76,13 @@ def as_neighbour(script: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def victim_train(*args: str) -> subprocess.Popen:
+def victim_train(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`train` as the victim, held until a line arrives on its stdin (so the neighbour
-    knows its PID, as `ps` tells anyone, before it starts)."""
+    knows its PID, as `ps` tells anyone, before it starts); `env`: added variables."""
     return subprocess.Popen(["sh", "-c", 'read go && exec "$@"', "sh", TRAIN, *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, umask=0o002, cwd=REPO,
-                            env=clean_env())
+                            env={**clean_env(), **(env or {})})
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:

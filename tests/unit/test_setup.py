@@ -19,6 +19,7 @@ from workload.launch import (REQUEUE_EXIT_STATUS, Launch, LaunchError, Preemptio
                              exit_for_requeue, setup)
 from workload.launch import script
 from workload.launch.__main__ import main
+from workload.held import is_held, let_go
 
 # The worker cases of the table (the others describe a torchrun about to start).
 WORKER_CASES = [case for case in GOOD if not case[2]]
@@ -89,18 +90,50 @@ def test_a_bad_value_raises_naming_it():
         run_setup(step(procid="zero"))
 
 
-def test_setup_really_applies_to_os_environ(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # its ./diagnostics: the flight recorder's and SIGUSR1's
-    with mock.patch.dict(os.environ, step(procid="2", localid="0", nodeid="1"), clear=True):
+def held_setup(env: dict[str, str]) -> tuple[Launch, Path]:
+    """setup() in this process with `env` as its whole environment: its Launch and the
+    folder its flight recorder prefix names (held: the descriptor closed afterwards)."""
+    with mock.patch.dict(os.environ, env, clear=True):
         try:
             launch = setup(quiet=True)
         finally:
             faulthandler.unregister(signal.SIGUSR1)  # the dump is this test's, not pytest's
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("2", "4")
-        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "diagnostics" /
-                                                            "fr-rank-")
+        prefix = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"])
+    assert prefix.name == "fr-rank-" and is_held(prefix.parent), prefix
+    folder = Path(os.readlink(prefix.parent))
+    let_go(prefix.parent)
+    return launch, folder
+
+
+def test_setup_really_applies_to_os_environ(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its ./diagnostics: the flight recorder's and SIGUSR1's
+    launch, folder = held_setup(step(procid="2", localid="0", nodeid="1"))
+    assert folder == tmp_path / "diagnostics"
     assert launch.node_rank == 1
     assert (tmp_path / "diagnostics" / "rank-2.txt").exists()
+
+
+def test_the_flight_recorder_writes_through_the_held_diagnostics_folder(tmp_path,
+                                                                       monkeypatch):
+    """Issue 59 §2: torch opens prefix+rank by name, following a link. The prefix
+    `python -m workload.launch env` printed (./diagnostics by its name) becomes the folder
+    held by the script's own process; the folder is closed to others' writes and a link
+    at a dump's name is removed (before: the prefix stayed a name, and a link planted at
+    fr-rank-2 in a group-writable ./diagnostics led the dump into any file)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "diagnostics").mkdir(mode=0o775)
+    (tmp_path / "diagnostics").chmod(0o2775)
+    (tmp_path / "precious").write_text("mine\n")
+    (tmp_path / "diagnostics" / "fr-rank-2").symlink_to(tmp_path / "precious")
+    printed = str(tmp_path / "diagnostics" / "fr-rank-")
+    env = {**step(procid="2", localid="0", nodeid="1"), "TORCH_FR_DUMP_TEMP_FILE": printed,
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": printed}
+    _, folder = held_setup(env)
+    assert folder == tmp_path / "diagnostics"
+    assert not os.path.lexists(folder / "fr-rank-2")
+    assert folder.stat().st_mode & 0o022 == 0
+    assert (tmp_path / "precious").read_text() == "mine\n"
 
 
 # ------------------------------------------------------------------ the GPU

@@ -57,14 +57,18 @@ WRITERS = {
         "renames a bad or unfinished save aside inside checkpoints/ (as above)",
     ("workload.checkpoint.inprocess", "make_save_folder", ".mkdir"):
         "the run's checkpoints/ (exist_ok), in train through its held run folder "
-        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it",
+        "(RunFolder.hold); the save's own folder: held.make_held, and shards/ inside it "
+        "(the other FSDP ranks write there through their own descriptor of that folder, "
+        "found by its inode: held.hold_by_inode)",
     ("workload.checkpoint.writer.store", "copy_to_run", ".mkdir"):
         "the run's checkpoints/ (exist_ok), through train's held run folder; the copy's "
         "own folder: held.make_held",
     ("workload.checkpoint.writer.store", "_copy_durably", ".mkdir"):
         "inside the copy's held private folder (its files: files.create_new)",
     ("workload.checkpoint.local", "bind_to_run", ".mkdir"):
-        "the run's checkpoints/ (exist_ok); the id files: files.replace_file",
+        "the run's checkpoints/ (exist_ok) through the held run folder; the id files: "
+        "files.replace_file through checkpoints/ held (held.holding) and the tier's "
+        "folder held (held.hold_folder: the user's own, private)",
     ("workload.checkpoint.lock", "_break", "os.link"):
         "the lock's protocol: link(2) of a private draft fails on any name in the way",
     ("workload.checkpoint.lock", "_break", "os.replace"):
@@ -96,10 +100,14 @@ WRITERS = {
     ("workload.data.staging", "own_folder", "tempfile.mkdtemp"):
         "a private (0700) folder of a name no one can foresee, in a sticky folder",
     ("workload.launch.__main__", "flight_recorder_lines", ".mkdir"):
-        "./diagnostics of the working folder of the user's own script (exist_ok); torch "
-        "writes there by the path the user's environment names",
+        "./diagnostics of the working folder of the user's own script (exist_ok); setup() "
+        "in the script's process takes the printed prefix back for the held folder "
+        "(diagnostics.held_for_the_process); a script that never calls setup() has torch "
+        "write there by the name (docs/checkpoints.md says so)",
     ("workload.launch.diagnostics", "hold_diagnostics", ".mkdir"):
-        "made when missing, then held (files.hold_folder: O_NOFOLLOW, the user's own)",
+        "the folder's parent, made when missing; the folder: held.hold_own_folder "
+        "(O_NOFOLLOW, the user's own, closed to others' writes), a link at a dump's name "
+        "removed",
     ("workload.launch.jobs", "copy_jobs", ".mkdir"):
         "the DEST folder the user names; its files: files.replace_file",
     ("workload.records", "__init__", "SummaryWriter"):

@@ -13,6 +13,8 @@ that names the folder and the space, the partial folder removed
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import torch
@@ -24,7 +26,8 @@ from workload.checkpoint.formats import as_bytes
 from workload.checkpoint.snapshot import checkpoint_files, save_shards
 from workload.checkpoint.writer.store import (SHARDS_DIR, Snapshot, end_save, finish_checkpoint,
                                               header)
-from workload.held import let_go, make_held
+from workload.held import (hold_by_inode, let_go, make_held, named_for_the_user,
+                           remove_held)
 
 # What may hold a tensor (the rest, such as a loop's millions of numbers, is passed by).
 HOLDERS = (torch.Tensor, dict, list, tuple)
@@ -49,17 +52,18 @@ def snapshot_bytes(snapshot: Snapshot) -> int:
 def save_checkpoint(root: Path, snapshot: Snapshot, keep: int, is_main: bool,
                     sharded_state=None, copy_to: Path | None = None) -> Path:
     """All ranks call it. Rank 0 writes (the others wait), except FSDP shards, which every
-    rank writes into the same temporary folder first. `copy_to`: the run folder's
+    rank writes into the same temporary folder first (each through a descriptor of its
+    own: _save_shards). `copy_to`: the run folder's
     checkpoints, when `root` is the local tier's. The checkpoint's path in the run folder."""
     step = snapshot.trainer["step"]
-    tmp = (make_save_folder(root, snapshot, sharded_state is not None) if is_main
-           else root / f".tmp-{step_name(step)}")
+    tmp = make_save_folder(root, snapshot, sharded_state is not None) if is_main else None
     try:
         shard_files = _save_shards(root, tmp, snapshot, sharded_state)
         if is_main:
             end_save(write_checkpoint(root, tmp, snapshot, shard_files), keep, copy_to)
     finally:
-        let_go(tmp)  # rank 0's held path; the others' is a plain one
+        if tmp is not None:
+            let_go(tmp)
     distributed.barrier()  # the others wait until the checkpoint is complete
     return (copy_to or root) / step_name(step)
 
@@ -91,16 +95,44 @@ def write_checkpoint(root: Path, tmp: Path, snapshot: Snapshot,
     return final
 
 
-def _save_shards(root: Path, tmp: Path, snapshot: Snapshot, sharded_state) -> dict:
-    """FSDP: every rank writes its shard; rank 0 gets the manifest entries of all of them.
-    The gather is the barrier: no rank contributes before its shard is on disk, so rank 0
-    names and renames only complete files, and never reads one back to hash it."""
+def _save_shards(root: Path, tmp: Path | None, snapshot: Snapshot, sharded_state) -> dict:
+    """FSDP: every rank writes its shard into rank 0's folder `tmp` (None on the others);
+    rank 0 gets the manifest entries of all of them. The second gather is the barrier: no
+    rank contributes before its shard is on disk, so rank 0 names and renames only
+    complete files, and never reads one back to hash it. A rank that cannot hold rank 0's
+    folder says so in that gather, and every rank stops with its line (none waits)."""
     if sharded_state is None:
         return {}
     world_size = snapshot.trainer["world_size"]
-    distributed.barrier()  # the folder exists before anyone writes into it
-    with guarded_save(root, tmp, lambda: snapshot_bytes(snapshot)):
-        mine = save_shards(sharded_state.model, sharded_state.optimizer, tmp / SHARDS_DIR,
-                           world_size)
-    return {f"{SHARDS_DIR}/{name}": entry for entries in
-            distributed.gather_objects(mine, world_size) for name, entry in entries.items()}
+    # Rank 0's folder by its inode (the gather: it exists before anyone writes into it).
+    # The others hold it themselves, found by that inode, never by its name, which a
+    # neighbour may have swapped for a link to a folder of the user's or one of theirs.
+    inode = distributed.gather_objects({"inode": tmp and os.stat(tmp).st_ino},
+                                       world_size)[0]["inode"]
+    answers = distributed.gather_objects(_own_shard(root, tmp, inode, snapshot, sharded_state),
+                                         world_size)
+    if why := next((answer["refused"] for answer in answers if answer["refused"]), ""):
+        if tmp is not None:
+            remove_held(tmp, root)
+        raise OSError(errno.EPERM, why)
+    return {f"{SHARDS_DIR}/{name}": entry for answer in answers
+            for name, entry in answer["files"].items()}
+
+
+def _own_shard(root: Path, tmp: Path | None, inode: int, snapshot: Snapshot,
+               sharded_state) -> dict:
+    """This rank's shard written into rank 0's folder (`tmp` on rank 0, else held by its
+    `inode`): {"files": its manifest entries, "refused": ""}, or "refused": why that folder
+    could not be held, said in the gather rather than raised, so that no rank waits."""
+    try:
+        folder = tmp if tmp is not None else hold_by_inode(root, inode)
+    except OSError as error:
+        return {"files": {}, "refused": named_for_the_user(error.strerror or str(error))}
+    try:
+        with guarded_save(root, folder, lambda: snapshot_bytes(snapshot)):
+            files = save_shards(sharded_state.model, sharded_state.optimizer,
+                                folder / SHARDS_DIR, snapshot.trainer["world_size"])
+    finally:
+        if tmp is None:
+            let_go(folder)
+    return {"files": files, "refused": ""}

@@ -41,7 +41,9 @@ from pathlib import Path
 from workload.errors import UsageError
 from workload.files import (open_regular, private_folder_problem, replace_file,
                             umask_mode, unwritable_reason)
+from workload.held import held_path, hold_folder, holding
 from workload.logs import logger
+from workload.runfolder import RunFolder
 
 FLAG = "--checkpoint-local"
 # The id of the run folder the tier's checkpoints belong to: in the run folder's
@@ -120,23 +122,34 @@ def remove_local(local: str, out: str | Path) -> bool:
     return True
 
 
-def bind_to_run(local: str, out: Path) -> None:
+def bind_to_run(local: str, folder: RunFolder) -> None:
     """Rank 0, before a resume: the tier holds checkpoints of this run folder only. The
     run folder's id is made when it has none; a tier of another id (a run folder deleted
     and made again) is emptied with one line. The run folder's id counts only when it is
     this user's own file that no one else may write (the run folder may be the group's):
     one a group member rewrote or put there says nothing, and the tier's id is written
-    in its place, with a line, rather than the tier's newer checkpoints deleted."""
-    from workload.checkpoint.writer.folder import checkpoints_dir
+    in its place, with a line, rather than the tier's newer checkpoints deleted. Both id
+    files are reached through descriptors: the held run folder's `checkpoints/` (opened
+    without following a link) and the tier's folder (this user's, private): a neighbour
+    who renames the run folder or `checkpoints/` and puts a link at its name meanwhile
+    gets nothing written through it."""
+    folder.checkpoints.mkdir(parents=True, exist_ok=True)
+    tier = hold_folder(local_root(local, folder.root).parent)
+    try:
+        with holding(folder.checkpoints) as run_root:
+            _bind(local, folder.root, run_root, held_path(tier))
+    finally:
+        os.close(tier)
 
-    run_root = checkpoints_dir(out)
-    tier = local_root(local, out).parent
-    run_root.mkdir(parents=True, exist_ok=True)
+
+def _bind(local: str, out: Path, run_root: Path, tier: Path) -> None:
+    """bind_to_run with the run folder's `checkpoints/` and the tier's folder held."""
     mine, distrust = _read_own_id(run_root / RUN_ID)
     theirs = _read_own_id(tier / RUN_ID)[0]
     if distrust and theirs:
-        logger.warning(f"{FLAG}: {run_root / RUN_ID} {distrust}, so it cannot tell whose "
-                       f"run the tier's checkpoints are; replaced by the tier's own id")
+        logger.warning(f"{FLAG}: {RunFolder(out).checkpoints / RUN_ID} {distrust}, so it "
+                       "cannot tell whose run the tier's checkpoints are; replaced by the "
+                       "tier's own id")
         mine = theirs
         _write_id(run_root / RUN_ID, mine)
     if mine is None:
@@ -145,9 +158,9 @@ def bind_to_run(local: str, out: Path) -> None:
     if theirs == mine:
         return
     if remove_local(local, out):
-        logger.warning(f"{FLAG}: {tier} held checkpoints of a run whose folder {out} is "
-                       "gone or was replaced; not resumed (the run folder is the truth), "
-                       "removed")
+        logger.warning(f"{FLAG}: {local_root(local, out).parent} held checkpoints of a run "
+                       f"whose folder {out} is gone or was replaced; not resumed (the run "
+                       "folder is the truth), removed")
     _write_id(tier / RUN_ID, mine)
 
 

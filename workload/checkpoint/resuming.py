@@ -50,7 +50,7 @@ def prepare(cfg, folder: RunFolder | Path, is_main: bool) -> None:
     if cfg.checkpoint.resume == "never" and own:
         _overwrite(cfg, folder, own, is_main)
     if is_main and cfg.checkpoint.checkpoint_local:
-        bind_to_run(cfg.checkpoint.checkpoint_local, folder.root)
+        bind_to_run(cfg.checkpoint.checkpoint_local, folder)
 
 
 def _not_a_record(path: Path) -> str | None:

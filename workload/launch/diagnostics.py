@@ -16,15 +16,17 @@ before the dump on timeout is written (pytorch/pytorch#121055).
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from collections.abc import MutableMapping
 
-from workload.files import open_append
-from workload.held import held_path, hold_folder, let_go
+from workload.files import open_append, umask_mode
+from workload.held import held_path, hold_own_folder, let_go
 from workload.logs import logger
 
 DIAGNOSTICS = "diagnostics"      # the folder's name inside a run folder
@@ -118,6 +120,25 @@ def apply_defaults(env: MutableMapping[str, str], folder: Path) -> dict[str, str
     return added
 
 
+def held_for_the_process(env: MutableMapping[str, str], folder: Path) -> Path:
+    """A user's own script's diagnostics `folder` (setup() in the rank's own process, which
+    is the one torch dumps from) held for the process's life (hold_diagnostics): what
+    apply_defaults should name. The prefix `python -m workload.launch env` printed for it
+    (entrypoint.sh: ./diagnostics by path, from a process that has ended) is taken back,
+    so the held path replaces it (the same folder); a prefix of another name stays.
+    `folder` itself when it cannot be held (a link, another uid's: the stack dump's
+    warning says so)."""
+    try:
+        held = hold_diagnostics(folder)
+    except OSError:
+        return folder
+    printed = flight_recorder_env(folder)["TORCH_FR_DUMP_TEMP_FILE"]
+    for key in SAME_SETTING[1]:
+        if env.get(key) == printed:
+            del env[key]
+    return held
+
+
 @contextmanager
 def defaults_for_one_run(env: MutableMapping[str, str], folder: Path | None) -> Iterator[dict]:
     """apply_defaults while one run lasts, then the variables it added removed: a second
@@ -136,10 +157,32 @@ def hold_diagnostics(folder: Path) -> Path:
     """The diagnostics folder `folder` (made when missing) as a held path (workload.files.
     held_path), for the caller to `let_go`: a run folder may be written by others, who
     could put a link at its name between two jobs (a writer would follow it into any
-    folder of the user's) or rename it under a writer. OSError for a link, something
-    else than a folder, or a folder that is not this user's."""
-    folder.mkdir(parents=True, exist_ok=True)
-    return held_path(hold_folder(folder, private=False))
+    folder of the user's) or rename it under a writer. Writable by no one else from now
+    on (readable as the umask lets the group), and a flight recorder dump's name in it
+    that is not a file of this user's removed: torch opens prefix+rank by that name,
+    following a link (std::ofstream), and until now others may have written the folder.
+    OSError for a link, something else than a folder, or a folder that is not this
+    user's."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    fd = hold_own_folder(folder, umask_mode(0o777) & ~0o022)
+    _remove_planted_dumps(fd)
+    return held_path(fd)
+
+
+def _remove_planted_dumps(fd: int) -> None:
+    """Every fr-rank-* entry of the folder `fd` that is not a regular file of this user's
+    with one name (a link, or a hard link to a file elsewhere) removed, never followed."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if not entry.name.startswith(FR_PREFIX):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if not (stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+                        and info.st_nlink == 1):
+                    os.unlink(entry.name, dir_fd=fd)
+            except OSError:  # gone meanwhile, or a folder: torch cannot write through it
+                pass
 
 
 @contextmanager

@@ -26,7 +26,8 @@ from collections.abc import Callable, MutableMapping
 
 from workload.caches import use_private_caches
 from workload.launch.devices import visible_gpu_count
-from workload.launch.diagnostics import apply_defaults, enable_dump_on_signal, user_folder
+from workload.launch.diagnostics import (apply_defaults, enable_dump_on_signal,
+                                        held_for_the_process, user_folder)
 from workload.launch.resolve import SINGLE, Resolution, resolve
 from workload.logs import warn
 
@@ -114,7 +115,9 @@ def setup(env: MutableMapping[str, str] | None = None, *, quiet: bool = False) -
             cuda.set_threads(res.threads)
     launch = Launch.resolved(res, gpu)
     folder = user_folder(env)
-    apply_defaults(env, folder)
+    # In this process torch's flight recorder writes through the held folder, never by
+    # its name; for another process's environment (`env`) only the name can be given.
+    apply_defaults(env, held_for_the_process(env, folder) if own else folder)
     if own and enable_dump_on_signal(folder, launch.rank) is None and not quiet:
         warn("launch", f"no stack dumps on SIGUSR1: {folder} cannot be written")
     return launch
