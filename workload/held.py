@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# The end of the line for what was put at the name of a folder this process made or holds.
+SOMEONE_ELSE = ": someone else put it there"
+
 
 def held_path(fd: int) -> Path:
     """The path that reaches the folder `fd` holds, whatever is renamed meanwhile."""
@@ -77,7 +80,7 @@ def _checked(fd: int, path: Path, private: bool) -> int:
            and stat.S_IMODE(info.st_mode) & 0o077 else None)
     if why:
         os.close(fd)
-        raise OSError(errno.EPERM, f"{path} {why}: someone else put it there")
+        raise OSError(errno.EPERM, f"{path} {why}{SOMEONE_ELSE}")
     return fd
 
 
@@ -138,9 +141,16 @@ def holding(folder: Path) -> Iterator[Path]:
 
 def make_held(path: Path) -> Path:
     """A new private folder (0700) at `path`, held (hold_folder): its held path. The
-    descriptor stays open for this process's life unless `let_go` closes it."""
+    descriptor stays open for this process's life unless `let_go` closes it. Whatever is
+    at `path` by the time it is opened (a link, a file, another user's folder) was put
+    there by someone else in the instant after the mkdir: the OSError says so."""
     os.mkdir(path, 0o700)
-    return held_path(hold_folder(path))
+    try:
+        return held_path(hold_folder(path))
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):  # (EPERM says it already)
+            raise
+        raise OSError(error.errno, f"{error.strerror}{SOMEONE_ELSE}") from None
 
 
 def let_go(held: Path) -> None:

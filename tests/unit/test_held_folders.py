@@ -44,6 +44,30 @@ def test_a_held_folder_removed_is_never_the_one_put_at_its_name(tmp_path):
     assert (tmp_path / ".tmp-step-1").is_dir() and not (tmp_path / "moved").exists()
 
 
+@pytest.mark.parametrize("put", ["link", "file"])
+def test_what_is_put_at_a_new_folders_name_before_its_open_is_someone_elses(tmp_path,
+                                                                            monkeypatch, put):
+    """The instant between make_held's mkdir and its open: whatever is at the name then
+    (a link, a file; another user's folder: tests/e2e/test_neighbour_swaps.py) was put
+    there by someone else, and the one line says so."""
+    folder, real_mkdir = tmp_path / ".tmp-step-1", os.mkdir
+
+    def mkdir_then_swapped(path, mode=0o777):
+        real_mkdir(path, mode)
+        os.rename(path, tmp_path / "moved")
+        if put == "link":
+            os.symlink(tmp_path / "moved", path)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swapped)
+    with pytest.raises(OSError) as raised:
+        make_held(folder)
+    what = "a symbolic link" if put == "link" else "not a folder"
+    assert raised.value.strerror == (f"{folder} is {what}, not a folder of this run: "
+                                     "someone else put it there")
+
+
 def test_a_held_folder_gone_from_its_parent_is_one_line(tmp_path):
     (tmp_path / "parent").mkdir()
     held = make_held(tmp_path / "parent" / ".tmp-step-1")
