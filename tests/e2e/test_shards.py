@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, TESTS, TINY, clean_env
+from tests.helpers.hangs import run_or_explain
 from tests.helpers.image_hashes import image_hashes
 from workload.checkpoint.writer.folder import complete_steps
 from workload.config import build_config
@@ -77,13 +78,12 @@ def in_one_process(shards: Path, batch_size: int, epoch: int) -> list[str]:
 
 def test_two_ranks_read_the_global_sequence_of_one_process(shards, tmp_path):
     record, trace = tmp_path / "seen", tmp_path / "trace"
-    done = subprocess.run([*STRACE, "-e", "trace=openat,getdents64,clone,clone3,fork,vfork",
+    done = run_or_explain([*STRACE, "-e", "trace=openat,getdents64,clone,clone3,fork,vfork",
                            "-o", str(trace), sys.executable, "-m", "torch.distributed.run",
                            "--standalone", "--nproc-per-node=2",
                            str(TESTS / "scripts" / "shard_sequence.py"),
                            str(record), *TRAIN, "--data-dir", str(shards), "--batch-size", "8",
-                           "--output-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+                           "--output-dir", str(tmp_path / "run")], env=ENV, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     # Start-up reads the manifest, never a listing; each rank reads its own stretch of
     # the shards. Evaluation's is the same every epoch: 5 shards of 25 in 4 lanes of 30,
@@ -104,9 +104,8 @@ def test_two_ranks_read_the_global_sequence_of_one_process(shards, tmp_path):
 def traced(trace: Path, args: list[str]) -> subprocess.CompletedProcess:
     """`train` with every file it opens and every folder it lists (all its processes)
     written to `trace`, fds shown as their paths."""
-    return subprocess.run([*STRACE, "-e", "trace=openat,getdents64", "-o", str(trace),
-                           sys.executable, "-m", "workload.train", *args],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+    return run_or_explain([*STRACE, "-e", "trace=openat,getdents64", "-o", str(trace),
+                           sys.executable, "-m", "workload.train", *args], env=ENV, timeout=300)
 
 
 def touched(trace: Path, folder: Path) -> tuple[set[str], bool]:

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import free_ports, local_rank_env
+from tests.helpers.hangs import descendants, thread_states
 
 
 def rank_envs(world: int) -> list[dict[str, str]]:
@@ -35,12 +36,13 @@ def start_logged_ranks(command: list[str], logs: Path, world: int = 2) -> list[s
 
 def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
     """Every rank's output; a rank still running after `timeout` seconds is killed, and
-    the failure shows what each rank printed."""
+    the failure shows where each process of each rank was then and what it printed."""
     try:
         return [p.communicate(timeout=timeout)[0] for p in procs]
     except subprocess.TimeoutExpired:
+        where = "\n".join(thread_states(pid) for p in procs for pid in descendants(p.pid))
         for p in procs:
             p.kill()
         logs = [p.communicate()[0] for p in procs]
-        raise AssertionError("a rank did not end:\n" + "\n".join(
+        raise AssertionError(f"a rank did not end; its processes then:\n{where}\n" + "\n".join(
             f"--- rank {rank}\n{log[-3000:]}" for rank, log in enumerate(logs))) from None

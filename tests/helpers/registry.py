@@ -135,3 +135,7 @@ def local_registry(root: Path):
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            # gpg and skopeo's signing start an agent for the key's folder that outlives
+            # them (a daemon left running after the suite, until the machine stops).
+            subprocess.run(["gpgconf", "--kill", "gpg-agent"], timeout=30, capture_output=True,
+                           env=dict(os.environ, GNUPGHOME=str(root / "gnupg")))

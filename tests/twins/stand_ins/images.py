@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from tests.helpers.apptainer_def import header, rendered
+from tests.twins.stand_ins.data_step import checked_data_step, fetch_without_torch
 from tests.twins.stand_ins.node import CONFIG, fail, node_arch, on_compute, site_path
 
 GO_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
@@ -77,6 +79,9 @@ def run_in_image(command: list[str], library_path: str, env: dict[str, str]) -> 
         # The route was the centre's (its proxy checked above); the stand-in internet is
         # this host's loopback, which the centre's proxy address would not reach.
         env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
+        if checked_data_step(command):
+            fetch_without_torch(command)
+            sys.exit(0)
     env["PATH"] = CONFIG["image_path"]
     env["LD_LIBRARY_PATH"] = ":".join(part for part in library_path.split(":") if part)
     # The centre's network interfaces (JUWELS's ib0) are the cluster's loopback; any other
