@@ -275,7 +275,13 @@ def test_a_hang_on_one_node_is_left_behind_and_the_run_continues(slurm_cluster, 
             f"{hung} behind") in text, text[-4000:]
     records = attempts(run)
     assert [r["action"] for r in records] == ["restart", "done"]
-    assert records[0]["verdict"] == "rank 1 wrote no stall dump while the others did"
+    # The frozen rank is the one named, for the reason the machine's pace allows: rank 0
+    # dumps its stall (and rank 1 is the one without a dump) when its stall limit, the
+    # flag's 3 s or 10 median steps, comes before the collective's 20 s timeout ends it;
+    # on a loaded machine 10 steps take longer, and diagnose reads the collective each
+    # rank last entered instead (workload/diagnose/verdict.py, watchdog.Watchdog.__exit__).
+    assert records[0]["verdict"] in ("rank 1 wrote no stall dump while the others did",
+                                     "rank 1 did not enter the collective the others wait in")
     bad = [json.loads(line) for line in (run / "bad-nodes.jsonl").read_text().splitlines()]
     assert [(b["node"], b["why"].split(":")[0]) for b in bad] == [(hung, "diagnose")]
     assert job_field(slurm_cluster, job, "Restarts") == "0"
