@@ -254,7 +254,10 @@ def test_alliance_staging_on_a_shared_disk_never_mixes_two_copies(stubs, tmp_pat
         (source / f"class-{i % 10}" / f"{i}.txt").write_text(str(i))
     local = tmp_path / "localscratch"
     stage = f'source "{SITES / "alliance-stage-data.sh"}"; stage_dataset "{source}"'
-    done = bash(f"({stage}) & ({stage}) & wait -n && wait -n", stubs,
+    # Each copy waited for by its pid: `wait -n` twice returns 127 at the second when both
+    # ended before the first (bash 5.2; make check failed so on an idle machine).
+    done = bash(f"({stage}) & first=$!; ({stage}) & second=$!; "
+                'wait "$first" && wait "$second"', stubs,
                 SLURM_TMPDIR=str(local), SLURM_NNODES="1", STUB_RUN="1")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in local.iterdir()) == ["data"]
