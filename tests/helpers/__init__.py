@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workload.files import proc_stat_fields
 from workload.launch.variables import PORT_BASE
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -273,13 +274,13 @@ def ext4(path: Path, image: Path, *options: str):
 def writer_of(parent: int) -> int | None:
     """The PID of the background checkpoint writer that `parent` started, if it runs."""
     for proc in Path("/proc").iterdir():
-        try:
-            stat = (proc / "stat").read_text()
-            argv = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
+        if not proc.name.isdigit() or (fields := proc_stat_fields(proc.name)) is None:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and \
-                b"workload.checkpoint.writer.process" in argv:
+        try:
+            argv = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and b"workload.checkpoint.writer.process" in argv:
             return int(proc.name)
     return None
 

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workload.files import proc_stat_fields
+
 PROC = Path("/proc")
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
@@ -27,11 +29,8 @@ def children() -> dict[int, list[int]]:
     """Each live process's children, from /proc/PID/stat's parent field."""
     tree: dict[int, list[int]] = {}
     for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            stat = read(entry / "stat")
-            fields = stat.rpartition(")")[2].split()
-            if len(fields) > 1:
-                tree.setdefault(int(fields[1]), []).append(int(entry.name))
+        if entry.name.isdigit() and (fields := proc_stat_fields(entry.name)):
+            tree.setdefault(int(fields[1]), []).append(int(entry.name))
     return tree
 
 
@@ -48,8 +47,8 @@ def thread_states(pid: int) -> str:
     command = read(PROC / str(pid) / "cmdline").replace("\0", " ")[:300]
     lines = [f"pid {pid}: {command}"]
     for task in sorted((PROC / str(pid) / "task").glob("*"), key=lambda t: int(t.name)):
-        state = read(task / "stat").rpartition(")")[2].split()[:1]
-        lines.append(f"  thread {task.name} ({read(task / 'comm')}) state {''.join(state)} "
+        state = (proc_stat_fields(f"{pid}/task/{task.name}") or ["gone"])[0]
+        lines.append(f"  thread {task.name} ({read(task / 'comm')}) state {state} "
                      f"wchan {read(task / 'wchan')}")
         lines += [f"    {frame}" for frame in read(task / "stack").splitlines()]
     if "python" in command.split(" ")[0]:

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from tests.helpers import wait_for
+from workload.files import proc_stat_fields
 
 # The states a job ends in (a requeued job goes back to PENDING instead).
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -49,10 +50,9 @@ def step_stopped(cluster, job: int, node: str | None = None) -> bool:
     has exited and waits for its stopped parent to reap it (Z)."""
     states = []
     for pid in step_pids(cluster, job, node):
-        try:
-            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):
+        if (fields := proc_stat_fields(pid)) is None:
             return False
+        states.append(fields[0])
     return "T" in states and set(states) <= {"T", "Z"}
 
 

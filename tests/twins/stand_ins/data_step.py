@@ -39,9 +39,10 @@ def fetch_without_torch(command: list[str]) -> None:
     # The twin's internet is this host's loopback: no proxy of the centre's reaches it.
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
             served["url"], timeout=60) as response:
-        (folder / ARCHIVE).write_bytes(response.read())
-    if hashlib.md5((folder / ARCHIVE).read_bytes()).hexdigest() != served["tgz_md5"]:
-        fail(f"{folder / ARCHIVE}: not the archive the twin's internet served")
+        archive = response.read()
+    if hashlib.md5(archive).hexdigest() != served["tgz_md5"]:
+        fail(f"{served['url']}: not the archive the twin's internet served")
+    (folder / ARCHIVE).write_bytes(archive)
     with tarfile.open(folder / ARCHIVE) as tar:
         tar.extractall(folder, filter="data")
     print(f"twin: the data step in check mode: {served['url']} unpacked into {folder} "
