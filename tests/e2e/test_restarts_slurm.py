@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import DOCTOR_FAST, REPO, TINY, wait_for
-from tests.slurm.jobs import (hold_step, job_field, sbatch, step_pids, stop_step,
+from tests.slurm.jobs import (frozen_step, hold_step, job_field, sbatch, step_pids,
                               wait_until_ended)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -265,11 +265,12 @@ def test_a_hang_on_one_node_is_left_behind_and_the_run_continues(slurm_cluster, 
                               SPARE_NODES="1")
     hung = slurm_cluster.nodes[1]
     # Rank 1's node (the second) freezes once a checkpoint is there: every process of
-    # its step there stopped, until the collective timeout ends the step.
+    # its step there held, through the collective timeout that ends the step, until
+    # SLURM kills them.
     wait_for((run / "checkpoints" / "latest").exists, "a checkpoint", log, poll=0.05)
-    stop_step(slurm_cluster, job, hung)
-    assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
-        log.read_text()[-4000:]
+    with frozen_step(slurm_cluster, job, hung):
+        assert wait_until_ended(slurm_cluster, job, log, timeout=300) == "COMPLETED", \
+            log.read_text()[-4000:]
     text = log.read_text()
     assert (f"decision: restart on {slurm_cluster.nodes[0]},{slurm_cluster.spare}, leaving "
             f"{hung} behind") in text, text[-4000:]

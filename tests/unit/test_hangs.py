@@ -1,11 +1,17 @@
-"""A command that outlives its time fails saying where each of its processes was."""
+"""A command that outlives its time fails saying where each of its processes was; a tree
+frozen as a hung node freezes it stays so."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
+from tests.helpers import REPO, wait_for
 from tests.helpers.hangs import run_or_explain
 
 WAITS = "import time\ndef waits_for_nothing():\n    time.sleep(60)\nwaits_for_nothing()\n"
@@ -24,3 +30,40 @@ def test_a_hung_tree_is_shown_thread_by_thread_with_python_stacks_then_killed():
 def test_a_command_that_ends_in_time_is_returned_as_run_returns_it():
     done = run_or_explain(["bash", "-c", "echo out; echo err >&2; exit 3"], timeout=30)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+# A process that counts, from two threads and a child process, into one file.
+COUNTS = """import subprocess, sys, threading, time
+def count(mark):
+    while True:
+        print(mark, flush=True)
+        time.sleep(0.02)
+CHILD = "import time\\nwhile 1: print(1, flush=True); time.sleep(0.02)"
+subprocess.Popen([sys.executable, "-c", CHILD])
+threading.Thread(target=count, args=(2,), daemon=True).start()
+count(3)
+"""
+
+
+def test_a_frozen_tree_stays_frozen_through_slurms_cont_and_term_until_killed(tmp_path):
+    """tests/scripts/ptrace_freeze.py, as the SLURM hang tests use it."""
+    counts = tmp_path / "counts"
+    with open(counts, "w") as out:
+        counting = subprocess.Popen([sys.executable, "-c", COUNTS], stdout=out,
+                                    start_new_session=True)
+    try:
+        wait_for(lambda: set(counts.read_text().split()) == {"1", "2", "3"},
+                 "all three to count", counts, timeout=30, poll=0.05)
+        tracer = subprocess.Popen(
+            [sys.executable, REPO / "tests" / "scripts" / "ptrace_freeze.py", str(counting.pid)],
+            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
+        assert tracer.stdout.readline() == "frozen 3\n"  # two threads, one child
+        before = counts.stat().st_size
+        for sent in (signal.SIGCONT, signal.SIGTERM):
+            os.killpg(counting.pid, sent)
+        time.sleep(0.5)
+        assert counts.stat().st_size == before and counting.poll() is None
+    finally:
+        os.killpg(counting.pid, signal.SIGKILL)
+    assert counting.wait(timeout=10) == -signal.SIGKILL
+    assert tracer.wait(timeout=10) == 0  # it ends once its tracees have
