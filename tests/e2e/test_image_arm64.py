@@ -9,10 +9,10 @@ assembled natively and cached like the amd64 stand-ins), build_image.sh builds t
 Dockerfile for linux/arm64 on it (its RUN steps emulated; the session-scoped `arm64_image`
 fixture in tests/conftest.py). Its training run is in tests/e2e/test_image_registry.py:
 pulled from the registry by platform, as a site's x86_64 login node pulls it, and run
-under ch-run, unprivileged and read-only, for three steps (importing torch takes about
-35 s emulated). What they prove: the Dockerfile, the install script and the package work
-on arm64's Python, torch and file layout. What they cannot: anything about Grace's speed,
-CUDA on GH200, or NGC's arm64 base.
+under ch-run, unprivileged and read-only, for three steps of synthetic images (its
+imports take about 13 s emulated, its first step 12). What they prove: the Dockerfile,
+the install script and the package work on arm64's Python, torch and file layout. What
+they cannot: anything about Grace's speed, CUDA on GH200, or NGC's arm64 base.
 """
 
 from __future__ import annotations
