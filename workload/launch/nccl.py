@@ -35,10 +35,13 @@ IN_MODULE = re.compile(r"NCCL/(\d+)\.(\d+)\.(\d+)")
 # folders; pip wheels: nvidia/nccl/lib beside torch).
 IMAGE_FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
                  "/usr/local/lib", "/usr/lib")
-# Old torch returned NCCL's old version code (major * 1000 + minor * 100 + patch).
-TORCH_ASKS = ("import torch; v = torch.cuda.nccl.version(); "
+# Old torch returned NCCL's old version code (major * 1000 + minor * 100 + patch). The
+# question is on the job's way to its first step: torch is imported with the cyclic
+# collector off and the process ends without the interpreter's finalization, which walks
+# all torch made (1.9 -> 1.1 CPU-s on the 2-core machine).
+TORCH_ASKS = ("import gc, os; gc.disable(); import torch; v = torch.cuda.nccl.version(); "
               "print(*(v if isinstance(v, tuple) else (v // 1000, v % 1000 // 100, v % 100)),"
-              " sep='.')")
+              " sep='.', flush=True); os._exit(0)")
 
 
 def parse(text: str) -> Version | None:
