@@ -27,8 +27,19 @@ SOMEONE_ELSE = ": someone else put it there"
 
 
 def held_path(fd: int) -> Path:
-    """The path that reaches the folder `fd` holds, whatever is renamed meanwhile."""
-    return Path(f"/proc/{os.getpid()}/fd/{fd}")
+    """The path that reaches the folder `fd` holds, whatever is renamed meanwhile; a
+    UsageError where /proc is not mounted (a chroot, `apptainer exec --no-mount proc`),
+    which would otherwise surface as a traceback at the first file written below it."""
+    path = Path(f"/proc/{os.getpid()}/fd/{fd}")
+    if not os.path.isdir(path):
+        from workload.errors import UsageError  # which imports this module
+
+        raise UsageError(f"{path} does not reach the folder this process opened: /proc is "
+                         "not mounted here, and the package reaches the folders it writes "
+                         "through /proc/PID/fd; run it with /proc mounted (every container "
+                         "runtime mounts it unless told not to, e.g. apptainer's --no-mount "
+                         "proc; in a chroot: mount -t proc proc /proc)")
+    return path
 
 
 # A held path inside a line of text: /proc/PID/fd/N, then a name below it or the end.

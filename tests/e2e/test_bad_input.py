@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,22 @@ def test_an_occupied_port_is_one_line_naming_it(tmp_path):
     assert "frame #" not in done.stderr, done.stderr  # no C++ stack either
     assert f"127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
     assert "MASTER_PORT" in done.stderr
+
+
+@pytest.mark.root  # a mount namespace of its own
+@pytest.mark.slow
+def test_train_where_proc_is_not_mounted_is_one_line_naming_it(tmp_path):
+    """A root without /proc (a chroot, `apptainer exec --no-mount proc`): the package
+    reaches the folders it writes through /proc/PID/fd (workload/held.py), so train stops
+    before any work with the line that says so, not a traceback at its first write."""
+    train = [str(Path(sys.executable).parent / "train"), *TINY, "--dataset", "synthetic",
+             "--synthetic-size", "64", "--batch-size", "16", "--max-steps", "1",
+             "--output-dir", str(tmp_path / "run")]
+    done = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c",
+                           'mount -t tmpfs none /proc && exec "$@"', "sh", *train],
+                          capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "/proc is not mounted here" in errors[0] and "mount -t proc" in errors[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()
