@@ -2,16 +2,19 @@
 kernel's wait channel and stack (a thread stopped by a tracer reads `ptrace_stop`, one
 waiting on a lock `futex_wait...`) and a Python process's own stacks (py-spy, reading
 its memory without attaching: a process under strace has its tracer already), taken
-before the tree is killed."""
+before the tree is killed. And a hang made on purpose: a tree frozen as a hung node
+freezes it (`frozen`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import REPO
 from workload.files import proc_stat_fields
 
 PROC = Path("/proc")
@@ -81,3 +84,20 @@ def run_or_explain(argv: list[str], timeout: float, **kwargs) -> subprocess.Comp
                              f"then:\n{where}\n--- stdout\n{out[-3000:]}\n--- stderr\n"
                              f"{err[-3000:]}") from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def frozen(pids: list[int]):
+    """PIDS and their descendants held as a hung node holds them, for good: in a ptrace stop
+    (tests/scripts/ptrace_freeze.py), which SIGCONT and SIGTERM do not end and SIGKILL
+    does. Yields the tracer and how many threads it stopped; the tracer goes at the end."""
+    tracer = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "scripts" / "ptrace_freeze.py"), *map(str, pids)],
+        env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
+    try:
+        said = tracer.stdout.readline().split()
+        assert said[:1] == ["frozen"], f"ptrace_freeze.py said {said}, status {tracer.wait()}"
+        yield tracer, int(said[1])
+    finally:
+        tracer.kill()
+        tracer.wait()

@@ -7,11 +7,10 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.helpers import REPO, wait_for
+from tests.helpers import wait_for
+from tests.helpers.hangs import frozen
 from workload.files import proc_stat_fields
 
 # The states a job ends in (a requeued job goes back to PENDING instead).
@@ -72,20 +71,11 @@ def stop_step(cluster, job: int, node: str | None = None) -> None:
 
 @contextlib.contextmanager
 def frozen_step(cluster, job: int, node: str):
-    """Every process of the job's first step on `node` held as a hung node holds them, for
-    good: in a ptrace stop (tests/scripts/ptrace_freeze.py), which SLURM's SIGCONT and
-    SIGTERM at the step's end do not end and its SIGKILL does. The tracer goes at the end."""
-    tracer = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "scripts" / "ptrace_freeze.py"),
-         *map(str, step_pids(cluster, job, node))],
-        env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
-    try:
-        said = tracer.stdout.readline()
-        assert said.startswith("frozen"), f"ptrace_freeze.py: {said!r}, status {tracer.wait()}"
+    """Every process of the job's first step on `node` held as a hung node holds them
+    (tests.helpers.hangs.frozen): SLURM's SIGCONT and SIGTERM at the step's end do not
+    thaw them, its SIGKILL ends them."""
+    with frozen(step_pids(cluster, job, node)):
         yield
-    finally:
-        tracer.kill()
-        tracer.wait()
 
 
 def hold_step(cluster, job: int, log: Path, node: str | None = None) -> None:

@@ -3,6 +3,7 @@ frozen as a hung node freezes it stays so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,8 +12,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, wait_for
-from tests.helpers.hangs import run_or_explain
+from tests.helpers import wait_for
+from tests.helpers.hangs import frozen, run_or_explain
 
 WAITS = "import time\ndef waits_for_nothing():\n    time.sleep(60)\nwaits_for_nothing()\n"
 
@@ -54,16 +55,16 @@ def test_a_frozen_tree_stays_frozen_through_slurms_cont_and_term_until_killed(tm
     try:
         wait_for(lambda: set(counts.read_text().split()) == {"1", "2", "3"},
                  "all three to count", counts, timeout=30, poll=0.05)
-        tracer = subprocess.Popen(
-            [sys.executable, REPO / "tests" / "scripts" / "ptrace_freeze.py", str(counting.pid)],
-            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
-        assert tracer.stdout.readline() == "frozen 3\n"  # two threads, one child
-        before = counts.stat().st_size
-        for sent in (signal.SIGCONT, signal.SIGTERM):
-            os.killpg(counting.pid, sent)
-        time.sleep(0.5)
-        assert counts.stat().st_size == before and counting.poll() is None
+        with frozen([counting.pid]) as (tracer, threads):
+            assert threads == 3  # two threads, one child
+            before = counts.stat().st_size
+            for sent in (signal.SIGCONT, signal.SIGTERM):
+                os.killpg(counting.pid, sent)
+            time.sleep(0.5)
+            assert counts.stat().st_size == before and counting.poll() is None
+            os.killpg(counting.pid, signal.SIGKILL)
+            assert counting.wait(timeout=10) == -signal.SIGKILL
+            assert tracer.wait(timeout=10) == 0  # it ends once its tracees have
     finally:
-        os.killpg(counting.pid, signal.SIGKILL)
-    assert counting.wait(timeout=10) == -signal.SIGKILL
-    assert tracer.wait(timeout=10) == 0  # it ends once its tracees have
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(counting.pid, signal.SIGKILL)
