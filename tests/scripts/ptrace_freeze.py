@@ -45,9 +45,18 @@ def threads(pids: list[int]) -> set[int]:
     return found
 
 
+def tracer_of(tid: int) -> int | None:
+    try:
+        with open(f"/proc/{tid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("TracerPid:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def stop(tid: int) -> None:
-    """Attach to TID and wait until it is stopped; nothing when it has ended, or when it
-    is traced already (a thread started traced by FOLLOW_NEW: stopped from its start)."""
+    """Attach to TID and wait until it is stopped; nothing when it has ended, or when this
+    process traces it already (a thread started traced by FOLLOW_NEW: stopped from its
+    start). Another refusal (Yama's ptrace_scope, another tracer) ends the script."""
     try:
         ptrace(PTRACE_SEIZE, tid, FOLLOW_NEW)
         ptrace(PTRACE_INTERRUPT, tid)
@@ -55,7 +64,7 @@ def stop(tid: int) -> None:
     except (ChildProcessError, ProcessLookupError):
         pass
     except OSError as error:
-        if error.errno != errno.EPERM:
+        if error.errno != errno.EPERM or tracer_of(tid) != os.getpid():
             raise
 
 

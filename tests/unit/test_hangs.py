@@ -33,19 +33,21 @@ def test_a_command_that_ends_in_time_is_returned_as_run_returns_it():
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
 
 
-# A process that counts, from two threads and a child process, into one file.
-COUNTS = """import subprocess, sys, threading, time
+# A process that counts, from two threads and a child process, into one file: a line a
+# write(2) each (print's separate writes of the value and the newline would interleave).
+COUNTS = """import os, subprocess, sys, threading, time
 def count(mark):
     while True:
-        print(mark, flush=True)
+        os.write(1, mark)
         time.sleep(0.02)
-CHILD = "import time\\nwhile 1: print(1, flush=True); time.sleep(0.02)"
+CHILD = "import os, time\\nwhile 1: os.write(1, b'1\\\\n'); time.sleep(0.02)"
 subprocess.Popen([sys.executable, "-c", CHILD])
-threading.Thread(target=count, args=(2,), daemon=True).start()
-count(3)
+threading.Thread(target=count, args=(b"2\\n",), daemon=True).start()
+count(b"3\\n")
 """
 
 
+@pytest.mark.root  # ptrace of a sibling: Yama's ptrace_scope 1 (Ubuntu's) allows it to root
 def test_a_frozen_tree_stays_frozen_through_slurms_cont_and_term_until_killed(tmp_path):
     """tests/scripts/ptrace_freeze.py, as the SLURM hang tests use it."""
     counts = tmp_path / "counts"
