@@ -1,5 +1,5 @@
-"""The error types for bad input (a user's value, a launch variable), and how the
-command-line tools report them."""
+"""How the command-line tools report bad input (workload.usage.UsageError, re-exported
+here under the name its callers import) and the write failures a user must fix."""
 
 import errno
 import os
@@ -8,13 +8,10 @@ import time
 
 from workload.held import named_for_the_user
 from workload.logs import say
+from workload.usage import UsageError  # noqa: F401 - its callers' name for it
 
 # Exit status for bad input, the same as argparse uses for a bad flag.
 USAGE_EXIT_STATUS = 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: the message names the value, what was expected and the fix."""
 
 
 def exit_with_usage_error(prog: str, error: Exception) -> None:

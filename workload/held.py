@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from workload.usage import UsageError
+
 # The end of the line for what was put at the name of a folder this process made or holds.
 SOMEONE_ELSE = ": someone else put it there"
 
@@ -32,8 +34,6 @@ def held_path(fd: int) -> Path:
     which would otherwise surface as a traceback at the first file written below it."""
     path = Path(f"/proc/{os.getpid()}/fd/{fd}")
     if not os.path.isdir(path):
-        from workload.errors import UsageError  # which imports this module
-
         raise UsageError(f"{path} does not reach the folder this process opened: /proc is "
                          "not mounted here, and the package reaches the folders it writes "
                          "through /proc/PID/fd; run it with /proc mounted (every container "
