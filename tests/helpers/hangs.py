@@ -37,10 +37,11 @@ def children() -> dict[int, list[int]]:
     return tree
 
 
-def descendants(pid: int) -> list[int]:
-    tree, found = children(), [pid]
+def descendants(*pids: int) -> list[int]:
+    """PIDS and every process below them, each once, from one look at /proc."""
+    tree, found = children(), list(dict.fromkeys(pids))
     for parent in found:
-        found += tree.get(parent, [])
+        found += [child for child in tree.get(parent, []) if child not in found]
     return found
 
 

@@ -40,7 +40,7 @@ def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> list[st
     try:
         return [p.communicate(timeout=timeout)[0] for p in procs]
     except subprocess.TimeoutExpired:
-        where = "\n".join(thread_states(pid) for p in procs for pid in descendants(p.pid))
+        where = "\n".join(thread_states(pid) for pid in descendants(*(p.pid for p in procs)))
         for p in procs:
             p.kill()
         logs = [p.communicate()[0] for p in procs]

@@ -36,12 +36,11 @@ def ptrace(request: int, tid: int, data: int = 0) -> None:
 def threads(pids: list[int]) -> set[int]:
     """Every thread of each PID and of its descendants, as they are now."""
     found = set()
-    for pid in pids:
-        for process in descendants(pid):
-            try:
-                found.update(int(task) for task in os.listdir(f"/proc/{process}/task"))
-            except FileNotFoundError:  # it ended meanwhile
-                pass
+    for process in descendants(*pids):
+        try:
+            found.update(int(task) for task in os.listdir(f"/proc/{process}/task"))
+        except FileNotFoundError:  # it ended meanwhile
+            pass
     return found
 
 

@@ -69,13 +69,11 @@ def stop_step(cluster, job: int, node: str | None = None) -> None:
             os.kill(pid, signal.SIGSTOP)
 
 
-@contextlib.contextmanager
 def frozen_step(cluster, job: int, node: str):
-    """Every process of the job's first step on `node` held as a hung node holds them
-    (tests.helpers.hangs.frozen): SLURM's SIGCONT and SIGTERM at the step's end do not
-    thaw them, its SIGKILL ends them."""
-    with frozen(step_pids(cluster, job, node)):
-        yield
+    """Every process of the job's first step on `node` held as a hung node holds them, a
+    context (tests.helpers.hangs.frozen): SLURM's SIGCONT and SIGTERM at the step's end do
+    not thaw them, its SIGKILL ends them."""
+    return frozen(step_pids(cluster, job, node))
 
 
 def hold_step(cluster, job: int, log: Path, node: str | None = None) -> None:
