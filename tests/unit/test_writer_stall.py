@@ -51,3 +51,22 @@ def test_a_sleeping_writer_that_uses_no_cpu_time_is_left_after_hung_s(monkeypatc
     assert not watch.stuck("SIGUSR2")
     clock[0] += HUNG_S
     assert watch.stuck("SIGUSR2")
+
+
+def test_a_writer_the_disk_lets_go_is_not_hung_for_the_time_it_waited(monkeypatch, clock):
+    """14 s in D (a frozen file system), then sleeping with no CPU time yet (its first
+    clock tick after the thaw): hung only HUNG_S after it left D. CI once left a save
+    the thaw was about to commit, counting the disk's 14 s as the writer's."""
+    watch = StallWatch(pid=4242, step=6)
+    seen = [("D", 5)]
+    monkeypatch.setattr(watch, "_stat", lambda: seen[0])
+    assert not watch.stuck("SIGTERM")
+    clock[0] += 14
+    assert not watch.stuck("SIGTERM")
+    seen[0] = ("S", 5)
+    clock[0] += 1
+    assert not watch.stuck("SIGTERM")
+    clock[0] += HUNG_S - 1.5
+    assert not watch.stuck("SIGTERM")
+    clock[0] += 1
+    assert watch.stuck("SIGTERM")

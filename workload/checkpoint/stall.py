@@ -10,7 +10,8 @@ the signal, a stopped writer will not commit the save within a grace time: the l
 leaves without it at once. A writer with a thread waiting for its disk (state D: in an
 fsync or a write on a file system that stalls) is nearly done: it is waited for up to
 DISK_WAIT_S after the signal, then left. One in neither state that used no CPU time for
-HUNG_S seconds (waiting on a lock, say) is left then. The line at the signal says which.
+HUNG_S seconds (waiting on a lock, say), counted from when it last waited for its disk,
+is left then. The line at the signal says which.
 
 While it waits, the writer's StallWatch is the one checkpoint object's
 `Session.waited_writer()` (workload.checkpoint.session), which train passes to its stall
@@ -89,8 +90,9 @@ class StallWatch:
     def stuck(self, signal_name: str) -> bool:
         """Asked each second after the preemption signal `signal_name`: stopped; waiting
         for its disk for DISK_WAIT_S seconds since the first asking; or, in neither state,
-        no CPU time used for HUNG_S seconds. The first asking says how long it waits (a
-        stopped one is left at once: the loop's line says so)."""
+        no CPU time used for HUNG_S seconds since it was last seen waiting for its disk.
+        The first asking says how long it waits (a stopped one is left at once: the loop's
+        line says so)."""
         stat = self._stat()
         if stat is None:
             return False  # gone: its answer (the end of its output) is there to read
@@ -102,7 +104,9 @@ class StallWatch:
             self.signalled = now
             logger.warning(f"{signal_name} while the checkpoint writer ({self.named()}) "
                            f"holds the save of step {self.step}: {self.plan(state)}")
-        if cpu != self.cpu:
+        if cpu != self.cpu or state == "D":
+            # Time in D is the disk's, not a hang's: a writer the disk has just let go
+            # may use no CPU time in its first clock tick, and is not hung for that.
             self.cpu = cpu
             self.since = now
         if state == "D":
