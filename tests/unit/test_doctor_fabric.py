@@ -83,11 +83,11 @@ def test_gloo_says_tcp_and_one_process_says_no_collective(tmp_path):
     assert ranks.transport_finding(None, {}, {}, 1).status == "info"
 
 
-def test_nccl_log_goes_to_a_private_file_unless_the_user_chose(tmp_path):
+def test_nccl_log_goes_to_the_given_file_unless_the_user_chose(tmp_path):
     env = {}
-    path = nccl_net.capture_nccl_log(tmp_path, env)
+    path = nccl_net.capture_nccl_log(tmp_path / "nccl.log", env)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
-    assert path.parent == tmp_path
+    assert path == tmp_path / "nccl.log"
     mine = {"NCCL_DEBUG": "WARN"}
     assert nccl_net.capture_nccl_log(tmp_path, mine) is None and mine == {"NCCL_DEBUG": "WARN"}
 
@@ -123,12 +123,21 @@ def test_train_says_in_its_log_when_nccl_took_tcp_next_to_a_fabric(tmp_path, cap
     assert not warned or "FI_PROVIDER=cxi" in said[0], said
 
 
-def test_train_sends_nccl_info_to_a_private_file_for_one_run(tmp_path):
+def test_train_sends_nccl_info_to_a_private_file_with_no_name_for_one_run(tmp_path,
+                                                                         monkeypatch):
+    """NCCL opens the log by its path and writes it (as NCCL does, fopen "w"); the run
+    reads it back; nothing is ever named in the temporary folder, so a rank that ends
+    without unwinding (SLURM's SIGKILL, os._exit) leaves nothing in the node's /tmp."""
+    monkeypatch.setattr(nccl_net.tempfile, "tempdir", str(tmp_path))
     env = {}
     with nccl_net.nccl_log_for_one_run(env) as path:
         assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == str(path)
-        assert oct(path.parent.stat().st_mode & 0o777) == oct(0o700)
-    assert env == {}
+        assert list(tmp_path.iterdir()) == []
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        with open(env["NCCL_DEBUG_FILE"], "w") as nccl:
+            nccl.write("\n".join(SOCKET_LOG) + "\n")
+        assert nccl_net.read_nccl_log(path)["network"] == "Socket"
+    assert env == {} and list(tmp_path.iterdir()) == []
     mine = {"NCCL_DEBUG": "WARN"}  # the user's choice of NCCL's log is kept, not read
     with nccl_net.nccl_log_for_one_run(mine) as path:
         assert path is None and mine == {"NCCL_DEBUG": "WARN"}

@@ -19,6 +19,7 @@ MODULE_CALLS = {("os", "rename"), ("os", "replace"), ("os", "mkdir"), ("os", "ma
                 ("shutil", "copyfile"), ("shutil", "copytree"), ("shutil", "move"),
                 ("tempfile", "mkstemp"), ("tempfile", "mkdtemp"),
                 ("tempfile", "NamedTemporaryFile"), ("tempfile", "TemporaryDirectory"),
+                ("tempfile", "TemporaryFile"),
                 ("torch", "save"), ("wandb", "init"), ("np", "save")}
 # Methods that write by path (Path's, tarfile's, matplotlib's).
 METHODS = {"write_text", "write_bytes", "mkdir", "touch", "symlink_to", "hardlink_to",
@@ -90,8 +91,11 @@ WRITERS = {
         "inside the private partial copy (mkdtemp) in the user's own staging folder",
     ("workload.data.stagefiles", "unpack_tar", ".extract"):
         "into the private partial copy, with tarfile's data filter (safe_member)",
-    ("workload.launch.nccl_net", "nccl_log_for_one_run", "tempfile.TemporaryDirectory"):
-        "a private (0700) folder of a name no one can foresee, for NCCL's own log by path",
+    ("workload.distributed", "_held_stderr", "tempfile.TemporaryFile"):
+        "a private file with no name (unlinked at once), stderr while the group forms",
+    ("workload.launch.nccl_net", "nccl_log_for_one_run", "tempfile.TemporaryFile"):
+        "a private file with no name (unlinked at once), NCCL's own log through "
+        "/proc/PID/fd/N",
     ("workload.data.staging", "_stage_anew", "tempfile.mkdtemp"):
         "the private partial copy, a name no one can foresee, in the user's own folder",
     ("workload.data.staging", "_stage_anew", "os.rename"):

@@ -62,25 +62,27 @@ def parse_nccl_log(lines) -> dict:
 NCCL_LOG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 
 
-def capture_nccl_log(folder: Path, env=os.environ) -> Path | None:
-    """Send this process's NCCL INFO log to a file we can read (not if the user chose one)."""
+def capture_nccl_log(path: Path, env=os.environ) -> Path | None:
+    """Send this process's NCCL INFO log to `path` (not if the user chose one)."""
     if "NCCL_DEBUG" in env or "NCCL_DEBUG_FILE" in env:
         return None
     env["NCCL_DEBUG"] = "INFO"
     env["NCCL_DEBUG_SUBSYS"] = env.get("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    path = folder / f"nccl.{os.getpid()}.log"
     env["NCCL_DEBUG_FILE"] = str(path)
     return path
 
 
 @contextmanager
 def nccl_log_for_one_run(env=os.environ) -> Iterator[Path | None]:
-    """capture_nccl_log into a private folder (0700, not the group-writable run folder:
-    NCCL opens the file by its path) while one run lasts, then its variables removed; None
-    where the user chose NCCL's log (NCCL_DEBUG or NCCL_DEBUG_FILE set)."""
-    with tempfile.TemporaryDirectory(prefix="hpc-train-nccl-") as folder:
+    """capture_nccl_log while one run lasts into a private file with no name (NCCL opens
+    its log by path: it gets this process's descriptor, /proc/PID/fd/N), then its
+    variables removed; None where the user chose NCCL's log (NCCL_DEBUG or
+    NCCL_DEBUG_FILE set). Not the group-writable run folder, where a neighbour could
+    plant the name; and nothing is left in the node's /tmp by a rank that ends without
+    unwinding (SLURM's SIGKILL after a preemption, os._exit), as a private folder was."""
+    with tempfile.TemporaryFile(prefix="hpc-train-nccl-") as log:
         before = {name: env.get(name) for name in NCCL_LOG_VARIABLES}
-        path = capture_nccl_log(Path(folder), env)
+        path = capture_nccl_log(Path(f"/proc/{os.getpid()}/fd/{log.fileno()}"), env)
         try:
             yield path
         finally:
