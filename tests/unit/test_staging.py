@@ -94,6 +94,43 @@ def test_an_older_staging_that_another_job_reads_is_kept(tmp_path):
     assert not first.exists() and second.is_dir()
 
 
+def test_a_partial_copy_a_killed_stager_left_is_removed_unless_another_job_holds_it(
+        tmp_path):
+    """A stager ended by SIGKILL (SLURM's, after the grace time) leaves its partial copy:
+    the next stager of that staging removes it once it holds the staging's lock alone,
+    and keeps it while another job on the node holds it (a live stager copying there)."""
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    first, _ = stage_once(data, local)
+    dead = local / f".{first.name}.partial-nid001-4242-x1y2"
+    (dead / "train" / "cat").mkdir(parents=True)
+    (dead / "train" / "cat" / "0.jpg").write_bytes(b"half")
+    other_job = os.open(local / f".{first.name}.lock", os.O_RDONLY)
+    fcntl.flock(other_job, fcntl.LOCK_SH)
+    (first / "train" / "cat" / "0.jpg").unlink()  # staged again, while the other job holds it
+    with pytest.raises(UsageError):  # the damaged staging is refused while another holds it
+        stage_once(data, local)
+    assert dead.is_dir()
+    os.close(other_job)
+    again, said = stage_once(data, local)
+    assert again == first and not dead.exists(), said
+    assert f"removed the partial copy {dead.name}, left by a stager that ended before it " \
+        "was done" in said
+    assert others(local) == sorted([first.name, f"{first.name}.manifest.json"])
+
+
+def test_an_older_staging_goes_with_its_partial_copies(tmp_path):
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    first, _ = stage_once(data, local)
+    dead = local / f".{first.name}.partial-nid001-4242-x1y2"
+    dead.mkdir()
+    (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
+    second, said = stage_once(data, local)
+    assert f"removed the older staging {first.name}" in said and not dead.exists()
+    assert others(local) == sorted([second.name, f"{second.name}.manifest.json"])
+
+
 def test_a_folder_train_did_not_make_is_never_replaced(tmp_path):
     data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
     local = tmp_path / "local"

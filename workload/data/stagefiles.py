@@ -11,6 +11,11 @@ stager for the job's life (the kernel drops it when the process ends, however it
 there are no stale leases to clean). Removing a staging takes the lock exclusively without
 waiting: if any job holds it, the staging stays.
 
+A copy is made in a private partial folder beside the staging (`.<staging>.partial-*`),
+which its stager removes when the copy stops or fails; one whose stager ended without
+unwinding (SIGKILL after SLURM's grace time, a lost node) is removed by the next stager
+of the same staging once it holds the lock alone, and with an older staging.
+
 A lock file is unlinked by the process that removes its staging, so a process that opened
 it just before checks, once it holds the lock, that the name still leads to the file it
 locked, and opens the new one otherwise. On a file system without flock (Lustre mounted
@@ -274,9 +279,9 @@ def try_exclusive(path: Path) -> int | None:
 
 
 def remove_if_unused(target: Path, mine: int | None = None) -> bool:
-    """Remove the staging `target` and its manifest unless another process holds its lock;
-    whether it was removed. `mine`: this process's own shared lock of it, made exclusive
-    for the removal and shared again after it."""
+    """Remove the staging `target`, its manifest and any partial copy of it unless another
+    process holds its lock; whether it was removed. `mine`: this process's own shared
+    lock of it, made exclusive for the removal and shared again after it."""
     lock = lock_path(target)
     if mine is None:
         fd = _open_locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -286,12 +291,41 @@ def remove_if_unused(target: Path, mine: int | None = None) -> bool:
         return False
     shutil.rmtree(target, ignore_errors=True)
     target.with_name(target.name + ".manifest.json").unlink(missing_ok=True)
+    _remove_partials(target)
     if mine is not None:
         fcntl.flock(mine, fcntl.LOCK_SH)
     else:
         lock.unlink(missing_ok=True)
         os.close(fd)
     return True
+
+
+def partial_prefix(target: Path) -> str:
+    """The start of the name of a partial copy of `target` (the stager's mkdtemp prefix)."""
+    return f".{target.name}.partial-"
+
+
+def remove_dead_partials(target: Path, mine: int | None) -> list[str]:
+    """The partial copies of `target` left by stagers that ended without unwinding,
+    removed while no other process holds its lock (`mine`, this process's shared lock,
+    made exclusive meanwhile): only a live stager of it can be writing one. Their names;
+    none where another job holds it or there are no file locks to tell."""
+    if mine is None or not _upgrade(mine):
+        return []
+    try:
+        return _remove_partials(target)
+    finally:
+        fcntl.flock(mine, fcntl.LOCK_SH)
+
+
+def _remove_partials(target: Path) -> list[str]:
+    removed = []
+    for entry in os.scandir(target.parent):
+        if entry.name.startswith(partial_prefix(target)) and entry.is_dir(
+                follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return sorted(removed)
 
 
 def _upgrade(fd: int) -> bool:

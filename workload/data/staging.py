@@ -15,8 +15,9 @@ for as long as it runs; a later job whose source has changed stages a new copy a
 the older stagings of the same source that no live job holds. `train` removes nothing it
 did not make: a folder without its manifest is refused. Copies go to a private folder
 first, so two stagers on one folder cannot mix their files, and a killed or stopped copy
-never looks complete. That folder is made by mkdtemp (a name no one can foresee, mode
-0700), so a link planted in a shared node-local folder cannot take the copy elsewhere.
+never looks complete (a killed one's is removed by the next stager: stagefiles.py). That
+folder is made by mkdtemp (a name no one can foresee, mode 0700), so a link planted in a
+shared node-local folder cannot take the copy elsewhere.
 
 A shard folder (`--dataset shards`) is staged by the same rules, its files being those
 its manifest names (the manifest, each shard and its indexes): the folder is not listed,
@@ -41,6 +42,7 @@ from workload.config import TrainConfig
 from workload.data import shardformat
 from workload.data.stagefiles import (NoLocks, StagingStopped, copy_in, first_difference,
                                       hold_shared, identity, let_go, listing, lock_path,
+                                      partial_prefix, remove_dead_partials,
                                       remove_if_unused, staged_name)
 from workload.distributed import DistInfo
 from workload.errors import UsageError
@@ -197,6 +199,7 @@ def _reuse_or_stage(source: Path, target: Path, key: str, flag: PreemptionFlag |
 
 def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | None,
                 mine: int | None, started: float, names: list[str] | None) -> str:
+    dead = remove_dead_partials(target, mine)
     if os.path.lexists(target):  # ours, but damaged (a file of it deleted)
         if mine is None:  # no locks to tell whether another job reads it: replaced
             shutil.rmtree(target)
@@ -207,7 +210,7 @@ def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | Non
     # A private folder (0700) of a name no one can foresee: a node-local folder may be
     # shared, and a link planted at a name known in advance took the copy elsewhere
     # (then became the staging); no one can put a link inside it for the copy to follow.
-    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{partial_prefix(target)}"
                                     f"{socket.gethostname()}-{os.getpid()}-"))
     try:
         expected = copy_in(source, partial, flag, names)
@@ -230,7 +233,9 @@ def _stage_anew(source: Path, target: Path, key: str, flag: PreemptionFlag | Non
     size = sum(expected.values())
     return (f"{node_name()}: staged {source} to {target} in "
             f"{time.perf_counter() - started:.1f} s ({len(expected)} files, "
-            f"{size / 1e6:.1f} MB)")
+            f"{size / 1e6:.1f} MB)" + "".join(
+                f"; removed the partial copy {name}, left by a stager that ended before it "
+                "was done" for name in dead))
 
 
 def remove_older(source: Path, target: Path) -> list[str]:
