@@ -42,6 +42,13 @@ def refused_without_filters(tar, local) -> bool:
     return True
 
 
+def staged_data(tmp_path):
+    """A one-class image folder staged once into tmp_path/local: (data, local, staging)."""
+    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
+    local = tmp_path / "local"
+    return data, local, stage_once(data, local)[0]
+
+
 def test_a_tar_is_unpacked_verified_and_reused(tmp_path):
     pets = write_image_folder(tmp_path / "pets", classes=2, per_class=2)
     tar = tar_folder(pets, tmp_path / "pets.tar")
@@ -99,9 +106,7 @@ def test_a_partial_copy_a_killed_stager_left_is_removed_unless_another_job_holds
     """A stager ended by SIGKILL (SLURM's, after the grace time) leaves its partial copy:
     the next stager of that staging removes it once it holds the staging's lock alone,
     and keeps it while another job on the node holds it (a live stager copying there)."""
-    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
-    local = tmp_path / "local"
-    first, _ = stage_once(data, local)
+    data, local, first = staged_data(tmp_path)
     dead = local / f".{first.name}.partial-nid001-4242-x1y2"
     (dead / "train" / "cat").mkdir(parents=True)
     (dead / "train" / "cat" / "0.jpg").write_bytes(b"half")
@@ -120,9 +125,7 @@ def test_a_partial_copy_a_killed_stager_left_is_removed_unless_another_job_holds
 
 
 def test_an_older_staging_goes_with_its_partial_copies(tmp_path):
-    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
-    local = tmp_path / "local"
-    first, _ = stage_once(data, local)
+    data, local, first = staged_data(tmp_path)
     dead = local / f".{first.name}.partial-nid001-4242-x1y2"
     dead.mkdir()
     (data / "train" / "cat" / "0.jpg").write_bytes(b"changed")
@@ -152,9 +155,7 @@ def test_a_folder_train_did_not_make_is_never_replaced(tmp_path):
 def test_a_fifo_at_a_stagings_manifest_is_no_manifest_not_a_hang(tmp_path):
     # The node-local folder may be shared ($TMPDIR): a FIFO planted at the manifest's name
     # would hold a reader of it forever.
-    data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
-    local = tmp_path / "local"
-    target, _ = stage_once(data, local)
+    data, local, target = staged_data(tmp_path)
     manifest = local / f"{target.name}.manifest.json"
     manifest.unlink()
     os.mkfifo(manifest)
