@@ -2,7 +2,9 @@
 twin on the suite's SLURM cluster (tests/twins/twin.py, tests/twins/*.toml), reach
 `train`'s first step on 2 nodes, every rank with the CPUs the centre gives a GPU, and the
 page's continue step carries the run of its first job on from that job's checkpoint; and a
-page edited into a real mistake (the catalogue below) fails in its twin, naming it.
+page edited into a real mistake (the catalogue below) fails in its twin, naming it. The
+steps run as a normal user of the centre (tests/helpers/users.py), never as root: in
+their home and the folders the centre gives them and their project.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.users import User, ensure_user, environment_for, reachable_folder
 from tests.twins.site_modules import LMOD_BEHIND
 from tests.twins.twin import (CIFAR_TRAIN_IMAGES, CONTINUED_PAST, CONTINUED_STEP,
                               FIRST_STEP, Twin, centre_faults, twin_data)
@@ -36,13 +39,29 @@ def page_of(site: str) -> str:
     return (REPO / twin_data(site)["page"]).read_text()
 
 
-def run_page(slurm_cluster, tmp_path, site: str, page: str, **options):
-    return Twin(site, slurm_cluster, tmp_path).run(page, **options)
+@pytest.fixture(scope="session")
+def normal_user():
+    """The twins' user, and the test environment's Python where it can run it."""
+    entry = ensure_user()
+    return User(entry.pw_name, entry.pw_uid, entry.pw_gid, environment_for(entry.pw_uid))
+
+
+@pytest.fixture
+def make_twin(slurm_cluster, normal_user):
+    """A site's twin in a folder of the test's own that the user reaches; its jobs are
+    cancelled before the folder goes."""
+    with reachable_folder("hpc-train-twin-") as folder:
+        yield lambda site: Twin(site, slurm_cluster, folder, normal_user)
+        slurm_cluster.cancel_jobs()
+
+
+def run_page(make_twin, site: str, page: str, **options):
+    return make_twin(site).run(page, **options)
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site):
-    twin = Twin(site, slurm_cluster, tmp_path)
+def test_the_page_reaches_the_first_training_step(make_twin, site):
+    twin = make_twin(site)
     result = twin.run(page_of(site), launch_check=site in ALPS_PAGE_ELSEWHERE,
                       continue_run=site in CONTINUES)
     assert result.status == 0, result.text()[-4000:]
@@ -72,26 +91,31 @@ def test_the_page_reaches_the_first_training_step(slurm_cluster, tmp_path, site)
                          r"step-0+2: step 2")
     assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
                                         for _, log in result.jobs.values()), text[-4000:]
+    # The page ran as a normal user (issue 60, item 5): every job it submitted was the
+    # user's, and so is every checkpoint its trainings saved (by a job or at the prompt).
+    user = twin.normal_user
+    assert result.job_users == {f"{user.name}({user.uid})"}, result.job_users
+    saved = [*twin.root.rglob("checkpoints"), *twin.home.rglob("checkpoints")]
+    assert saved and {path.stat().st_uid for path in saved} == {user.uid}, saved
     # Where the centre says checkpoints belong (Clariden: Capstor scratch), they are there.
     home = twin.data["files"].get("checkpoints")
     if home:
-        saved = list(twin.root.rglob("checkpoints"))
         under = twin.root / home.format(user=twin.user).lstrip("/")
-        assert saved and all(under in path.parents for path in saved), (under, saved)
+        assert all(under in path.parents for path in saved), (under, saved)
 
 
-def test_the_training_reads_the_folder_the_data_step_wrote(slurm_cluster, tmp_path):
+def test_the_training_reads_the_folder_the_data_step_wrote(make_twin):
     # Alps's data step fetches into another folder than the one step 4 trains on: the
     # training finds no CIFAR-100 there, as at the centre (issue 60, item 4).
     step = "train --dataset cifar100 --data-dir $SCRATCH/data --download --prepare-data\n   ```"
     page = mutated("cscs-alps", ((step, step.replace("/data", "/cifar")),))
-    result = run_page(slurm_cluster, tmp_path, "cscs-alps", page, continue_run=False)
+    result = run_page(make_twin, "cscs-alps", page, continue_run=False)
     assert result.status != 0, result.text()[-4000:]
     assert re.search(r"CIFAR-100 not found: looked for \S+/scratch/\S+/data/cifar-100-python/"
                      "train", result.text()), result.text()[-4000:]
 
 
-def test_the_continue_step_meets_a_real_time_limit(slurm_cluster, tmp_path):
+def test_the_continue_step_meets_a_real_time_limit(make_twin):
     # JSC's page (issue 60, item 6): its job trains until SLURM ends it at its time limit
     # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
     # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
@@ -99,7 +123,7 @@ def test_the_continue_step_meets_a_real_time_limit(slurm_cluster, tmp_path):
     # again with TRAIN_RUN_ID, and the run goes on from that checkpoint. The page carries
     # JSC's correct variants (VARIANTS, item 7): they pass in this run, not one of their own.
     site = "jsc-juwels-booster"
-    result = run_page(slurm_cluster, tmp_path, site, mutated(site, variants_of(site)),
+    result = run_page(make_twin, site, mutated(site, variants_of(site)),
                       time_limited=True)
     assert result.status == 0, result.text()[-4000:]
     assert centre_faults(site, result) == [], result.requests
@@ -150,6 +174,7 @@ OLIVIA_BUILD = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-ta
                 "--time=01:00:00 \\\n  bash -c")
 OLIVIA_DATA = ("srun --account=nnXXXXk --partition=accel --gpus=1 --cpus-per-task=72 --mem=110G "
                "--time=00:30:00 \\\n  bash -c")
+OLIVIA_WORK = "export WORK=/cluster/work/projects/nnXXXXk/$USER"
 OLIVIA_JOB = "IMAGE=$PWD/hpc-train.sif DATA_DIR=$WORK/data sbatch --account=nnXXXXk jobs/"
 ALLIANCE_JOB = ("DATASET_ARCHIVE=$PWD/data sbatch --account=def-me jobs/sites/alliance.sbatch "
                 "--epochs 30")
@@ -162,6 +187,9 @@ CATALOGUE = [
     Mistake("olivia: the arm64 image at the login prompt", "sigma2-olivia",
             ((OLIVIA_DATA, "bash -c"),),
             re.escape("the image's architecture (arm64) could not run on the host's (amd64)")),
+    Mistake("olivia: the work area without the project", "sigma2-olivia",
+            ((OLIVIA_WORK, OLIVIA_WORK.replace("nnXXXXk/", "")),),
+            r"mkdir: cannot create directory .\S+/cluster/work/projects/\w+.: Permission denied"),
     Mistake("olivia: NCCL loaded before NRIS/GPU", "sigma2-olivia",
             (("module load NRIS/GPU\nmodule load NCCL/2.29.2",
               "module load NCCL/2.29.2-GCCcore-14.3.0-CUDA-12.9.1\nmodule load NRIS/GPU\n"
@@ -330,8 +358,8 @@ CATALOGUE = [
 
 
 @pytest.mark.parametrize("mistake", CATALOGUE, ids=lambda mistake: mistake.name)
-def test_a_page_mistake_fails_in_its_twin_naming_it(slurm_cluster, tmp_path, mistake):
-    result = run_page(slurm_cluster, tmp_path, mistake.site,
+def test_a_page_mistake_fails_in_its_twin_naming_it(make_twin, mistake):
+    result = run_page(make_twin, mistake.site,
                       mutated(mistake.site, mistake.edits), launch_check=True,
                       steps_check=True)
     faults = centre_faults(mistake.site, result)
@@ -341,7 +369,7 @@ def test_a_page_mistake_fails_in_its_twin_naming_it(slurm_cluster, tmp_path, mis
     assert failed and re.search(mistake.says, seen), seen[-4000:]
 
 
-def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, tmp_path):
+def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(make_twin):
     # In the job, srun takes SLURM_NTASKS (the header's one task a node) over
     # --ntasks-per-node.
     page = mutated("alliance", (("srun --ntasks=$((SLURM_NNODES * 4)) --ntasks-per-node=4 "
@@ -349,7 +377,7 @@ def test_alliance_srun_without_ntasks_in_the_job_starts_one_task(slurm_cluster, 
                                  "srun --ntasks-per-node=4 --cpus-per-task=12 "
                                  "--kill-on-bad-exit=1 \\\n     apptainer"),))
     # The page's job runs the layout's check: only the by-hand step's training is asked.
-    result = run_page(slurm_cluster, tmp_path, "alliance", page, launch_check=True)
+    result = run_page(make_twin, "alliance", page, launch_check=True)
     logs = [log for _, log in result.jobs.values()]
     # Its two nodes: one process a node, not four.
     assert any("world size 2 (per-task)" in log for log in logs), logs
@@ -491,8 +519,8 @@ VARIANTS_IN_ANOTHER_RUN = {"jsc-juwels-booster"}
 
 @pytest.mark.parametrize("site", sorted({variant.site for variant in VARIANTS}
                                         - VARIANTS_IN_ANOTHER_RUN))
-def test_the_centres_own_correct_forms_pass_in_its_twin(slurm_cluster, tmp_path, site):
-    result = run_page(slurm_cluster, tmp_path, site, mutated(site, variants_of(site)),
+def test_the_centres_own_correct_forms_pass_in_its_twin(make_twin, site):
+    result = run_page(make_twin, site, mutated(site, variants_of(site)),
                       launch_check=True, steps_check=True)
     text = result.text()
     assert result.status == 0, text[-4000:]

@@ -25,7 +25,8 @@ the cluster's own (CSCS's `debug` and `low`) is that partition, changed for the 
 With accounting=True (the session's cluster) slurmdbd keeps SLURM's accounting in a
 private MariaDB and SLURM enforces it (associations, limits, QOS): every job runs in the
 suite's account and QOS (SUITE_ACCOUNT, SUITE_QOS) but a twin's, which
-`set_centre_accounting` gives its centre's account, QOS, their limits and default.
+`set_centre_accounting` gives its centre's account, QOS, their limits and default; root
+and the twins' normal user (tests/helpers/users.py) have the same associations.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers import DRAW, free_ports
+from tests.helpers.users import USER_NAME, ensure_user, reachable
 
 NODES = ("nid001", "nid002")
 # A third node, the spare of the restart tests (tests/e2e/test_restarts_slurm.py): in the
@@ -165,9 +167,11 @@ StorageUser=slurm
 StoragePass={password}
 StorageLoc=slurm_acct_db
 """
-# The suite's own account and QOS: every user's default (root submits the suite's jobs).
+# The suite's own account and QOS: every user's default (root submits the suite's jobs,
+# the twins' normal user a site page's: tests/helpers/users.py).
 SUITE_ACCOUNT = "hpctrain"
 SUITE_QOS = "normal"
+ACCOUNT_USERS = ",".join(("root", USER_NAME))
 # MariaDB at its smallest (its default 128 MiB buffer pool and 96 MiB redo log, for one
 # cluster's few jobs), and without syncing to disk (a test's database, gone with it).
 # Each instance also gets a --tmpdir of its own: with the shared /tmp, concurrent
@@ -207,8 +211,9 @@ class SlurmCluster:
     munge_socket: Path
     # slurmstepd makes a Unix socket per step in the spool folder, and a socket's path has
     # at most 107 bytes: under a test's folder (xdist adds popen-gwN/) a step of a second
-    # cluster failed at launch ("Unspecified error"). The spool lives in a short /tmp path.
-    spool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slurm-")))
+    # cluster failed at launch ("Unspecified error"). The spool lives in a short /tmp path,
+    # reachable by every user as a node's is: a job's script in it runs as the job's user.
+    spool: Path = field(default_factory=lambda: reachable(tempfile.mkdtemp(prefix="slurm-")))
     nodes: tuple[str, ...] = NODES
     spare: str = SPARE_NODE
     _pid_files: list[Path] = field(default_factory=list)
@@ -375,7 +380,7 @@ class SlurmCluster:
         if default_taken:
             self._scontrol("update", "PartitionName=debug", "Default=YES")
         if self._centre_default:
-            self.sacctmgr(f"modify user root set DefaultAccount={SUITE_ACCOUNT}")
+            self.sacctmgr(f"modify user {ACCOUNT_USERS} set DefaultAccount={SUITE_ACCOUNT}")
             self._centre_default = False
         self.set_submit_rules({})
 
@@ -445,8 +450,10 @@ class SlurmCluster:
         _wait_for(lambda: self.run(["sacctmgr", "-n", "show", "qos"], timeout=30
                                    ).returncode == 0,
                   f"slurmdbd does not answer; its log: {self.root / 'dbd.log'}")
+        ensure_user()  # (SLURM finds a user's associations by its passwd entry)
         self.sacctmgr(f"add cluster {self.name}", f"add account {SUITE_ACCOUNT}",
-                      f"add user root Account={SUITE_ACCOUNT} DefaultAccount={SUITE_ACCOUNT}")
+                      f"add user {ACCOUNT_USERS} Account={SUITE_ACCOUNT} "
+                      f"DefaultAccount={SUITE_ACCOUNT}")
 
     def sacctmgr(self, *commands: str) -> None:
         """sacctmgr's commands, in order, without its questions (-i)."""
@@ -473,16 +480,18 @@ class SlurmCluster:
             for name, limits in qos.items():
                 self.sacctmgr(f"add qos {name} {limits} Flags=DenyOnLimit")
             self.sacctmgr(f"add account {account}",
-                          f"add user root Account={account} QOS={','.join(qos) or SUITE_QOS}"
+                          f"add user {ACCOUNT_USERS} Account={account} "
+                          f"QOS={','.join(qos) or SUITE_QOS}"
                           + (f" DefaultQOS={default_qos}" if default_qos else ""))
-        self.sacctmgr(f"modify user root set DefaultAccount={account}")
+        self.sacctmgr(f"modify user {ACCOUNT_USERS} set DefaultAccount={account}")
         self._centre_default = True
 
     def _drop_centre_accounting(self) -> None:
         """The last centre's account and QOS gone from SLURM's accounting."""
         for account, qos, _ in self._centre_accounting:
-            self.sacctmgr(f"modify user root set DefaultAccount={SUITE_ACCOUNT}",
-                          f"delete user root Account={account}", f"delete account {account}",
+            self.sacctmgr(f"modify user {ACCOUNT_USERS} set DefaultAccount={SUITE_ACCOUNT}",
+                          f"delete user {ACCOUNT_USERS} Account={account}",
+                          f"delete account {account}",
                           *(f"delete qos {name}" for name, _ in qos))
         self._centre_accounting.clear()
 

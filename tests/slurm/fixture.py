@@ -7,7 +7,8 @@ Use it from any test module (tests/conftest.py imports it):
         done = slurm_cluster.run(["srun", "-N2", "-n4", "hostname"])
         # or: subprocess.run([...], env=slurm_cluster.env)  (carries SLURM_CONF)
 
-``slurm_cluster.root`` holds the config and daemon logs (shown when a test fails);
+``slurm_cluster.root`` holds the config and daemon logs (shown when a test fails; in
+/var/tmp, removed at the session's end);
 sbatch/scancel/requeue work the same way through ``slurm_cluster.env``. Each test ends
 with the queue emptied; the daemons are stopped at the end of the session.
 """
@@ -16,17 +17,20 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.users import reachable_folder
 from tests.slurm.cluster import SlurmCluster
 
 
 @pytest.fixture(scope="session")
-def slurm_session(tmp_path_factory) -> SlurmCluster:
-    # With SLURM accounting: the site twins' accounts and QOS are SLURM's own.
-    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), accounting=True)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def slurm_session() -> SlurmCluster:
+    # With SLURM accounting: the site twins' accounts and QOS are SLURM's own. In a folder
+    # every user reaches: the twins' normal user reads slurm.conf and talks to munged.
+    with reachable_folder("hpc-train-slurm-") as root:
+        cluster = SlurmCluster.start(root, accounting=True)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture

@@ -6,7 +6,11 @@ partitions and account, its compute nodes' shape and architecture against the lo
 node's, its module names and their prerequisites, its file-system roots and the user's
 variables, its container runtime. `Twin.run(page_text)` runs the page's marked steps in
 order in one login shell (bash -e: a step that fails stops the rest, as the user would
-stop), waits for the jobs they submitted and returns what the user would see.
+stop), waits for the jobs they submitted and returns what the user would see. The steps
+run as a normal user (tests/helpers/users.py: setpriv, a login's environment), never as
+root: the home folder and the folders the centre gives the user and their project are
+the user's, everything above them root's; the image is the test environment, which the
+user is let through to (tests/helpers/users.py, grant_passage).
 
 What the twin changes on the page's text, and nothing else (the documented
 substitutions): the page's project placeholder becomes the twin's project; a path under
@@ -35,7 +39,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tarfile
 import threading
 import tomllib
@@ -46,6 +49,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.helpers import REPO, TESTS, write_cifar100
+from tests.helpers.users import User
 from tests.slurm.jobs import wait_until_ended
 from tests.twins.page_steps import page_steps
 from tests.twins.stand_ins import STAND_IN
@@ -59,6 +63,9 @@ OWN_SCRIPT = "examples/plain_ddp.py --steps 2"
 CLUSTER_CPUS = 2
 STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "shifter",
              "shifterimg")
+# What the suite sets for every process it starts (tests/conftest.py's OpenMP waits; the
+# Python settings of the suite's environment, its logs unbuffered), kept in the user's.
+SUITE_SETTINGS = ("OMP_WAIT_POLICY", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "LANG")
 
 
 def tiny_train(steps: int | str, epochs: int = 1, log_every: int = 1) -> list[str]:
@@ -237,6 +244,7 @@ class Result:
     login: str                  # what the login shell printed
     jobs: dict[int, tuple[str, str]]  # job id: (final state, log)
     requests: list[dict]        # the steps' and jobs' requests at the centre's scale
+    job_users: set[str]         # whose the jobs were, as SLURM shows it: name(uid)
 
     def text(self) -> str:
         return self.login + "".join(log for _, log in self.jobs.values())
@@ -308,12 +316,19 @@ def centre_faults(site: str, result: Result) -> list[str]:
 
 
 class Twin:
-    def __init__(self, site: str, cluster, folder: Path):
+    def __init__(self, site: str, cluster, folder: Path, user: User):
+        """folder: where `user` can reach it (tests/helpers/users.py, reachable_folder)."""
         self.site, self.data, self.cluster, self.folder = site, twin_data(site), cluster, folder
         self.root, self.state, self.home = folder / "site", folder / "twin", folder / "home"
         for path in (self.root, self.state, self.home, self.state / "bin",
                      self.state / "image-bin"):
             path.mkdir(parents=True, exist_ok=True)
+        # The user's home (theirs alone, as a centre's is), and the twin's state, which
+        # the stand-ins write as the user (jobs.txt, requests.jsonl, image stores).
+        self.normal_user, self.user = user, user.name
+        for path in (self.home, self.state):
+            user.own(path)
+        self.home.chmod(0o700)
         for root in self.data["files"]["roots"]:  # the site's file systems, empty
             (self.root / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         # but for the images the centre keeps there (Olivia's NGC SIFs), as the
@@ -322,7 +337,6 @@ class Twin:
             made = self.root / path.lstrip("/")
             made.parent.mkdir(parents=True, exist_ok=True)
             made.write_text(json.dumps(image | {"env": {}}))
-        self.user = os.environ.get("USER") or "user"
         self.internet = StandInInternet(self.state / "internet")
         self.time_limited = False
         self.centre_on_cluster()
@@ -390,18 +404,22 @@ class Twin:
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
-                  "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
+                  "image_path": f"{self.state / 'image-bin'}:{self.normal_user.python.parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
         path = self.state / "config.json"
         path.write_text(json.dumps(config))
         return path
 
     def environment(self) -> dict[str, str]:
-        """The login shell's environment: the stand-ins first on PATH, the module
-        command, the user's variables, the cluster's SLURM_CONF."""
+        """The login shell's environment, a user's as a login gives it (none of the
+        suite's own but its settings for every process, SUITE_SETTINGS): the stand-ins
+        first on PATH, the module command, the user's variables and folders (theirs),
+        the cluster's SLURM_CONF."""
+        python = self.normal_user.python
         for name in STAND_INS:
             program = self.state / "bin" / name
-            program.write_text(f"#!/bin/bash\nexec {shlex.join(STAND_IN)} {name} \"$@\"\n")
+            program.write_text(f"#!/bin/bash\nexec {shlex.join([str(python), *STAND_IN[1:]])} "
+                               f"{name} \"$@\"\n")
             program.chmod(0o755)
         entrypoint = self.state / "image-bin" / "entrypoint.sh"
         if not entrypoint.exists():
@@ -409,23 +427,43 @@ class Twin:
         variables = {}
         for name, value in self.data["files"].get("variables", {}).items():
             variables[name] = self.substitute(value.format(user=self.user))
-            Path(variables[name]).mkdir(parents=True, exist_ok=True)
-        # Links in the home folder (Alliance's ~/scratch) to folders on a site file system.
-        for folder in self.data["files"].get("folders", []):  # the user's other folders
-            Path(self.substitute(folder.format(user=self.user))).mkdir(parents=True,
-                                                                       exist_ok=True)
+            self.users_folder(variables[name])
+        # The user's other folders and their project's (Olivia's work area, JSC's
+        # $PROJECT and $SCRATCH), and links in the home folder (Alliance's ~/scratch) to
+        # folders on a site file system.
+        for folder in (*self.data["files"].get("folders", []),
+                       *self.data["files"].get("project_folders", []),
+                       *self.data["login"].get("jutil", {}).values()):
+            self.users_folder(folder.format(user=self.user))
+        # A job's own folder (Alliance's $SLURM_TMPDIR) is made by the centre's prolog as
+        # root, the job's user's; the stand-in makes it in the job, as the user, in a
+        # folder that lets every user make one (sticky, as /tmp).
+        for value in self.data["compute"].get("job_variables", {}).values():
+            per_job = Path(self.substitute(value.format(user=self.user, job="0"))).parent
+            per_job.mkdir(parents=True, exist_ok=True)
+            per_job.chmod(0o1777)
         for name, target in self.data["files"].get("home_links", {}).items():
-            real = Path(self.substitute(target.format(user=self.user)))
-            real.mkdir(parents=True, exist_ok=True)
+            real = self.users_folder(target.format(user=self.user))
             if not (self.home / name).is_symlink():
                 (self.home / name).symlink_to(real)
-        return self.cluster.env | variables | {
-            "PATH": f"{self.state / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
-            "HOME": str(self.home), "USER": self.user, "TWIN_CONFIG": str(self.config()),
+        suite = {name: os.environ[name] for name in SUITE_SETTINGS if name in os.environ}
+        return suite | variables | {
+            "PATH": f"{self.state / 'bin'}:{python.parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home), "USER": self.user, "LOGNAME": self.user,
+            "SHELL": "/bin/bash", "SLURM_CONF": str(self.cluster.conf),
+            "TWIN_CONFIG": str(self.config()),
             "TWIN_TRAIN_ARGS": json.dumps(TINY_TRAIN), "PYTHONPATH": str(REPO),
             **self.internet.environment(),
             **module_settings(self.site, self.root),
             **self.login_functions()}
+
+    def users_folder(self, folder: str) -> Path:
+        """A folder on a site file system given to the user (or their project: a
+        member may write it), the user's; the folders above it the centre's (root's)."""
+        path = Path(self.substitute(folder))
+        path.mkdir(parents=True, exist_ok=True)
+        self.normal_user.own(path)
+        return path
 
     def login_functions(self) -> dict[str, str]:
         """The centre's login shell functions: JSC's `jutil env activate -p PROJECT`
@@ -438,7 +476,7 @@ class Twin:
         return {"BASH_FUNC_jutil%%": (
             "() { if [[ \"$1 $2\" == 'env activate' && $3 == -p && "
             f"$4 == {shlex.quote(self.data['slurm']['account'])} ]]; then "
-            f"export {exports}; mkdir -p \"$SCRATCH\" \"$PROJECT\"; else "
+            f"export {exports}; else "
             "printf 'jutil: %s: not a project of yours\\n' \"$4\" >&2; return 1; fi; }")}
 
     def login_script(self, page: str, continue_run: bool = True) -> str:
@@ -500,17 +538,18 @@ class Twin:
                 "TWIN_TIME_LIMIT": str(TIME_LIMIT_MINUTES),
                 "TWIN_TRAIN_ARGS": json.dumps(UNTIL_THE_TIME_LIMIT)} if time_limited else {})
         script = self.login_script(page, continue_run and not launch_check)
-        done = subprocess.run(["bash", "-c", script], env=env,
+        done = subprocess.run([*self.normal_user.setpriv(), "bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        jobs = {}
+        jobs, users = {}, set()
         listed = self.state / "jobs.txt"
         for job in (listed.read_text().split() if listed.exists() else []):
             state = wait_until_ended(self.cluster, int(job), self.state / "none", timeout)
             shown = self.cluster.run(["scontrol", "show", "job", job]).stdout
             log = Path(re.search(r"StdOut=(\S+)", shown).group(1))
             jobs[int(job)] = (state, log.read_text() if log.exists() else "")
+            users.add(re.search(r"UserId=(\S+)", shown).group(1))
         asked = self.state / "requests.jsonl"
         requests = [json.loads(line) for line in
                     (asked.read_text().splitlines() if asked.exists() else [])]
-        return Result(done.returncode, done.stdout, jobs, requests)
+        return Result(done.returncode, done.stdout, jobs, requests, users)

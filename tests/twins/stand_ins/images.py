@@ -107,7 +107,7 @@ def check_bound(command: list[str], binds: list[str]) -> None:
     configuration binds (the twin's runtime.binds, each cited) and the --bind folders (at
     their destination). Anything else is absent in the container."""
     # (/tmp and /var/tmp are the node's own: no site path is under them at the centre,
-    # though the twin's folder is under the test machine's /tmp.)
+    # though the twin's folder is under the test machine's /var/tmp.)
     inside = [str(Path.home()), os.getcwd(),
               *(str(site_path(path)) for path in CONFIG["runtime"].get("binds", [])),
               *(bind.split(":")[1] if ":" in bind else bind.split(":")[0] for bind in binds)]
