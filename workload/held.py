@@ -28,11 +28,17 @@ from workload.usage import UsageError
 SOMEONE_ELSE = ": someone else put it there"
 
 
+def fd_path(fd: int) -> Path:
+    """The path by which this process (and only it, or a process it hands the path to)
+    reaches what its descriptor `fd` holds, whatever is renamed or unlinked meanwhile."""
+    return Path(f"/proc/{os.getpid()}/fd/{fd}")
+
+
 def held_path(fd: int) -> Path:
     """The path that reaches the folder `fd` holds, whatever is renamed meanwhile; a
     UsageError where /proc is not mounted (a chroot, `apptainer exec --no-mount proc`),
     which would otherwise surface as a traceback at the first file written below it."""
-    path = Path(f"/proc/{os.getpid()}/fd/{fd}")
+    path = fd_path(fd)
     if not os.path.isdir(path):
         raise UsageError(f"{path} does not reach the folder this process opened: /proc is "
                          "not mounted here, and the package reaches the folders it writes "

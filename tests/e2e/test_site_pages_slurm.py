@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.users import User, ensure_user, environment_for, reachable_folder
+from tests.helpers.users import (User, ensure_user, let_through_to_the_environment,
+                                 reachable_folder)
 from tests.twins.site_modules import LMOD_BEHIND
 from tests.twins.twin import (CIFAR_TRAIN_IMAGES, CONTINUED_PAST, CONTINUED_STEP,
                               FIRST_STEP, Twin, centre_faults, twin_data)
@@ -41,9 +42,10 @@ def page_of(site: str) -> str:
 
 @pytest.fixture(scope="session")
 def normal_user():
-    """The twins' user, and the test environment's Python where it can run it."""
+    """The twins' user, let through to the test environment's Python."""
     entry = ensure_user()
-    return User(entry.pw_name, entry.pw_uid, entry.pw_gid, environment_for(entry.pw_uid))
+    let_through_to_the_environment(entry.pw_uid)
+    return User(entry.pw_name, entry.pw_uid, entry.pw_gid)
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ class User:
     name: str
     uid: int
     gid: int
-    python: Path  # the test environment's Python where this user can run it
 
     def setpriv(self) -> list[str]:
         """What runs a command as this user, with the groups its passwd entry gives."""
@@ -129,10 +128,9 @@ def grant_passage(path: Path, uid: int, below: Path = Path("/")) -> list[Path]:
     return changed
 
 
-def environment_for(user_id: int) -> Path:
-    """The test environment's Python, with `user_id` let through to it, its base
+def let_through_to_the_environment(user_id: int) -> None:
+    """`user_id` let through to the test environment's Python (sys.executable), its base
     interpreter and the repository (PYTHONPATH, the editable install, the job scripts)."""
     for path in (Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)),
                  REPO):
         grant_passage(path, user_id)
-    return Path(sys.executable)

@@ -39,6 +39,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import tomllib
@@ -404,7 +405,7 @@ class Twin:
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
-                  "image_path": f"{self.state / 'image-bin'}:{self.normal_user.python.parent}:"
+                  "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
                                 "/usr/local/bin:/usr/bin:/bin"}
         path = self.state / "config.json"
         path.write_text(json.dumps(config))
@@ -415,11 +416,9 @@ class Twin:
         suite's own but its settings for every process, SUITE_SETTINGS): the stand-ins
         first on PATH, the module command, the user's variables and folders (theirs),
         the cluster's SLURM_CONF."""
-        python = self.normal_user.python
         for name in STAND_INS:
             program = self.state / "bin" / name
-            program.write_text(f"#!/bin/bash\nexec {shlex.join([str(python), *STAND_IN[1:]])} "
-                               f"{name} \"$@\"\n")
+            program.write_text(f"#!/bin/bash\nexec {shlex.join(STAND_IN)} {name} \"$@\"\n")
             program.chmod(0o755)
         entrypoint = self.state / "image-bin" / "entrypoint.sh"
         if not entrypoint.exists():
@@ -447,8 +446,9 @@ class Twin:
             if not (self.home / name).is_symlink():
                 (self.home / name).symlink_to(real)
         suite = {name: os.environ[name] for name in SUITE_SETTINGS if name in os.environ}
+        environment = Path(sys.executable).parent
         return suite | variables | {
-            "PATH": f"{self.state / 'bin'}:{python.parent}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self.state / 'bin'}:{environment}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(self.home), "USER": self.user, "LOGNAME": self.user,
             "SHELL": "/bin/bash", "SLURM_CONF": str(self.cluster.conf),
             "TWIN_CONFIG": str(self.config()),

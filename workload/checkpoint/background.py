@@ -57,7 +57,7 @@ from workload.checkpoint.snapshot import checkpoint_files
 from workload.checkpoint.stall import STALL_SAY_S, StallWatch
 from workload.checkpoint.writer.store import Snapshot, header
 from workload.errors import UsageError
-from workload.held import let_go
+from workload.held import fd_path, let_go
 from workload.logs import logger, say
 
 ALIGN = 64  # every tensor starts at a multiple of this: a view of any dtype is aligned
@@ -160,7 +160,7 @@ class Stage:
         files = [[name, {"json": content.decode()} if isinstance(content, bytes)
                   else {"tensors": content}]
                  for name, content in checkpoint_files(snapshot, put)]
-        return {"buffer": f"/proc/{os.getpid()}/fd/{self.fd}", "buffer_id": self.id,
+        return {"buffer": str(fd_path(self.fd)), "buffer_id": self.id,
                 "size": self.buffer.numel(), "files": files, "header": header(snapshot),
                 "final": step_name(snapshot.trainer["step"])}
 

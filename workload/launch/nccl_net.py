@@ -5,7 +5,7 @@ NCCL names its network in its INFO log ("Using network IB", "via NET/Socket/0").
 turns that log on into a private file (NCCL_DEBUG=INFO into NCCL_DEBUG_FILE) unless the
 user already set NCCL_DEBUG or NCCL_DEBUG_FILE, reads it back once its collectives ran,
 and says so when NCCL used TCP sockets on a node with a faster fabric it did not use.
-Standard library only (the bottom layer): no torch.
+The standard library and workload.held only (the bottom layer): no torch.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from workload.held import fd_path
 
 SYS_CLASS = Path("/sys/class")
 # Slingshot NICs appear as cxi devices; InfiniBand (and RoCE) HCAs under infiniband.
@@ -82,7 +84,7 @@ def nccl_log_for_one_run(env=os.environ) -> Iterator[Path | None]:
     unwinding (SLURM's SIGKILL after a preemption, os._exit), as a private folder was."""
     with tempfile.TemporaryFile(prefix="hpc-train-nccl-") as log:
         before = {name: env.get(name) for name in NCCL_LOG_VARIABLES}
-        path = capture_nccl_log(Path(f"/proc/{os.getpid()}/fd/{log.fileno()}"), env)
+        path = capture_nccl_log(fd_path(log.fileno()), env)
         try:
             yield path
         finally:
