@@ -61,7 +61,12 @@ def run_page(make_twin, site: str, page: str, **options):
     return make_twin(site).run(page, **options)
 
 
-@pytest.mark.parametrize("site", SITES)
+# JSC's page runs once, meeting a real time limit (test_the_continue_step_meets_a_real_time_limit):
+# that run holds what every page's run holds (the suite's budget).
+TIME_LIMITED = "jsc-juwels-booster"
+
+
+@pytest.mark.parametrize("site", sorted(set(SITES) - {TIME_LIMITED}))
 def test_the_page_reaches_the_first_training_step(make_twin, site):
     twin = make_twin(site)
     result = twin.run(page_of(site), launch_check=site in ALPS_PAGE_ELSEWHERE,
@@ -70,6 +75,19 @@ def test_the_page_reaches_the_first_training_step(make_twin, site):
     assert all(state == "COMPLETED" for state, _ in result.jobs.values()), result.text()[-4000:]
     text = result.text()
     assert FIRST_STEP.search(text), text[-4000:]
+    assert_the_page_ran_as_its_centre_runs_it(twin, site, result)
+    # The page's continue step, after its jobs ended: the run of its first job (stopped
+    # at the tiny training's step limit, as a time limit stops it, with a checkpoint of
+    # its last step) goes on from that checkpoint to a later step in the job it submits.
+    resumed = re.compile(rf"resumed from \S*runs/{min(result.jobs)}/checkpoints/"
+                         r"step-0+2: step 2")
+    assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
+                                        for _, log in result.jobs.values()), text[-4000:]
+
+
+def assert_the_page_ran_as_its_centre_runs_it(twin: Twin, site: str, result) -> None:
+    """What every page's run holds, whatever ended its jobs."""
+    text = result.text()
     assert f"world size {SITES[site]} (per-task)" in text, text[-4000:]
     # Every training the page starts (job or srun at the login prompt) has the whole world:
     # a step with fewer tasks than the page promises is a broken step too.
@@ -86,13 +104,6 @@ def test_the_page_reaches_the_first_training_step(make_twin, site):
     # GPU the centre's memory: held against the steps the twin saw (never none).
     assert any("cpus_per_rank" in entry for entry in result.requests), result.requests
     assert centre_faults(site, result) == [], result.requests
-    # The page's continue step, after its jobs ended: the run of its first job (stopped
-    # at the tiny training's step limit, as a time limit stops it, with a checkpoint of
-    # its last step) goes on from that checkpoint to a later step in the job it submits.
-    resumed = re.compile(rf"resumed from \S*runs/{min(result.jobs)}/checkpoints/"
-                         r"step-0+2: step 2")
-    assert site not in CONTINUES or any(resumed.search(log) and CONTINUED_STEP.search(log)
-                                        for _, log in result.jobs.values()), text[-4000:]
     # The page ran as a normal user (issue 60, item 5): every job it submitted was the
     # user's, and so is every checkpoint its trainings saved (by a job or at the prompt).
     user = twin.normal_user
@@ -122,14 +133,13 @@ def test_the_continue_step_meets_a_real_time_limit(make_twin):
     # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
     # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
     # step, rather than exit 75 itself); then the page's continue step submits the job
-    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint. The page carries
-    # JSC's correct variants (VARIANTS, item 7): they pass in this run, not one of their own.
-    site = "jsc-juwels-booster"
-    result = run_page(make_twin, site, mutated(site, variants_of(site)),
-                      time_limited=True)
+    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint.
+    site = TIME_LIMITED
+    twin = make_twin(site)
+    result = twin.run(page_of(site), time_limited=True)
     assert result.status == 0, result.text()[-4000:]
-    assert centre_faults(site, result) == [], result.requests
-    # The by-hand batch step's job (a variant's step) trained.
+    assert_the_page_ran_as_its_centre_runs_it(twin, site, result)
+    # The by-hand batch step's job trained.
     (_, by_hand), = [job for number, job in result.jobs.items()
                      if number not in (min(result.jobs), max(result.jobs))]
     assert FIRST_STEP.search(by_hand), by_hand[-3000:]
@@ -513,14 +523,7 @@ def variants_of(site: str) -> tuple[tuple[str, str], ...]:
     return tuple(edit for variant in VARIANTS if variant.site == site for edit in variant.edits)
 
 
-# JSC's variants pass in the run of its page that meets a real time limit
-# (test_the_continue_step_meets_a_real_time_limit), not in a run of their own (the
-# suite's budget).
-VARIANTS_IN_ANOTHER_RUN = {"jsc-juwels-booster"}
-
-
-@pytest.mark.parametrize("site", sorted({variant.site for variant in VARIANTS}
-                                        - VARIANTS_IN_ANOTHER_RUN))
+@pytest.mark.parametrize("site", sorted({variant.site for variant in VARIANTS}))
 def test_the_centres_own_correct_forms_pass_in_its_twin(make_twin, site):
     result = run_page(make_twin, site, mutated(site, variants_of(site)),
                       launch_check=True, steps_check=True)
