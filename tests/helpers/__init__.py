@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from workload.files import proc_stat_fields
 from workload.launch.variables import PORT_BASE
 
@@ -164,6 +162,9 @@ class Python2Pickler(pickle._Pickler):
 
 def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10) -> Path:
     """Files laid out and pickled as the official cifar-100-python.tar.gz holds them."""
+    # numpy (and PIL below) where used: the twins' stand-ins import this package in each
+    # command they stand in for (hundreds a run), and numpy cost each a tenth of a CPU-second.
+    import numpy as np
     folder = root / "cifar-100-python"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -188,6 +189,7 @@ def write_image_folder(root: Path, classes: int = 2, per_class: int = 8, size=(4
                        splits: tuple[str, ...] = ("train", "val")) -> Path:
     """An image folder dataset of small random JPEGs: root/<split>/<class>/<i>.jpg, the
     classes named cat, dog, class2, ...; `size` is a side or (height, width)."""
+    import numpy as np  # where used: see write_cifar100
     from PIL import Image
 
     height, width = (size, size) if isinstance(size, int) else size
