@@ -19,7 +19,7 @@ from tests.helpers.users import (User, ensure_user, let_through_to_the_environme
                                  reachable_folder)
 from tests.twins.site_modules import LMOD_BEHIND
 from tests.twins.twin import (CIFAR_TRAIN_IMAGES, CONTINUED_PAST, CONTINUED_STEP,
-                              FIRST_STEP, Twin, centre_faults, twin_data)
+                              FIRST_STEP, Result, Twin, centre_faults, twin_data)
 
 pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.slow]
 
@@ -85,7 +85,7 @@ def test_the_page_reaches_the_first_training_step(make_twin, site):
                                         for _, log in result.jobs.values()), text[-4000:]
 
 
-def assert_the_page_ran_as_its_centre_runs_it(twin: Twin, site: str, result) -> None:
+def assert_the_page_ran_as_its_centre_runs_it(twin: Twin, site: str, result: Result) -> None:
     """What every page's run holds, whatever ended its jobs."""
     text = result.text()
     assert f"world size {SITES[site]} (per-task)" in text, text[-4000:]

@@ -67,6 +67,9 @@ STAND_INS = ("srun", "sbatch", "apptainer", "podman", "enroot", "git", "lfs", "s
 # What the suite sets for every process it starts (tests/conftest.py's OpenMP waits; the
 # Python settings of the suite's environment, its logs unbuffered), kept in the user's.
 SUITE_SETTINGS = ("OMP_WAIT_POLICY", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "LANG")
+# After a twin's own commands on every PATH it gives: the test environment's Python and
+# console scripts (its user is let through to them), then the system's.
+ENVIRONMENT_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
 
 
 def tiny_train(steps: int | str, epochs: int = 1, log_every: int = 1) -> list[str]:
@@ -405,8 +408,7 @@ class Twin:
                   "srun": shutil.which("srun"), "sbatch": shutil.which("sbatch"),
                   "cluster_cpus": CLUSTER_CPUS, "runtime": self.data["runtime"],
                   "edf_folder": self.data["runtime"].get("edf_folder", ".edf"),
-                  "image_path": f"{self.state / 'image-bin'}:{Path(sys.executable).parent}:"
-                                "/usr/local/bin:/usr/bin:/bin"}
+                  "image_path": f"{self.state / 'image-bin'}:{ENVIRONMENT_PATH}"}
         path = self.state / "config.json"
         path.write_text(json.dumps(config))
         return path
@@ -446,9 +448,8 @@ class Twin:
             if not (self.home / name).is_symlink():
                 (self.home / name).symlink_to(real)
         suite = {name: os.environ[name] for name in SUITE_SETTINGS if name in os.environ}
-        environment = Path(sys.executable).parent
         return suite | variables | {
-            "PATH": f"{self.state / 'bin'}:{environment}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self.state / 'bin'}:{ENVIRONMENT_PATH}",
             "HOME": str(self.home), "USER": self.user, "LOGNAME": self.user,
             "SHELL": "/bin/bash", "SLURM_CONF": str(self.cluster.conf),
             "TWIN_CONFIG": str(self.config()),
