@@ -22,26 +22,6 @@ def others(folder):
     return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
 
 
-# tarfile's extraction filters (PEP 706) came in Python 3.10.12, 3.11.4 and 3.12; the
-# package accepts 3.10 on, and Debian 12's own python3 (3.11.2) has none.
-FILTERS = hasattr(tarfile, "data_filter")
-
-
-def refused_without_filters(tar, local) -> bool:
-    """Whether this Python refuses to unpack `tar` (no extraction filters), checked here:
-    one line naming the tar and the Python releases that can, nothing made in `local`.
-    Where the filters are (False), the caller checks the unpacking."""
-    if FILTERS:
-        return False
-    with pytest.raises(UsageError) as error:
-        stage_once(tar, local)
-    said = str(error.value)
-    assert f"{tar} is a tar file, and unpacking it safely needs" in said and "3.11.4" in said
-    assert "\n" not in said
-    assert not local.exists() or list(local.iterdir()) == []
-    return True
-
-
 def staged_data(tmp_path):
     """A one-class image folder staged once into tmp_path/local: (data, local, staging)."""
     data = write_image_folder(tmp_path / "data", classes=1, per_class=2, splits=("train",))
@@ -52,8 +32,6 @@ def staged_data(tmp_path):
 def test_a_tar_is_unpacked_verified_and_reused(tmp_path):
     pets = write_image_folder(tmp_path / "pets", classes=2, per_class=2)
     tar = tar_folder(pets, tmp_path / "pets.tar")
-    if refused_without_filters(tar, tmp_path / "local"):
-        return
     target, said = stage_once(tar, tmp_path / "local")
     assert "staged" in said and "8 files" in said and target.name.startswith("pets-")
     assert data_root(target) == target / "pets"
@@ -215,42 +193,66 @@ def test_link_loops_in_the_source_are_refused_before_copying(tmp_path, loops):
 def test_a_broken_tar_is_refused(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"not a tar at all" * 100)
-    if refused_without_filters(bad, tmp_path / "local"):
-        return
     with pytest.raises(UsageError, match="bad.tar is not a readable tar file"):
         stage_once(bad, tmp_path / "local")
     assert list((tmp_path / "local").iterdir()) == []  # no partial copy left behind
 
 
-@pytest.mark.parametrize("name", ["/tmp/pets/train/cat/0.jpg", "pets/../../escape.jpg"])
-def test_a_tar_with_an_unsafe_member_name_says_so(tmp_path, name):
-    tar = tmp_path / "pets.tar"
-    with tarfile.open(tar, "w") as archive:
-        member = tarfile.TarInfo(name)
-        member.size = 3
-        archive.addfile(member, io.BytesIO(b"abc"))
-    if refused_without_filters(tar, tmp_path / "local"):
-        return
+def tar_of(path, *members: tarfile.TarInfo):
+    """A tar of `members`, each a regular file holding b"abc" unless its type says else."""
+    with tarfile.open(path, "w") as archive:
+        for member in members:
+            member.size = 3 if member.isfile() else 0
+            archive.addfile(member, io.BytesIO(b"abc") if member.isfile() else None)
+    return path
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+# Unpacked by the package itself, on every Python it accepts: tarfile's extraction filters
+# (PEP 706) are missing before 3.10.12 and 3.11.4, and Debian 12's python3 is 3.11.2.
+@pytest.mark.parametrize("unsafe, why", [
+    (member("/tmp/pets/train/cat/0.jpg"), "is an absolute path or leads out with '..'"),
+    (member("pets/../../escape.jpg"), "is an absolute path or leads out with '..'"),
+    (member("pets/train/cat/1.jpg", tarfile.SYMTYPE, "/home/user/.bashrc"),
+     "is a link or a special file"),
+    (member("pets/train/cat/1.jpg", tarfile.SYMTYPE, "0.jpg"), "is a link or a special file"),
+    (member("pets/train/cat/1.jpg", tarfile.LNKTYPE, "pets/train/cat/0.jpg"),
+     "is a link or a special file"),
+    (member("pets/train/cat/1.jpg", tarfile.FIFOTYPE), "is a link or a special file"),
+    (member("pets/train/cat/1.jpg", tarfile.CHRTYPE), "is a link or a special file"),
+], ids=["absolute", "dot-dot", "symlink-out", "symlink-in", "hardlink", "fifo", "device"])
+def test_a_tar_with_an_unsafe_member_says_so_and_leaves_nothing(tmp_path, unsafe, why):
+    tar = tar_of(tmp_path / "pets.tar", member("pets/train/cat/0.jpg"), unsafe)
     with pytest.raises(UsageError) as error:
         stage_once(tar, tmp_path / "local")
-    assert f"pets.tar holds a member with an unsafe name or link ('{name}'" in str(error.value)
-    assert "\n" not in str(error.value) and "not a readable tar" not in str(error.value)
+    said = str(error.value)
+    assert f"pets.tar holds a member with an unsafe name or link ('{unsafe.name}' {why}" in said
+    assert "\n" not in said and "not a readable tar" not in said
     assert list((tmp_path / "local").iterdir()) == []
 
 
-def test_a_python_without_tar_extraction_filters_refuses_a_tar_in_one_line(tmp_path,
-                                                                          monkeypatch):
-    tar = tmp_path / "pets.tar"
-    with tarfile.open(tar, "w") as archive:
-        archive.addfile(tarfile.TarInfo("pets/a.jpg"), io.BytesIO(b""))
-    # As in Python 3.11.2 (Debian 12's), where there is nothing to remove.
-    monkeypatch.delattr(tarfile, "data_filter", raising=False)
-    monkeypatch.setattr("workload.data.stagefiles.platform.python_version", lambda: "3.11.2")
+@pytest.mark.parametrize("second", [member("pets/a.jpg"), member("pets/a.jpg", tarfile.DIRTYPE)],
+                         ids=["a file twice", "a file then a folder"])
+def test_a_tar_holding_a_name_twice_is_refused_and_leaves_nothing(tmp_path, second):
+    tar = tar_of(tmp_path / "pets.tar", member("pets/a.jpg"), second)
     with pytest.raises(UsageError) as error:
         stage_once(tar, tmp_path / "local")
-    assert f"{tar} is a tar file" in str(error.value) and "3.11.4" in str(error.value)
-    assert "this is Python 3.11.2" in str(error.value) and "\n" not in str(error.value)
+    assert "pets.tar holds 'pets/a.jpg' twice, or as a file and a folder" in str(error.value)
     assert list((tmp_path / "local").iterdir()) == []
+
+
+def test_a_tar_of_dot_relative_names_unpacks_its_files_only(tmp_path):
+    tar = tar_of(tmp_path / "pets.tar", member("./pets", tarfile.DIRTYPE),
+                 member("./pets/train/cat/0.jpg"), member("pets/train/dog", tarfile.DIRTYPE))
+    target, said = stage_once(tar, tmp_path / "local")
+    assert "(1 files," in said, said
+    assert listing(target / "pets") == {"train/cat/0.jpg": 3}
+    assert (target / "pets" / "train" / "dog").is_dir()
 
 
 def test_without_file_locks_staging_works_and_keeps_older_stagings(tmp_path, monkeypatch):

@@ -89,8 +89,9 @@ WRITERS = {
         "folder (staging.own_folder)",
     ("workload.data.stagefiles", "copy_folder", ".mkdir"):
         "inside the private partial copy (mkdtemp) in the user's own staging folder",
-    ("workload.data.stagefiles", "unpack_tar", ".extract"):
-        "into the private partial copy, with tarfile's data filter (safe_member)",
+    ("workload.data.stagefiles", "unpack_tar", ".mkdir"):
+        "inside the private partial copy, names checked relative (safe_name); its files "
+        "through files.create_new",
     ("workload.distributed", "_held_stderr", "tempfile.TemporaryFile"):
         "a private file with no name (unlinked at once), stderr while the group forms",
     ("workload.launch.nccl_net", "nccl_log_for_one_run", "tempfile.TemporaryFile"):

@@ -29,11 +29,11 @@ import errno
 import fcntl
 import hashlib
 import os
-import platform
 import shutil
 import stat
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from workload.config import TAR_SUFFIXES
 from workload.data.datasets import walk_once
@@ -148,7 +148,13 @@ def copy_folder(source: Path, partial: Path, flag: PreemptionFlag | None,
 
 def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
     # open_regular: the file scanned may have been swapped for a FIFO since.
-    with open(open_regular(source), "rb") as reader, os.fdopen(create_new(target), "wb") as writer:
+    with open(open_regular(source), "rb") as reader:
+        write_new(reader, target, flag)
+
+
+def write_new(reader: BinaryIO, target: Path, flag: PreemptionFlag | None) -> None:
+    """`reader`'s bytes into the new file `target`, a look at the flag between chunks."""
+    with os.fdopen(create_new(target), "wb") as writer:
         while True:
             stop_if_signalled(flag)
             chunk = reader.read(CHUNK)
@@ -158,43 +164,47 @@ def copy_file(source: Path, target: Path, flag: PreemptionFlag | None) -> None:
 
 
 def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict[str, int]:
-    require_extraction_filters(source)
+    """Unpack the folders and regular files of the tar `source` into `partial`, each made
+    new (never through a link, never over a file). tarfile's own extraction does not serve:
+    its filters (PEP 706) that keep a member inside the folder are missing before Python
+    3.10.12 and 3.11.4 (Debian 12's python3 is 3.11.2), and an image folder needs no links."""
     try:
         with tarfile.open(source) as tar:
             files = {}
             for member in tar:  # one member at a time: a .tar.gz is read once
                 stop_if_signalled(flag)
-                tar.extract(safe_member(source, member, partial), partial, filter="data")
-                if member.isfile():
-                    files[str(Path(member.name))] = member.size
+                name = safe_name(source, member)
+                if member.isdir():
+                    (partial / name).mkdir(parents=True, exist_ok=True)
+                    continue
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as reader:
+                    write_new(reader, partial / name, flag)
+                files[name] = member.size
             return files
     except tarfile.TarError as error:
         reason = str(error).splitlines()[0].rstrip(":")
         raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
                          "folder with: tar -cf NAME.tar -C PARENT NAME") from None
+    except FileExistsError:
+        raise UsageError(f"{source} holds {member.name!r} twice, or as a file and a folder; "
+                         "nothing was staged from it: pack the image folder again with: "
+                         "tar -cf NAME.tar -C PARENT NAME") from None
 
 
-def require_extraction_filters(source: Path) -> None:
-    """tarfile's extraction filters (PEP 706), which safe_member relies on, came in Python
-    3.10.12, 3.11.4 and 3.12: an older patch release (Debian 12's 3.11.2) has none."""
-    if not hasattr(tarfile, "data_filter"):
-        raise UsageError(f"{source} is a tar file, and unpacking it safely needs tarfile's "
-                         "extraction filters (Python 3.10.12, 3.11.4, 3.12 or later); this "
-                         f"is Python {platform.python_version()}: run with a newer Python "
-                         "(the image has one), or unpack it yourself and pass the folder")
-
-
-def safe_member(source: Path, member: tarfile.TarInfo, partial: Path) -> tarfile.TarInfo:
-    """The member if it unpacks inside the staging folder as named, else one line why not."""
-    try:
-        if member.name.startswith("/") or ".." in Path(member.name).parts:
-            raise tarfile.FilterError(f"{member.name!r} is an absolute path or leads out "
-                                      "with '..'")
-        return tarfile.data_filter(member, str(partial))
-    except tarfile.FilterError as error:
-        raise UsageError(f"{source} holds a member with an unsafe name or link ({error}); "
-                         "nothing was unpacked from it: pack the folder again with relative "
-                         "names, as: tar -cf NAME.tar -C PARENT NAME") from None
+def safe_name(source: Path, member: tarfile.TarInfo) -> str:
+    """The member's name, relative, if it is a folder or a regular file that unpacks inside
+    the staging folder; one line why not otherwise."""
+    if member.name.startswith("/") or ".." in Path(member.name).parts:
+        why = f"{member.name!r} is an absolute path or leads out with '..'"
+    elif not (member.isdir() or member.isfile()):
+        why = (f"{member.name!r} is a link or a special file; only folders and regular "
+               "files are unpacked")
+    else:
+        return str(Path(member.name))
+    raise UsageError(f"{source} holds a member with an unsafe name or link ({why}); "
+                     "nothing was unpacked from it: pack the folder again with relative "
+                     "names, as: tar -cf NAME.tar -C PARENT NAME")
 
 
 def staged_name(source: Path) -> str:
