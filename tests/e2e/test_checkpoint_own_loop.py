@@ -9,7 +9,7 @@ killed writer stops the run, which resumes from a committed checkpoint; both end
 the same weights. An FSDP2 loop (tests/scripts/own_loop_fsdp.py) writes every rank's
 shard and resumes to the same weights too.
 
-Fewer torch processes (about 7 CPU-seconds each): a stop's resumed run is itself the next
+Fewer torch processes (about 3 CPU-seconds each): a stop's resumed run is itself the next
 stop's run (a killed writer, then SIGKILL; USR2 to one rank, then SIGTERM with a save in
 flight), so each chain ends in one uninterrupted-length run compared with the reference;
 the damaged checkpoint is the reference run's newest, in a copy; the one-process loop's

@@ -7,7 +7,7 @@ in 1 process: the resumed run starts from the saved step with the saved full par
 then trains on. The data order after the change differs from an uninterrupted run by
 design, so only the parameters at the resume are compared, not the final weights.
 
-What is shared, to start fewer torch processes (each costs about 7 CPU-seconds): the
+What is shared, to start fewer torch processes (each costs about 3 CPU-seconds): the
 2-rank checkpoint is the one the 1-to-2 run itself writes as it trains on, so each
 strategy's chain 1 -> 2 -> 1 shows both directions with 7 processes (12 under torchrun
 before); that 2-rank run also writes rank 1's FSDP shards late

@@ -9,7 +9,7 @@ every process of the step, at a time limit, on `scancel` and at a preemption, le
 checkpoint of the step; a plain `exec srun train` job preempted is requeued by SLURM and
 ends with the uninterrupted run's weights.
 
-Each job here starts torch processes at about 7 CPU-seconds apiece (docs/development.md),
+Each job here starts torch processes at about 3 CPU-seconds apiece (docs/development.md),
 so one job carries as many of the module's cases as it can: the per-task requeue is the
 cap test's first run, and the plain job's requeue is the DataLoader workers' preemption."""
 
