@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from workload.files import proc_stat_fields
 
 sys.path.insert(0, str(REPO / "tools"))
 import gpu_check  # noqa: E402
@@ -30,10 +31,8 @@ ROW = dict(model="wrn", config="compile", batch_size=256, status="measured", rea
 
 def running(pid: int) -> bool:
     """Alive and not a zombie waiting for a parent that is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = proc_stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def fake_tier(folder: Path, hang_body: str) -> Path:
