@@ -186,7 +186,7 @@ def unpack_tar(source: Path, partial: Path, flag: PreemptionFlag | None) -> dict
         reason = str(error).splitlines()[0].rstrip(":")
         raise UsageError(f"{source} is not a readable tar file ({reason}); pack the image "
                          "folder with: tar -cf NAME.tar -C PARENT NAME") from None
-    except FileExistsError:
+    except (FileExistsError, NotADirectoryError):  # a name made twice, or under a file
         raise UsageError(f"{source} holds {member.name!r} twice, or as a file and a folder; "
                          "nothing was staged from it: pack the image folder again with: "
                          "tar -cf NAME.tar -C PARENT NAME") from None
