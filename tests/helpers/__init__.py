@@ -214,6 +214,28 @@ def tar_folder(folder: Path, tar_path: Path) -> Path:
     return tar_path
 
 
+def tar_member(name: str, kind: bytes | None = None, target: str = ""):
+    """A tar header of `name`: a regular file unless `kind` (a tarfile type) says else,
+    `target` a link's; mode 0644."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind or tarfile.REGTYPE, target, 0o644
+    return info
+
+
+def tar_with(path: Path, *members, data: bytes = b"abc") -> Path:
+    """A tar at `path` of `members` (tar_member's), each regular file holding `data`."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for member in members:
+            member.size = len(data) if member.isfile() else 0
+            tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return path
+
+
 def wait_for(predicate, what: str, log: Path, timeout: float = 240, poll: float = 0.5) -> None:
     """Poll `predicate` until it holds; on timeout fail with the end of the job's log."""
     deadline = time.monotonic() + timeout

@@ -4,26 +4,14 @@ two cache folders as a file or a folder."""
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 
 import pytest
 
+from tests.helpers import tar_member as member
+from tests.helpers import tar_with
 from workload.training.compile_cache import checked_members, trust_problem, unpack
-
-
-def tar_with(path, *members: tarfile.TarInfo, data: bytes = b"kernel") -> None:
-    with tarfile.open(path, "w") as tar:
-        for member in members:
-            member.size = len(data) if member.isfile() else 0
-            tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
-
-
-def member(name: str, kind=tarfile.REGTYPE, target: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = kind, target, 0o644
-    return info
 
 
 @pytest.fixture
@@ -51,7 +39,7 @@ def test_a_hostile_member_refuses_the_whole_file_before_anything_is_written(
 
 def test_good_members_land_in_their_folders_and_a_present_file_is_kept(tmp_path, folders):
     path = tmp_path / "a.tar"
-    tar_with(path, member("inductor/fx/a"), member("triton/k/b.so"))
+    tar_with(path, member("inductor/fx/a"), member("triton/k/b.so"), data=b"kernel")
     (folders["triton"] / "k").mkdir(parents=True)
     (folders["triton"] / "k" / "b.so").write_bytes(b"mine")
     with tarfile.open(path) as tar:

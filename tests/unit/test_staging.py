@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
 import socket
@@ -11,7 +10,8 @@ import tarfile
 
 import pytest
 
-from tests.helpers import tar_folder, write_image_folder
+from tests.helpers import tar_folder, tar_with, write_image_folder
+from tests.helpers import tar_member as member
 from workload.data.staging import data_root, stage_once
 from workload.data.stagefiles import identity, listing, staged_name
 from workload.errors import UsageError
@@ -198,21 +198,6 @@ def test_a_broken_tar_is_refused(tmp_path):
     assert list((tmp_path / "local").iterdir()) == []  # no partial copy left behind
 
 
-def tar_of(path, *members: tarfile.TarInfo):
-    """A tar of `members`, each a regular file holding b"abc" unless its type says else."""
-    with tarfile.open(path, "w") as archive:
-        for member in members:
-            member.size = 3 if member.isfile() else 0
-            archive.addfile(member, io.BytesIO(b"abc") if member.isfile() else None)
-    return path
-
-
-def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, link
-    return info
-
-
 # Unpacked by the package itself, on every Python it accepts: tarfile's extraction filters
 # (PEP 706) are missing before 3.10.12 and 3.11.4, and Debian 12's python3 is 3.11.2.
 @pytest.mark.parametrize("unsafe, why", [
@@ -227,7 +212,7 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.
     (member("pets/train/cat/1.jpg", tarfile.CHRTYPE), "is a link or a special file"),
 ], ids=["absolute", "dot-dot", "symlink-out", "symlink-in", "hardlink", "fifo", "device"])
 def test_a_tar_with_an_unsafe_member_says_so_and_leaves_nothing(tmp_path, unsafe, why):
-    tar = tar_of(tmp_path / "pets.tar", member("pets/train/cat/0.jpg"), unsafe)
+    tar = tar_with(tmp_path / "pets.tar", member("pets/train/cat/0.jpg"), unsafe)
     with pytest.raises(UsageError) as error:
         stage_once(tar, tmp_path / "local")
     said = str(error.value)
@@ -236,18 +221,22 @@ def test_a_tar_with_an_unsafe_member_says_so_and_leaves_nothing(tmp_path, unsafe
     assert list((tmp_path / "local").iterdir()) == []
 
 
-@pytest.mark.parametrize("second", [member("pets/a.jpg"), member("pets/a.jpg", tarfile.DIRTYPE)],
-                         ids=["a file twice", "a file then a folder"])
+@pytest.mark.parametrize("second", [
+    member("pets/a.jpg"), member("pets/a.jpg", tarfile.DIRTYPE),
+    member("pets/a.jpg/b.jpg"), member("pets/a.jpg/b/c.jpg")],
+    ids=["a file twice", "a file then a folder", "a file under the file",
+         "a folder under the file"])
 def test_a_tar_holding_a_name_twice_is_refused_and_leaves_nothing(tmp_path, second):
-    tar = tar_of(tmp_path / "pets.tar", member("pets/a.jpg"), second)
+    tar = tar_with(tmp_path / "pets.tar", member("pets/a.jpg"), second)
     with pytest.raises(UsageError) as error:
         stage_once(tar, tmp_path / "local")
-    assert "pets.tar holds 'pets/a.jpg' twice, or as a file and a folder" in str(error.value)
+    said = str(error.value)
+    assert f"pets.tar holds '{second.name}' twice, or as a file and a folder" in said, said
     assert list((tmp_path / "local").iterdir()) == []
 
 
 def test_a_tar_of_dot_relative_names_unpacks_its_files_only(tmp_path):
-    tar = tar_of(tmp_path / "pets.tar", member("./pets", tarfile.DIRTYPE),
+    tar = tar_with(tmp_path / "pets.tar", member("./pets", tarfile.DIRTYPE),
                  member("./pets/train/cat/0.jpg"), member("pets/train/dog", tarfile.DIRTYPE))
     target, said = stage_once(tar, tmp_path / "local")
     assert "(1 files," in said, said
