@@ -49,9 +49,11 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.helpers import REPO, TESTS, write_cifar100
+import hostlist
+
+from tests.helpers import REPO, TESTS, wait_for, write_cifar100
 from tests.helpers.users import User
-from tests.slurm.jobs import wait_until_ended
+from tests.slurm.jobs import hold_step, job_field, wait_until_ended
 from tests.twins.page_steps import page_steps
 from tests.twins.stand_ins import STAND_IN
 from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
@@ -91,10 +93,11 @@ CONTINUED_TRAIN = tiny_train(4)
 CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
 # A run that meets a real time limit (Twin.run(time_limited=True)): the jobs before the
 # continue step get TIME_LIMIT_MINUTES (the page's hours scaled down; the cluster's
-# KillWait is 5 s, SLURM's default 30) and a training no step limit ends first; the
-# continue step's training goes CONTINUED_PAST steps past the checkpoint the limit left.
+# KillWait is 5 s, SLURM's default 30) and a training no step limit ends first, held
+# once it has taken a step (Twin.hold_once_stepping); the continue step's training goes
+# CONTINUED_PAST steps past the checkpoint the limit left.
 TIME_LIMIT_MINUTES = 1
-UNTIL_THE_TIME_LIMIT = tiny_train(10**6, epochs=10**4, log_every=50)
+UNTIL_THE_TIME_LIMIT = tiny_train(10**6, epochs=10**4)
 CONTINUED_PAST = 2
 
 # The stand-in download: enough images for 4 steps of 16 on each of 4 ranks, and a test
@@ -539,9 +542,15 @@ class Twin:
                 "TWIN_TIME_LIMIT": str(TIME_LIMIT_MINUTES),
                 "TWIN_TRAIN_ARGS": json.dumps(UNTIL_THE_TIME_LIMIT)} if time_limited else {})
         script = self.login_script(page, continue_run and not launch_check)
-        done = subprocess.run([*self.normal_user.setpriv(), "bash", "-c", script], env=env,
+        with subprocess.Popen([*self.normal_user.setpriv(), "bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+                              stderr=subprocess.STDOUT, text=True) as login:
+            if time_limited:
+                self.hold_once_stepping(login)
+            try:
+                output, _ = login.communicate(timeout=timeout)
+            finally:
+                login.kill()
         jobs, users = {}, set()
         listed = self.state / "jobs.txt"
         for job in (listed.read_text().split() if listed.exists() else []):
@@ -553,4 +562,31 @@ class Twin:
         asked = self.state / "requests.jsonl"
         requests = [json.loads(line) for line in
                     (asked.read_text().splitlines() if asked.exists() else [])]
-        return Result(done.returncode, done.stdout, jobs, requests, users)
+        return Result(login.returncode, output, jobs, requests, users)
+
+    def hold_once_stepping(self, login: subprocess.Popen) -> None:
+        """The page's first job, once its training has taken a step, held on each of its
+        nodes (SIGSTOP to the step's processes: tests/slurm/jobs.py, hold_step) until
+        SLURM's time limit resumes it with SIGCONT beside its SIGTERM, which then meets a
+        step in flight as it would unheld. Its 4 ranks training flat out until the limit
+        (a minute or more: SLURM checks limits every 30 s) took about 100 CPU-seconds of
+        the suite's budget. Nothing is held where the page's steps end first."""
+        listed = self.state / "jobs.txt"
+        first: dict[str, object] = {}
+
+        def stepping_or_ended() -> bool:
+            if login.poll() is not None:
+                return True
+            if "log" not in first and listed.exists() and listed.read_text().split():
+                first["job"] = int(listed.read_text().split()[0])
+                if out := job_field(self.cluster, first["job"], "StdOut"):
+                    first["log"] = Path(out)
+            log = first.get("log")
+            return log is not None and log.is_file() and "train: step " in log.read_text()
+
+        wait_for(stepping_or_ended, "the page's first job to train a step", listed,
+                 timeout=300, poll=0.2)
+        if login.poll() is None:
+            nodes = hostlist.expand_hostlist(job_field(self.cluster, first["job"], "NodeList"))
+            for node in nodes:
+                hold_step(self.cluster, first["job"], first["log"], node)
