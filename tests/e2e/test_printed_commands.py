@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import DOCTOR_FAST, REPO
 from tests.slurm.jobs import wait_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -62,7 +62,10 @@ def test_the_torchrun_line_of_doctor_help_runs_as_printed(slurm_cluster, tmp_pat
     line = line.replace("--nproc-per-node=4", "--nproc-per-node=1")
     line = re.sub(r"--cpus-per-task=\d+", "--cpus-per-task=1", line)
     report = tmp_path / "doctor.json"
-    done = subprocess.run(["bash", "-c", f"{line} --device cpu --probe-mib 0 --json {report}"],
+    # Small probes, as the suite's other doctor runs (DOCTOR_FAST): the default sweep
+    # up to 256 MiB over gloo took about 10 CPU-seconds of the test's 26 here.
+    done = subprocess.run(["bash", "-c", f"{line} --device cpu {' '.join(DOCTOR_FAST)} "
+                                         f"--json {report}"],
                           env=slurm_cluster.env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     log = done.stdout + done.stderr
