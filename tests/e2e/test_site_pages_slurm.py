@@ -61,12 +61,15 @@ def run_page(make_twin, site: str, page: str, **options):
     return make_twin(site).run(page, **options)
 
 
-# JSC's page runs once, meeting a real time limit (test_the_continue_step_meets_a_real_time_limit):
-# that run holds what every page's run holds (the suite's budget).
-TIME_LIMITED = "jsc-juwels-booster"
+# JSC's and Olivia's pages run once, meeting a real time limit
+# (test_the_continue_step_meets_a_real_time_limit): that run holds what every page's run
+# holds (the suite's budget). What ends their first job: JSC's, SLURM's SIGTERM at the
+# limit; Olivia's, its header's USR2 before it (--signal=B:USR2@300, scaled).
+TIME_LIMITED = {"jsc-juwels-booster": "SIGTERM", "sigma2-olivia": "SIGUSR2"}
+OWN_SCRIPT_DONE = re.compile(r"^done: 2 steps on 4 processes", re.M)
 
 
-@pytest.mark.parametrize("site", sorted(set(SITES) - {TIME_LIMITED}))
+@pytest.mark.parametrize("site", sorted(set(SITES) - set(TIME_LIMITED)))
 def test_the_page_reaches_the_first_training_step(make_twin, site):
     twin = make_twin(site)
     result = twin.run(page_of(site), launch_check=site in ALPS_PAGE_ELSEWHERE,
@@ -128,25 +131,38 @@ def test_the_training_reads_the_folder_the_data_step_wrote(make_twin):
                      "train", result.text()), result.text()[-4000:]
 
 
-def test_the_continue_step_meets_a_real_time_limit(make_twin):
-    # JSC's page (issue 60, item 6): its job trains until SLURM ends it at its time limit
-    # (the page's 2 hours scaled to TIME_LIMIT_MINUTES), SIGTERM to the step, and train
-    # checkpoints within KillWait (inside a SLURM job it then waits for SLURM to end the
-    # step, rather than exit 75 itself); then the page's continue step submits the job
-    # again with TRAIN_RUN_ID, and the run goes on from that checkpoint.
-    site = TIME_LIMITED
+@pytest.mark.parametrize("site", sorted(TIME_LIMITED))
+def test_the_continue_step_meets_a_real_time_limit(make_twin, site):
+    # Issue 60, item 6: the page's job trains until SLURM ends it, and the page's continue
+    # step submits it again with TRAIN_RUN_ID, the run going on from its checkpoint. JSC's
+    # job meets the limit itself (the page's 2 hours scaled to TIME_LIMIT_MINUTES): SIGTERM
+    # to the step, and train checkpoints within KillWait (inside a SLURM job it then waits
+    # for SLURM to end the step, rather than exit 75 itself). Olivia's job script gets its
+    # header's USR2 before the limit (SIGNALLED_LIMIT): train checkpoints and exits 75, and
+    # past the user's cap of 0 requeues (the page's MAX_TIME_LIMIT_RESTARTS) the script
+    # asks for the page's resubmission.
     twin = make_twin(site)
     result = twin.run(page_of(site), time_limited=True)
     assert result.status == 0, result.text()[-4000:]
     assert_the_page_ran_as_its_centre_runs_it(twin, site, result)
-    # The by-hand batch step's job trained.
-    (_, by_hand), = [job for number, job in result.jobs.items()
-                     if number not in (min(result.jobs), max(result.jobs))]
-    assert FIRST_STEP.search(by_hand), by_hand[-3000:]
+    # The by-hand batch step's job trained: train (JSC's) or the user's own script
+    # (Olivia's, OWN_SCRIPT).
+    (state, by_hand), = [job for number, job in result.jobs.items()
+                         if number not in (min(result.jobs), max(result.jobs))]
+    assert state == "COMPLETED", by_hand[-3000:]
+    assert FIRST_STEP.search(by_hand) or OWN_SCRIPT_DONE.search(by_hand), by_hand[-3000:]
     first = min(result.jobs)
     state, log = result.jobs[first]
-    assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in log, (state, log[-3000:])
-    stopped = re.search(r"train: preempted by SIGTERM at step (\d+): checkpoint written", log)
+    signame = TIME_LIMITED[site]
+    if signame == "SIGTERM":
+        assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in log, (state, log[-3000:])
+    else:
+        assert state == "FAILED" and "DUE TO TIME LIMIT" not in log, (state, log[-3000:])
+        assert f"requeue: {signame} received" in log, log[-3000:]
+        assert (f"not requeued; resubmit the same script with TRAIN_RUN_ID={first}"
+                in log), log[-3000:]
+    stopped = re.search(rf"train: preempted by {signame} at step (\d+): checkpoint written",
+                        log)
     assert stopped, log[-3000:]
     step = int(stopped[1])
     state, log = result.jobs[max(result.jobs)]  # the continue step's job

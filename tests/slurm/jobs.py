@@ -64,9 +64,15 @@ def stop_step(cluster, job: int, node: str | None = None) -> None:
     ended (src/slurmctld/agent.c, SLURM 22.05 to master of 2026-08), so a STOP request in
     flight at a cancel leaves the cancelled job's JobState at STOPPED for good (6 of 10
     jobs in a loop here), and one in flight at a SIGCONT stops the step again."""
+    signal_step(cluster, job, signal.SIGSTOP, node)
+
+
+def signal_step(cluster, job: int, signum: int, node: str | None = None) -> None:
+    """`signum` to every process of the job's first step on `node` (the first), by the
+    test itself (stop_step says why not through SLURM)."""
     for pid in step_pids(cluster, job, node):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, signum)
 
 
 def frozen_step(cluster, job: int, node: str):

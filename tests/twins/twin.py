@@ -23,8 +23,9 @@ TINY_TRAIN, still on CIFAR-100 read from the page's --data-dir: its data step's
 fails as it would at the centre; a continue step's <jobid> is the page's first job,
 whose training goes on to step 4 (CONTINUED_TRAIN), or, where the run meets a real time
 limit (Twin.run(time_limited=True)), past the checkpoint that limit left; the page's
-`--time` is then TIME_LIMIT_MINUTES; the user's own `my_train.py` is
-OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
+`--time` is then TIME_LIMIT_MINUTES, and a signal its header asks before the limit is
+scaled with it (SIGNALLED_LIMIT), the user's cap on requeues after it 0; the user's own
+`my_train.py` is OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
 the job's tasks). The commands the suite's machine lacks are the stand-ins of
 tests/twins/stand_ins (the image is the host's Python environment, its architecture
 still checked); `module` is Lmod itself over module files made from the twin's table.
@@ -38,6 +39,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -53,7 +55,8 @@ import hostlist
 
 from tests.helpers import REPO, TESTS, wait_for, write_cifar100
 from tests.helpers.users import User
-from tests.slurm.jobs import hold_step, job_field, wait_until_ended
+from tests.slurm.jobs import (ENDED_STATES, job_field, signal_step, step_stopped, stop_step,
+                             wait_until_ended)
 from tests.twins.page_steps import page_steps
 from tests.twins.stand_ins import STAND_IN
 from tests.slurm.cluster import GPU_MODEL, NODES, ensure_hosts_entries
@@ -95,8 +98,14 @@ CONTINUED_STEP = re.compile(r"train: step 4/4 \(epoch 1\): loss")
 # continue step get TIME_LIMIT_MINUTES (the page's hours scaled down; the cluster's
 # KillWait is 5 s, SLURM's default 30) and a training no step limit ends first, held
 # once it has taken a step (Twin.hold_once_stepping); the continue step's training goes
-# CONTINUED_PAST steps past the checkpoint the limit left.
+# CONTINUED_PAST steps past the checkpoint the limit left. A job whose header asks a
+# signal before its limit (Olivia's --signal=B:USR2@300) gets SIGNALLED_LIMIT instead,
+# minutes@seconds: SLURM may send the signal up to 60 s before the time asked (sbatch(1),
+# --signal), so 30 s before a 2-minute limit comes 30 to 90 s after the job's start, once
+# its step runs. The user's cap on time-limit requeues is then 0 (the page's
+# MAX_TIME_LIMIT_RESTARTS=N): past it, the page's continue step resubmits.
 TIME_LIMIT_MINUTES = 1
+SIGNALLED_LIMIT = "2@30"
 UNTIL_THE_TIME_LIMIT = tiny_train(10**6, epochs=10**4)
 CONTINUED_PAST = 2
 
@@ -540,6 +549,7 @@ class Twin:
         env = self.environment() | ({"LAUNCH_CHECK": "1"} if launch_check else {}) | (
             {"TWIN_STEPS_CHECK": "1"} if steps_check else {}) | ({
                 "TWIN_TIME_LIMIT": str(TIME_LIMIT_MINUTES),
+                "TWIN_SIGNALLED_LIMIT": SIGNALLED_LIMIT, "MAX_TIME_LIMIT_RESTARTS": "0",
                 "TWIN_TRAIN_ARGS": json.dumps(UNTIL_THE_TIME_LIMIT)} if time_limited else {})
         script = self.login_script(page, continue_run and not launch_check)
         with subprocess.Popen([*self.normal_user.setpriv(), "bash", "-c", script], env=env,
@@ -566,11 +576,14 @@ class Twin:
 
     def hold_once_stepping(self, login: subprocess.Popen) -> None:
         """The page's first job, once its training has taken a step, held on each of its
-        nodes (SIGSTOP to the step's processes: tests/slurm/jobs.py, hold_step) until
-        SLURM's time limit resumes it with SIGCONT beside its SIGTERM, which then meets a
-        step in flight as it would unheld. Its 4 ranks training flat out until the limit
-        (a minute or more: SLURM checks limits every 30 s) took about 100 CPU-seconds of
-        the suite's budget. Nothing is held where the page's steps end first."""
+        nodes (SIGSTOP to the step's processes, until every one is stopped) until SLURM
+        resumes it: at the time limit with SIGCONT beside its SIGTERM, which then meets a
+        step in flight as it would unheld; or, for a signal before the limit, which SLURM
+        sends the batch shell alone (`B:`), resumed here once the batch shell says it
+        passed it on to the step (jobs/lib/requeue.sh's "SIGUSR2 received"), so that the
+        held ranks take it. Its 4 ranks training flat out until the limit (a minute or
+        more: SLURM checks limits every 30 s) took about 100 CPU-seconds of the suite's
+        budget. Nothing is held where the page's steps end first."""
         listed = self.state / "jobs.txt"
         first: dict[str, object] = {}
 
@@ -586,7 +599,27 @@ class Twin:
 
         wait_for(stepping_or_ended, "the page's first job to train a step", listed,
                  timeout=300, poll=0.2)
-        if login.poll() is None:
-            nodes = hostlist.expand_hostlist(job_field(self.cluster, first["job"], "NodeList"))
+        if login.poll() is not None:
+            return
+        job, log = first["job"], first["log"]
+        nodes = hostlist.expand_hostlist(job_field(self.cluster, job, "NodeList"))
+
+        def signalled() -> bool:
+            return "SIGUSR2 received" in log.read_text()
+
+        def held_signalled_or_ended() -> bool:
+            if signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES:
+                return True
             for node in nodes:
-                hold_step(self.cluster, first["job"], first["log"], node)
+                stop_step(self.cluster, job, node)  # again: a process forked meanwhile
+            return all(step_stopped(self.cluster, job, node) for node in nodes)
+
+        def signalled_or_ended() -> bool:
+            return signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES
+
+        wait_for(held_signalled_or_ended, "the first job's step to stop", log, poll=0.2)
+        wait_for(signalled_or_ended, "the signal before the limit, or the limit", log,
+                 timeout=300, poll=0.5)
+        if signalled():
+            for node in nodes:
+                signal_step(self.cluster, job, signal.SIGCONT, node)

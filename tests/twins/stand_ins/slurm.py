@@ -319,6 +319,9 @@ def sbatch(args: list[str]) -> None:
     options = dict(listed)  # the command line wins, as in sbatch
     if os.environ.get("TWIN_TIME_LIMIT"):  # the page's hours scaled to a real, short limit
         options["time"] = os.environ["TWIN_TIME_LIMIT"]
+        if "@" in (options.get("signal") or ""):  # and its signal before the limit too
+            options["time"], lead = os.environ["TWIN_SIGNALLED_LIMIT"].split("@")
+            options["signal"] = f"{options['signal'].rsplit('@', 1)[0]}@{lead}"
     check_numbers("sbatch", options)
     check_request("sbatch", options)
     # The script without the header lines the cluster cannot have (the command line
