@@ -25,8 +25,8 @@ whose training goes on to step 4 (CONTINUED_TRAIN), or, where the run meets a re
 limit (Twin.run(time_limited=True)), past the checkpoint that limit left; the page's
 `--time` is then TIME_LIMIT_MINUTES, and a signal its header asks before the limit is
 scaled with it (SIGNALLED_LIMIT), the user's cap on requeues after it 0; the user's own
-`my_train.py` is OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's --nproc-per-node,
-the job's tasks). The commands the suite's machine lacks are the stand-ins of
+`my_train.py` is OWN_SCRIPT; a GPU is one of the cluster's 2 CPUs a node (torchrun's
+--nproc-per-node, the job's tasks). The commands the suite's machine lacks are the stand-ins of
 tests/twins/stand_ins (the image is the host's Python environment, its architecture
 still checked); `module` is Lmod itself over module files made from the twin's table.
 """
