@@ -607,15 +607,15 @@ class Twin:
         def signalled() -> bool:
             return "SIGUSR2 received" in log.read_text()
 
+        def signalled_or_ended() -> bool:
+            return signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES
+
         def held_signalled_or_ended() -> bool:
-            if signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES:
+            if signalled_or_ended():
                 return True
             for node in nodes:
                 stop_step(self.cluster, job, node)  # again: a process forked meanwhile
             return all(step_stopped(self.cluster, job, node) for node in nodes)
-
-        def signalled_or_ended() -> bool:
-            return signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES
 
         wait_for(held_signalled_or_ended, "the first job's step to stop", log, poll=0.2)
         wait_for(signalled_or_ended, "the signal before the limit, or the limit", log,
