@@ -63,7 +63,7 @@ def test_the_torchrun_line_of_doctor_help_runs_as_printed(slurm_cluster, tmp_pat
     line = re.sub(r"--cpus-per-task=\d+", "--cpus-per-task=1", line)
     report = tmp_path / "doctor.json"
     # Small probes, as the suite's other doctor runs (DOCTOR_FAST): the default sweep
-    # up to 256 MiB over gloo took about 10 CPU-seconds of the test's 26 here.
+    # up to 256 MiB over gloo took about 22 of the test's 31 CPU-seconds here.
     done = subprocess.run(["bash", "-c", f"{line} --device cpu {' '.join(DOCTOR_FAST)} "
                                          f"--json {report}"],
                           env=slurm_cluster.env, cwd=tmp_path, capture_output=True,

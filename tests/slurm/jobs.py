@@ -82,13 +82,17 @@ def frozen_step(cluster, job: int, node: str):
     return frozen(step_pids(cluster, job, node))
 
 
-def hold_step(cluster, job: int, log: Path, node: str | None = None) -> None:
+def hold_step(cluster, job: int, log: Path, node: str | None = None,
+              unless=lambda: False) -> None:
     """SIGSTOP to every process of the job's first step on `node` (the first), sent again
     until every one is stopped: the step's processes are listed, then signalled, and one
     forked in between (the evaluation's DataLoader worker, at the end of a short epoch)
     runs on, never stopped, and the step is never held. SLURM's SIGCONT (with its SIGTERM
-    at a cancel, a time limit or a preemption, or `scancel --signal=CONT`) resumes it."""
+    at a cancel, a time limit or a preemption, or `scancel --signal=CONT`) resumes it.
+    Given up as soon as `unless()` holds (the step may end or be resumed meanwhile)."""
     def stopped() -> bool:
+        if unless():
+            return True
         stop_step(cluster, job, node)
         return step_stopped(cluster, job, node)
 

@@ -55,7 +55,7 @@ import hostlist
 
 from tests.helpers import REPO, TESTS, wait_for, write_cifar100
 from tests.helpers.users import User
-from tests.slurm.jobs import (ENDED_STATES, job_field, signal_step, step_stopped, stop_step,
+from tests.slurm.jobs import (ENDED_STATES, hold_step, job_field, signal_step,
                              wait_until_ended)
 from tests.twins.page_steps import page_steps
 from tests.twins.stand_ins import STAND_IN
@@ -555,9 +555,9 @@ class Twin:
         with subprocess.Popen([*self.normal_user.setpriv(), "bash", "-c", script], env=env,
                               cwd=self.home, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) as login:
-            if time_limited:
-                self.hold_once_stepping(login)
-            try:
+            try:  # the login ended whatever fails here (Popen's exit waits for it)
+                if time_limited:
+                    self.hold_once_stepping(login)
                 output, _ = login.communicate(timeout=timeout)
             finally:
                 login.kill()
@@ -610,14 +610,8 @@ class Twin:
         def signalled_or_ended() -> bool:
             return signalled() or job_field(self.cluster, job, "JobState") in ENDED_STATES
 
-        def held_signalled_or_ended() -> bool:
-            if signalled_or_ended():
-                return True
-            for node in nodes:
-                stop_step(self.cluster, job, node)  # again: a process forked meanwhile
-            return all(step_stopped(self.cluster, job, node) for node in nodes)
-
-        wait_for(held_signalled_or_ended, "the first job's step to stop", log, poll=0.2)
+        for node in nodes:
+            hold_step(self.cluster, job, log, node, unless=signalled_or_ended)
         wait_for(signalled_or_ended, "the signal before the limit, or the limit", log,
                  timeout=300, poll=0.5)
         if signalled():
